@@ -1,0 +1,1 @@
+"""contractgen.adapters.sglang"""
