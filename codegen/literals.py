@@ -1,0 +1,78 @@
+"""Emit contract data as Python literals that no contract text can escape from.
+
+Only JSON-shaped data is accepted (dict with str keys, list, str, int, float, bool, None). Strings
+are written with every non-printable character escaped, in the quote style the pinned ruff
+formatter keeps (double quotes unless the text holds more double than single quotes), so
+generated files are format-stable and a hostile string (quotes, backslashes, newlines, ``#``,
+unicode line separators) can only ever be data.
+"""
+
+from __future__ import annotations
+
+import math
+
+INDENT = "    "
+
+
+def py_str(text: str) -> str:
+    """A Python string literal whose value is exactly ``text``."""
+    quote = "'" if text.count('"') > text.count("'") else '"'
+    out = [quote]
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == quote:
+            out.append("\\" + quote)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif not ch.isprintable() or ch in "\u2028\u2029\ufeff":
+            code = ord(ch)
+            out.append(
+                f"\\x{code:02x}"
+                if code < 0x100
+                else f"\\u{code:04x}"
+                if code < 0x10000
+                else f"\\U{code:08x}"
+            )
+        else:
+            out.append(ch)
+    out.append(quote)
+    return "".join(out)
+
+
+def py_literal(value: object, level: int = 0) -> str:
+    """A deterministic, ruff-format-stable Python literal for JSON-shaped ``value``."""
+    if value is None:
+        return "None"
+    if value is True:
+        return "True"
+    if value is False:
+        return "False"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite float {value!r} cannot be emitted")
+        return repr(value)
+    if isinstance(value, str):
+        return py_str(value)
+    inner = INDENT * (level + 1)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        items = "".join(f"{inner}{py_literal(v, level + 1)},\n" for v in value)
+        return f"[\n{items}{INDENT * level}]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("only string keys can be emitted")
+        items = "".join(
+            f"{inner}{py_str(k)}: {py_literal(value[k], level + 1)},\n" for k in sorted(value)
+        )
+        return f"{{\n{items}{INDENT * level}}}"
+    raise TypeError(f"cannot emit {type(value).__name__} as a literal")

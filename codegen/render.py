@@ -1,0 +1,243 @@
+"""Render contracts into vendored files: a pure function from contracts to ``{path: bytes}``.
+
+``generate`` writes this map, ``check`` compares it, ``sync`` copies it into sibling repos; all
+three use the same map. Output is deterministic: sorted contracts and keys, LF newlines, no
+timestamps, and every file is parsed with ``ast`` before it is returned.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import jinja2
+
+from ..schema.loader import LoadedContract
+from ..schema.models import (
+    SCHEMA_VERSION,
+    KernelPolicy,
+    ModelDims,
+    When,
+)
+from ..schema.models import FromConfig as FromConfigRule
+from .config import ProjectConfig
+from .fingerprint import GENERATOR_FORMAT, contract_fingerprint, header
+from .literals import INDENT, py_literal, py_str
+from .targets import TARGETS, Target
+
+TEMPLATES = Path(__file__).parent / "templates"
+FILES = ("__init__.py", "schema.py", "runtime_policy.py")
+
+
+class RenderError(RuntimeError):
+    """A template produced invalid Python; a bug in contractgen, never in a contract."""
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    name: str
+    type: str
+    doc: str
+    off: str = "None"
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _seq(items: list[str], open_: str, close: str) -> str:
+    """A sequence literal that ruff's formatter keeps as written."""
+    if len(items) == 1:
+        return f"{open_}{items[0]},{close}" if open_ == "(" else f"{open_}{items[0]}{close}"
+    body = "".join(f"{INDENT}{item},\n" for item in items)
+    return f"{open_}\n{body}{close}"
+
+
+def _annotation(annotation: object) -> str:
+    """Python source for a pydantic field annotation, as a stdlib dataclass type."""
+    text = {
+        "int": "int",
+        "float": "float",
+        "bool": "bool",
+        "str": "str",
+    }
+    name = getattr(annotation, "__name__", None)
+    if name in text:
+        return text[name]
+    raw = str(annotation)
+    if "tuple" in raw:
+        return "tuple[int, ...] | None" if "None" in raw else "tuple[int, ...]"
+    if "bool" in raw:
+        return "bool"
+    return "str | None" if "None" in raw else "str"
+
+
+def _field_docs(model: type, skip: tuple[str, ...] = ()) -> list[FieldDoc]:
+    return [
+        FieldDoc(name, _annotation(info.annotation), " ".join((info.description or "").split()))
+        for name, info in model.model_fields.items()
+        if name not in skip
+    ]
+
+
+def _policy_fields(target: Target, contracts: list[LoadedContract]) -> list[FieldDoc]:
+    """Runtime-policy fields of a target, typed from the values every contract gives them."""
+    from ..schema.models import TARGET_POLICY_MODELS
+
+    model = TARGET_POLICY_MODELS[target.name]
+    out = []
+    for name, info in model.model_fields.items():
+        values = [_values(getattr(c.contract.runtime_policy, target.name), name) for c in contracts]
+        flat = [v for vs in values for v in vs]
+        is_bool = all(isinstance(v, bool) for v in flat)
+        typ = "bool" if is_bool else "str | None"
+        off = "False" if is_bool else "None"
+        out.append(FieldDoc(name, typ, " ".join((info.description or "").split()), off))
+    return out
+
+
+def _values(policy: object, field: str) -> list[object]:
+    value = getattr(policy, field)
+    if isinstance(value, When):
+        return [value.value, value.otherwise]
+    if isinstance(value, FromConfigRule):
+        return [value.default]
+    return [value]
+
+
+def _rule(value: object) -> str:
+    if isinstance(value, When):
+        parts = ["when", value.when, value.value, value.otherwise]
+    elif isinstance(value, FromConfigRule):
+        parts = ["config", value.from_config, value.default]
+    else:
+        parts = ["const", value]
+    return "(" + ", ".join(py_literal(p) for p in parts) + ")"
+
+
+def _rules_literal(target: Target, contracts: list[LoadedContract]) -> str:
+    from ..schema.models import TARGET_POLICY_MODELS
+
+    fields = list(TARGET_POLICY_MODELS[target.name].model_fields)
+    lines = ["{"]
+    for lc in contracts:
+        policy = getattr(lc.contract.runtime_policy, target.name)
+        lines.append(f"{INDENT}{py_str(lc.id)}: {{")
+        for name in fields:
+            lines.append(f"{INDENT * 2}{py_str(name)}: {_rule(getattr(policy, name))},")
+        lines.append(f"{INDENT}}},")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _contract_context(lc: LoadedContract) -> dict:
+    c = lc.contract
+    const = c.id.upper()
+    lit = {
+        "family": py_str(c.family),
+        "logprob_contract": py_str(c.identity.logprob_contract),
+        "sglang_attention_backend": py_str(c.identity.sglang_attention_backend),
+        "fsdp_attention_implementation": py_str(c.identity.fsdp_attention_implementation),
+        "disable_megatron_sequence_parallel": py_literal(
+            c.identity.disable_megatron_sequence_parallel
+        ),
+        "supersedes": py_literal(c.supersedes),
+    }
+    version_suffix = const.rsplit("_V", 1)
+    public_alias = f"{version_suffix[0]}_CONTRACT" if version_suffix[-1] == "1" else None
+    return {
+        "id": c.id,
+        "id_literal": py_str(c.id),
+        "const": const,
+        "lit": lit,
+        "kernel_contracts_tuple": _seq([py_str(k) for k in c.identity.kernel_contracts], "(", ")"),
+        "public_alias": public_alias,
+    }
+
+
+def _union(values: set[str]) -> str:
+    return _seq([py_str(v) for v in sorted(values)], "[", "]")
+
+
+def _schema_context(contracts: list[LoadedContract]) -> dict:
+    data = {lc.id: lc.contract.model_dump(mode="json") for lc in contracts}
+    superseded_by = {
+        lc.contract.supersedes: lc.id for lc in contracts if lc.contract.supersedes is not None
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "generator_format": GENERATOR_FORMAT,
+        "contracts": [_contract_context(lc) for lc in contracts],
+        "ids_union": _union({lc.id for lc in contracts}),
+        "families_union": _union({lc.contract.family for lc in contracts}),
+        "kernel_contracts_union": _union(
+            {k for lc in contracts for k in lc.contract.identity.kernel_contracts}
+        ),
+        "logprob_contracts_union": _union(
+            {lc.contract.identity.logprob_contract for lc in contracts}
+        ),
+        "ids_tuple": _seq([py_str(lc.id) for lc in contracts], "(", ")"),
+        "kernel_fields": _field_docs(KernelPolicy),
+        "dims_fields": _field_docs(ModelDims),
+        "contract_data": py_literal(data),
+        "fingerprints": py_literal({cid: contract_fingerprint(d) for cid, d in data.items()}),
+        "superseded_by": py_literal(superseded_by),
+    }
+
+
+def _source_names(contracts: list[LoadedContract], config: ProjectConfig) -> list[str]:
+    names = []
+    for lc in contracts:
+        try:
+            names.append(lc.path.resolve().relative_to(config.root.resolve()).as_posix())
+        except ValueError:
+            names.append(lc.path.name)
+    return sorted(names)
+
+
+def _stamp(body: str, sources: list[str], fingerprints: dict[str, str], path: str) -> bytes:
+    encoded = body.encode("utf-8")
+    try:
+        ast.parse(encoded, filename=path)
+    except SyntaxError as exc:  # a template bug: never write such a file
+        raise RenderError(f"{path}: generated code does not parse: {exc}") from exc
+    return header(sources, fingerprints, encoded) + encoded
+
+
+def render(contracts: list[LoadedContract], config: ProjectConfig) -> dict[str, bytes]:
+    """``{relative path under generated/: bytes}`` for every target and file."""
+    contracts = sorted(contracts, key=lambda lc: lc.id)
+    env = _environment()
+    sources = _source_names(contracts, config)
+    schema_ctx = _schema_context(contracts)
+    fingerprints = {
+        lc.id: contract_fingerprint(lc.contract.model_dump(mode="json")) for lc in contracts
+    }
+    schema_body = env.get_template("common/schema.py.j2").render(**schema_ctx)
+    out: dict[str, bytes] = {}
+    for name in sorted(TARGETS):
+        target = TARGETS[name]
+        base = PurePosixPath(name) / config.package(name)
+        ctx = {
+            "target": target,
+            "contracts": schema_ctx["contracts"],
+            "policy_fields": _policy_fields(target, contracts)[0:],
+            "rules": _rules_literal(target, contracts),
+        }
+        bodies = {
+            "schema.py": schema_body,
+            "runtime_policy.py": env.get_template(f"{name}/runtime_policy.py.j2").render(**ctx),
+            "__init__.py": env.get_template(f"{name}/__init__.py.j2").render(**ctx),
+        }
+        for file in FILES:
+            path = str(base / file)
+            out[path] = _stamp(bodies[file], sources, fingerprints, path)
+    return dict(sorted(out.items()))

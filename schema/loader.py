@@ -1,0 +1,241 @@
+"""Load contract files: YAML with positions, pydantic validation, cross-field rules.
+
+Every problem is reported as ``file:line:col: field.path: what is wrong (what was expected)``,
+one per line, and loading either returns valid contracts or raises ``ContractError`` with all of
+them. Nothing downstream re-checks a loaded contract.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from .errors import ContractError, Problem
+from .models import Contract
+from .rules import check_contract
+
+Path_ = tuple[str | int, ...]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without implicit timestamps: a date-like scalar stays a string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+@dataclass(frozen=True)
+class LoadedContract:
+    """A validated contract and the file it came from."""
+
+    contract: Contract
+    path: Path
+    source: bytes
+
+    @property
+    def id(self) -> str:
+        return self.contract.id
+
+
+def _display(path: Path, root: Path | None) -> str:
+    if root is not None:
+        try:
+            return path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            pass
+    return path.as_posix()
+
+
+def _to_data(node: yaml.Node, here: Path_, marks: dict[Path_, tuple[int, int]], dupes: list):
+    """Turn a composed YAML node into plain data, recording each path's position."""
+    marks[here] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            if key in out:
+                dupes.append(
+                    (here + (key,), key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                )
+            out[key] = _to_data(value_node, here + (key,), marks, dupes)
+            # report a field at its key, not at its value
+            marks[here + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_data(v, here + (i,), marks, dupes) for i, v in enumerate(node.value)]
+    loader = _Loader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+_TYPE_TAG = re.compile(r"^[A-Z]|\[|^(bool|str|int|float|none|constrained-str|json-or-python)$")
+
+
+def _data_path(loc: Iterable[str | int]) -> Path_:
+    """Drop pydantic's union-member tags ('bool', 'When', 'literal[...]') from a location."""
+    return tuple(p for p in loc if isinstance(p, int) or not _TYPE_TAG.search(p))
+
+
+def _dotted(path: Path_) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _position(path: Path_, marks: dict[Path_, tuple[int, int]]) -> tuple[int, int]:
+    for n in range(len(path), -1, -1):
+        if path[:n] in marks:
+            return marks[path[:n]]
+    return (1, 1)
+
+
+def _model_fields_at(path: Path_) -> list[str] | None:
+    """Field names of the model that lives at ``path`` (for 'unknown field' hints)."""
+    model: type | None = Contract
+    for part in path:
+        if model is None or isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)  # type: ignore[union-attr]
+        if field is None:
+            return None
+        model = _first_model(field.annotation)
+    return sorted(model.model_fields) if model is not None else None  # type: ignore[union-attr]
+
+
+def _first_model(annotation) -> type | None:
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _message(err: dict) -> str:
+    kind = err["type"]
+    got = err.get("input")
+    if kind == "missing":
+        return "missing required field"
+    if kind == "extra_forbidden":
+        allowed = _model_fields_at(_data_path(err["loc"])[:-1])
+        hint = f" (expected one of: {', '.join(allowed)})" if allowed else ""
+        return f"unknown field{hint}"
+    text = err["msg"]
+    text = text[0].lower() + text[1:] if text else text
+    return f"{text} (got {json.dumps(got)})" if not isinstance(got, dict) else text
+
+
+def _pydantic_problems(
+    exc: ValidationError, file: str, marks: dict[Path_, tuple[int, int]]
+) -> list[Problem]:
+    merged: dict[Path_, list[str]] = {}
+    for err in exc.errors():
+        path = _data_path(err["loc"])
+        msg = _message(err)
+        if msg not in merged.setdefault(path, []):
+            merged[path].append(msg)
+    problems = []
+    for path, msgs in merged.items():
+        if any(len(other) > len(path) and other[: len(path)] == path for other in merged):
+            continue  # a union member that got further explains this value better
+        line, col = _position(path, marks)
+        problems.append(Problem(file, line, col, _dotted(path), "; or ".join(msgs)))
+    return problems
+
+
+def parse_contract(source: bytes, file: str) -> Contract:
+    """Parse and validate one contract file's bytes; raise ContractError with every problem."""
+    try:
+        text = source.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContractError([Problem(file, 1, 1, "", f"not UTF-8 text ({exc.reason})")]) from None
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ContractError([Problem(file, line, col, "", f"invalid YAML: {problem}")]) from None
+    if node is None or not isinstance(node, yaml.MappingNode):
+        raise ContractError(
+            [Problem(file, 1, 1, "", "expected a mapping of contract fields at the top level")]
+        )
+    marks: dict[Path_, tuple[int, int]] = {}
+    dupes: list = []
+    try:
+        data = _to_data(node, (), marks, dupes)
+        payload = json.dumps(data, allow_nan=False)
+    except (yaml.YAMLError, ValueError, TypeError) as exc:
+        raise ContractError([Problem(file, 1, 1, "", f"unsupported YAML value: {exc}")]) from None
+    if dupes:
+        raise ContractError(
+            [Problem(file, ln, col, _dotted(p), "duplicate key") for p, ln, col in dupes]
+        )
+    try:
+        contract = Contract.model_validate_json(payload, strict=True)
+    except ValidationError as exc:
+        raise ContractError(_pydantic_problems(exc, file, marks)) from None
+    findings = check_contract(contract)
+    if findings:
+        problems = []
+        for dotted, message in findings:
+            path = tuple(int(p) if p.isdigit() else p for p in dotted.split("."))
+            line, col = _position(path, marks)
+            problems.append(Problem(file, line, col, dotted, message))
+        raise ContractError(problems)
+    return contract
+
+
+def load_contract(path: Path, root: Path | None = None) -> LoadedContract:
+    """Load and validate one contract file."""
+    file = _display(path, root)
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise ContractError([Problem(file, 1, 1, "", f"cannot read: {exc.strerror}")]) from None
+    contract = parse_contract(source, file)
+    expected = f"{contract.id}.yaml"
+    if path.name != expected:
+        raise ContractError(
+            [Problem(file, 1, 1, "id", f"file name must be the contract id (expected {expected})")]
+        )
+    return LoadedContract(contract, path, source)
+
+
+def load_contracts(directory: Path, root: Path | None = None) -> list[LoadedContract]:
+    """Load every ``*.yaml`` in a directory, sorted by id; collect every problem before raising."""
+    if not directory.is_dir():
+        raise ContractError([Problem(str(directory), 1, 1, "", "contracts directory not found")])
+    loaded, problems = [], []
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            loaded.append(load_contract(path, root))
+        except ContractError as exc:
+            problems.extend(exc.problems)
+    ids = [lc.id for lc in loaded]
+    for lc in loaded:
+        sup = lc.contract.supersedes
+        if sup is not None and sup not in ids:
+            problems.append(
+                Problem(
+                    _display(lc.path, root), 1, 1, "supersedes",
+                    f"names unknown contract {sup!r} (known: {', '.join(sorted(ids))})",
+                )
+            )  # fmt: skip
+    if problems:
+        raise ContractError(problems)
+    if not loaded:
+        raise ContractError([Problem(str(directory), 1, 1, "", "no contract files (*.yaml) found")])
+    return sorted(loaded, key=lambda lc: lc.id)

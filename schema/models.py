@@ -1,0 +1,372 @@
+"""Pydantic models of a contract file: the single source of truth.
+
+Validate at the edge, trust inside: every model forbids unknown keys and is frozen. Structural rules
+live here (types, ranges, patterns); rules that relate one part of a contract to another live in
+``rules.py`` so that each failure can name the exact field it is about.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Dtype = Literal["bfloat16", "float16", "float32"]
+ContractId = Annotated[str, Field(pattern=r"^[a-z0-9_]+_v[0-9]+$", max_length=80)]
+Identifier = Annotated[str, Field(pattern=r"^[a-z0-9_]+$", max_length=80)]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity: what the public shared schema.py carries.
+
+
+class Identity(_Model):
+    """The cross-repo identity fields of the public ``TrueOnPolicyContractSchema``."""
+
+    kernel_contracts: tuple[Identifier, ...] = Field(
+        min_length=1, description="Names of the kernel contracts both engines must implement."
+    )
+    logprob_contract: Literal["sglang_prefill", "decode"] = Field(
+        description=(
+            "Which rollout logprobs the trainer must equal bitwise: 'sglang_prefill' (a prefill "
+            "re-score of the finished sequence, the public v1) or 'decode' (the decode-step "
+            "logprobs themselves, no re-score pass)."
+        )
+    )
+    sglang_attention_backend: Identifier = Field(description="SGLang --attention-backend value.")
+    fsdp_attention_implementation: Identifier = Field(
+        description="attn_implementation an FSDP trainer would use for the same kernel family."
+    )
+    disable_megatron_sequence_parallel: bool = Field(
+        description="Megatron sequence parallelism reorders the TP reduction; the contract turns it off."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Model profile: the architecture the contract covers.
+
+
+class NormSpec(_Model):
+    kind: Literal["rmsnorm"] = Field(description="Normalisation kind.")
+    eps: Annotated[float, Field(gt=0, lt=1)] = Field(description="Epsilon inside the rsqrt.")
+
+
+class RopeScaling(_Model):
+    type: Literal["linear", "dynamic", "yarn", "llama3"]
+    factor: Annotated[float, Field(gt=0)]
+    original_max_position_embeddings: PositiveInt | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+
+
+class RopeSpec(_Model):
+    style: Literal["neox"] = Field(description="Rotation layout: 'neox' rotates the two halves.")
+    theta: Annotated[float, Field(gt=0)] = Field(description="RoPE base frequency.")
+    scaling: RopeScaling | None = Field(default=None, description="HF-style rope_scaling, if any.")
+
+
+class ModelDims(_Model):
+    """Dimensions of one known checkpoint (or of the tiny reference model)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=120)]
+    hidden_size: PositiveInt
+    intermediate_size: PositiveInt
+    num_layers: PositiveInt
+    num_attention_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    vocab_size: PositiveInt
+    tie_word_embeddings: bool
+    max_position_embeddings: PositiveInt
+    tp_sizes: tuple[PositiveInt, ...] | None = Field(
+        default=None,
+        description=(
+            "Subset of the contract's TP sizes (training and rollout) this checkpoint supports, when its "
+            "dimensions rule some out (e.g. a K that does not split into whole tiles)."
+        ),
+    )
+
+
+class Architectures(_Model):
+    hf: Annotated[str, Field(min_length=1)] = Field(description="transformers architecture class.")
+    sglang: Annotated[str, Field(min_length=1)] = Field(description="SGLang model class.")
+    megatron: Annotated[str, Field(min_length=1)] = Field(description="Megatron model provider.")
+
+
+class ModelProfile(_Model):
+    architectures: Architectures
+    norm: NormSpec
+    qk_norm: bool = Field(description="RMSNorm over each head of q and k before RoPE.")
+    activation: Literal["silu_glu"] = Field(description="MLP activation: SiLU-gated linear unit.")
+    attention_bias: bool = Field(description="Whether the QKV projections carry a bias.")
+    rope: RopeSpec
+    checkpoints: tuple[ModelDims, ...] = Field(
+        min_length=1, description="Known checkpoints with their dimensions."
+    )
+    reference_model: ModelDims = Field(
+        description="Tiny random-weight model the parity gate builds when no checkpoint is given."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Parallel support.
+
+
+class ContextParallel(_Model):
+    kind: Literal["ulysses"] = Field(description="CP scheme: Ulysses all-to-all of heads.")
+    sizes: tuple[PositiveInt, ...] = Field(min_length=1, description="Allowed CP sizes.")
+
+
+class TrainingLayouts(_Model):
+    tp: tuple[PositiveInt, ...] = Field(min_length=1, description="Allowed trainer TP sizes.")
+    pp: tuple[PositiveInt, ...] = Field(min_length=1, description="Allowed pipeline sizes.")
+    cp: ContextParallel
+    dp: bool = Field(description="Data parallelism allowed.")
+    sequence_parallel: bool = Field(description="Megatron sequence parallelism allowed.")
+
+
+class RolloutLayouts(_Model):
+    tp: tuple[PositiveInt, ...] = Field(min_length=1, description="Allowed rollout TP sizes.")
+    dp: bool = Field(description="Rollout data parallelism allowed.")
+
+
+class ParallelSupport(_Model):
+    training: TrainingLayouts
+    rollout: RolloutLayouts
+    kv_heads: Literal["divide", "replicate"] = Field(
+        default="divide",
+        description=(
+            "'divide': TP must divide the KV heads; 'replicate': when TP exceeds the KV heads, "
+            "each KV head is replicated over TP / num_kv_heads ranks."
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel policy: the numerics both engines implement.
+
+
+class KernelPolicy(_Model):
+    dense_math_dtype: Dtype = Field(
+        description="dtype of weights and activations in every dense matmul (QKV, O, gate/up, down)."
+    )
+    matmul_k_block: PositiveInt = Field(description="Width of a K tile in the invariant matmul.")
+    matmul_accumulation_dtype: Dtype = Field(
+        description="dtype tile partials are produced in and summed in."
+    )
+    matmul_tile_order: Literal["sglang_first_level", "binary"] = Field(
+        description=(
+            "'sglang_first_level': runs of first_level_block(T) tiles summed in sequence, then a "
+            "binary tree over the runs (SGLang's TP-invariant row linear); 'binary': a plain "
+            "binary tree over all tiles."
+        )
+    )
+    all_reduce: Literal["fixed_tree", "nccl"] = Field(
+        description=(
+            "'fixed_tree': gather the rank partials and sum adjacent pairs level by level, "
+            "identical on every rank; 'nccl': torch.distributed.all_reduce (order chosen by NCCL)."
+        )
+    )
+    norm_compute_dtype: Dtype = Field(description="dtype RMSNorm statistics are computed in.")
+    norm_cast_before_weight: bool = Field(
+        description="Round the normalised input to its dtype before multiplying by the weight."
+    )
+    rope_dtype: Dtype = Field(description="dtype of cos/sin and of the rotation.")
+    attention_kv_chunk: PositiveInt = Field(
+        description="KV positions per online-softmax chunk; chunks start at absolute position 0."
+    )
+    attention_softmax_dtype: Dtype = Field(
+        description="dtype of scores, running max/sum and the output accumulator."
+    )
+    residual_dtype: Dtype = Field(description="dtype the residual stream is carried and added in.")
+    lm_head_input_dtype: Dtype = Field(
+        description="dtype of the final hidden state and LM-head weight in the logits matmul."
+    )
+    logsoftmax_dtype: Dtype = Field(
+        description="dtype logits are cast to before log-softmax, and of the returned logprobs."
+    )
+    logsoftmax_vocab_block: PositiveInt = Field(
+        description="Vocab chunk of the fixed-order max / sum-exp reduction."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime policy per target. A value is a constant or a layout condition.
+
+LayoutCondition = Literal["rollout_tp", "train_tp", "ulysses_cp"]
+
+
+class When(_Model):
+    """A value that depends on the launch layout."""
+
+    when: LayoutCondition = Field(
+        description=(
+            "'rollout_tp': rollout TP > 1; 'train_tp': trainer TP > 1; 'ulysses_cp': trainer "
+            "CP > 1 with the a2a (Ulysses) comm type."
+        )
+    )
+    value: bool | Identifier = Field(default=True, description="Value when the condition holds.")
+    otherwise: bool | Identifier | None = Field(
+        default=False, description="Value when it does not."
+    )
+
+
+class FromConfig(_Model):
+    """A value copied from the engine's own config at start-up."""
+
+    from_config: Identifier = Field(description="Attribute of the engine config to copy.")
+    default: bool = Field(default=False, description="Value when the config lacks it.")
+
+
+Flag = bool | When
+
+
+class SGLangRuntimePolicy(_Model):
+    """SGLang-side switches (the public SGLangTrueOnPolicyRuntimePolicy, 10 fields with name/enabled)."""
+
+    enabled: bool = Field(description="The contract is active on the rollout engine.")
+    force_bfloat16_dense_tensor_math: Flag = Field(
+        description="Run every dense matmul in kernel_policy.dense_math_dtype (bf16)."
+    )
+    force_bfloat16_lm_head: Flag = Field(
+        description="Run the LM head in kernel_policy.lm_head_input_dtype (bf16)."
+    )
+    disable_reduce_scatter: Flag = Field(
+        description="Never reduce-scatter on the scored path: a reduce-scatter sums in NCCL's order."
+    )
+    disable_mlp_allreduce_fusion: Flag = Field(
+        description="Keep the MLP all-reduce separate from the residual add (one rounding each)."
+    )
+    disable_flashinfer_allreduce_fusion: Flag = Field(
+        description="Keep the attention all-reduce separate from the next residual add and norm."
+    )
+    tp_invariant_row_linear: Flag = Field(
+        description="Row-parallel linears use the tile-ordered matmul so TP=N equals TP=1."
+    )
+    deterministic_tree_all_reduce: Flag = Field(
+        description="TP reductions use the fixed-order tree all-reduce, not NCCL."
+    )
+    disable_fused_qk_norm_mrope: Flag = Field(
+        description="QK-norm and RoPE run as separate kernels with the policy's roundings between."
+    )
+
+
+class MegatronRuntimePolicy(_Model):
+    """Megatron-side switches (the public MegatronTrueOnPolicyRuntimePolicy, 18 fields)."""
+
+    enabled: bool = Field(description="The contract is active on the trainer.")
+    use_sglang_backend: bool = Field(description="Build layers from the SGLang spec provider.")
+    batch_invariant_mode: bool | FromConfig = Field(
+        description="Batch-invariant kernels; copied from the trainer config in the public stack."
+    )
+    disable_rope_fusion: bool = Field(description="RoPE by the policy kernel, not a fused kernel.")
+    disable_bias_swiglu_fusion: bool = Field(
+        description="SwiGLU by the policy kernel, not the fused bias-SwiGLU."
+    )
+    attention_backend: Identifier = Field(description="Trainer attention kernel family.")
+    cp_layout: Identifier | None | When = Field(
+        description="Context-parallel layout; 'ulysses_a2a' under Ulysses CP."
+    )
+    cast_attention_input_to_dense_math_dtype: bool = Field(
+        description="Round hidden states to the dense math dtype before the QKV projection."
+    )
+    cast_qk_norm_input_before_weight_mul: bool = Field(
+        description="QK-norm rounds to the input dtype before the weight multiply."
+    )
+    cast_qk_after_rope_to_dense_math_dtype: bool = Field(
+        description="Round q and k to the dense math dtype after RoPE."
+    )
+    cast_lm_head_input_to_weight_dtype: bool = Field(
+        description="Round the final hidden state to the LM-head weight dtype."
+    )
+    deterministic_row_parallel_reduce: bool = Field(
+        description="Row-parallel reduction by the fixed-order tree (no sequence parallel)."
+    )
+    defer_ulysses_cp_loss_scaling_to_grad_sum: bool = Field(
+        description="Under Ulysses CP scale gradients by cp/dp_cp instead of 1/dp_cp."
+    )
+    apply_logits_contract: bool = Field(
+        description="Trim padded-vocab logits to the real vocabulary before log-softmax."
+    )
+    use_sglang_final_norm: bool = Field(
+        description="Final norm adds the last residual and normalises as SGLang does."
+    )
+    use_sglang_residual_pair: bool = Field(
+        description="Carry (output, residual) separately, as SGLang's layer communicator does."
+    )
+    use_ulysses_cp_recompute_fallback: bool | When = Field(
+        description="Under Ulysses CP recompute attention instead of the fused CP path."
+    )
+
+
+class LauncherRuntimePolicy(_Model):
+    """Launcher (Miles) switches: what the launch plan renders."""
+
+    enabled: bool = Field(description="The launcher applies the contract.")
+    enable_deterministic_inference: bool = Field(
+        description="Pass --enable-deterministic-inference to SGLang."
+    )
+    transformer_impl: Literal["local", "transformer_engine"] = Field(
+        description="Megatron --transformer-impl; the contract's layers need 'local'."
+    )
+    use_cpu_initialization: bool = Field(description="Megatron --use-cpu-initialization.")
+    batch_invariant_mode: bool = Field(description="Megatron --batch-invariant-mode.")
+    no_bias_swiglu_fusion: bool = Field(description="Megatron --no-bias-swiglu-fusion.")
+    no_rope_fusion: bool = Field(description="Megatron --no-rope-fusion.")
+    nccl_algo: Annotated[str, Field(pattern=r"^[A-Za-z0-9_,]+$")] | None = Field(
+        description="NCCL_ALGO default (an existing value in the environment is kept)."
+    )
+    nvte_allow_nondeterministic_algo: bool = Field(
+        description="NVTE_ALLOW_NONDETERMINISTIC_ALGO; false forbids non-deterministic TE kernels."
+    )
+    cublas_workspace_config: Annotated[str, Field(pattern=r"^:[0-9]+:[0-9]+$")] = Field(
+        description="CUBLAS_WORKSPACE_CONFIG for deterministic cuBLAS."
+    )
+    deterministic_mode: bool = Field(description="Miles --deterministic-mode.")
+    true_on_policy_mode: bool = Field(description="Miles --true-on-policy-mode.")
+    recompute_logprobs_via_prefill: bool = Field(
+        description="Miles --recompute-logprobs-via-prefill: re-score rollouts with one prefill."
+    )
+
+
+class RuntimePolicies(_Model):
+    sglang: SGLangRuntimePolicy
+    megatron: MegatronRuntimePolicy
+    launcher: LauncherRuntimePolicy
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract.
+
+
+class Contract(_Model):
+    """One true-on-policy contract: an id that names exact numerics."""
+
+    schema_version: Literal[1] = Field(description="Version of the contract file format.")
+    id: ContractId = Field(description="Contract id, e.g. qwen3_dense_true_on_policy_v1.")
+    family: Identifier = Field(description="Model family, e.g. qwen3_dense.")
+    description: Annotated[str, Field(min_length=1)] = Field(description="What and why.")
+    supersedes: ContractId | None = Field(
+        default=None, description="Id of the contract this one replaces."
+    )
+    identity: Identity
+    model_profile: ModelProfile
+    parallel: ParallelSupport
+    kernel_policy: KernelPolicy
+    runtime_policy: RuntimePolicies
+
+
+TARGET_POLICY_MODELS: dict[str, type[_Model]] = {
+    "sglang": SGLangRuntimePolicy,
+    "megatron": MegatronRuntimePolicy,
+    "launcher": LauncherRuntimePolicy,
+}

@@ -1,0 +1,231 @@
+"""Rules that relate one part of a contract to another.
+
+Each rule returns ``(field path, message)`` pairs; the loader turns paths into ``file:line:col``.
+These are the checks JSON Schema cannot express (divisibility, tile-tree alignment, consistency of
+runtime policy with kernel policy), so a file can satisfy ``contract.schema.json`` and still fail
+here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from .models import Contract, ModelDims, When
+from .tile_order import split_problem
+
+Finding = tuple[str, str]
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _nearest(allowed: list[int], n: int) -> str:
+    good = sorted(allowed, key=lambda a: (abs(a - n), a))[:2]
+    return ", ".join(str(g) for g in sorted(good)) if good else "none"
+
+
+def _dims_entries(c: Contract) -> Iterator[tuple[str, ModelDims]]:
+    for i, dims in enumerate(c.model_profile.checkpoints):
+        yield f"model_profile.checkpoints.{i}", dims
+    yield "model_profile.reference_model", c.model_profile.reference_model
+
+
+def check_unique_sizes(c: Contract) -> Iterator[Finding]:
+    lists = {
+        "parallel.training.tp": c.parallel.training.tp,
+        "parallel.training.pp": c.parallel.training.pp,
+        "parallel.training.cp.sizes": c.parallel.training.cp.sizes,
+        "parallel.rollout.tp": c.parallel.rollout.tp,
+    }
+    for path, sizes in lists.items():
+        if len(set(sizes)) != len(sizes) or list(sizes) != sorted(sizes):
+            yield path, f"must be sorted and free of repeats (got {list(sizes)})"
+        if 1 not in sizes:
+            yield path, f"must include 1 (got {list(sizes)})"
+
+
+def check_tree_needs_power_of_two(c: Contract) -> Iterator[Finding]:
+    if c.kernel_policy.all_reduce != "fixed_tree":
+        return
+    for path, sizes in (
+        ("parallel.training.tp", c.parallel.training.tp),
+        ("parallel.rollout.tp", c.parallel.rollout.tp),
+    ):
+        for i, tp in enumerate(sizes):
+            if not _is_power_of_two(tp):
+                yield (
+                    f"{path}.{i}",
+                    f"TP={tp} is not a power of two; the fixed-tree all-reduce needs one "
+                    f"(nearest allowed: {_nearest([1, 2, 4, 8, 16, 32, 64], tp)})",
+                )
+
+
+def _tp_sizes_for(c: Contract, dims: ModelDims) -> list[int]:
+    sizes = set(c.parallel.training.tp) | set(c.parallel.rollout.tp)
+    if dims.tp_sizes is not None:
+        sizes &= set(dims.tp_sizes)
+    return sorted(sizes)
+
+
+def check_dims(c: Contract) -> Iterator[Finding]:
+    """Each checkpoint's dims split evenly, and into whole tile subtrees, at every allowed TP."""
+    kp = c.kernel_policy
+    tree = kp.all_reduce == "fixed_tree"
+    for path, d in _dims_entries(c):
+        if d.num_attention_heads % d.num_kv_heads:
+            yield (
+                f"{path}.num_kv_heads",
+                f"must divide num_attention_heads (got {d.num_kv_heads} for {d.num_attention_heads})",
+            )
+            continue
+        if d.tp_sizes is not None:
+            extra = sorted(
+                set(d.tp_sizes) - set(c.parallel.training.tp) - set(c.parallel.rollout.tp)
+            )
+            if extra:
+                yield (
+                    f"{path}.tp_sizes",
+                    f"lists TP sizes the contract does not allow: {extra} "
+                    f"(allowed: {sorted(set(c.parallel.training.tp) | set(c.parallel.rollout.tp))})",
+                )
+        found: dict[str, str] = {}  # one finding per field: the smallest TP that fails
+        for tp in _tp_sizes_for(c, d):
+            if tp == 1 or (tree and not _is_power_of_two(tp)):
+                continue  # TP=1 always splits; a non-power-of-two TP is reported on its own
+            checks = [
+                ("num_attention_heads", d.num_attention_heads % tp != 0,
+                 f"TP={tp} must divide num_attention_heads (got {d.num_attention_heads})"),
+                ("num_kv_heads",
+                 d.num_kv_heads % tp != 0 and (c.parallel.kv_heads == "divide" or tp % d.num_kv_heads != 0),
+                 f"TP={tp} must divide num_kv_heads (got {d.num_kv_heads}); or set "
+                 "parallel.kv_heads: replicate when TP is a multiple of it"),
+                ("intermediate_size", d.intermediate_size % tp != 0,
+                 f"TP={tp} must divide intermediate_size (got {d.intermediate_size})"),
+            ]  # fmt: skip
+            for field, bad, message in checks:
+                if bad:
+                    found.setdefault(field, message)
+            row_parallel = {
+                "num_attention_heads": d.num_attention_heads * d.head_dim,
+                "intermediate_size": d.intermediate_size,
+            }
+            for field, k in row_parallel.items():
+                why = split_problem(k, kp.matmul_k_block, tp, kp.matmul_tile_order)
+                if why:
+                    found.setdefault(field, why)
+        hint = "list the TP sizes this checkpoint supports in tp_sizes"
+        for field, message in found.items():
+            yield f"{path}.{field}", f"{message}; {hint}"
+
+
+def check_vocab_block(c: Contract) -> Iterator[Finding]:
+    """A vocab that is not whole blocks per rank is padded; only a trimming trainer may allow it."""
+    if c.runtime_policy.megatron.apply_logits_contract:
+        return
+    block = c.kernel_policy.logsoftmax_vocab_block
+    for path, d in _dims_entries(c):
+        bad = [tp for tp in _tp_sizes_for(c, d) if d.vocab_size % (block * tp)]
+        if bad:
+            yield (
+                f"{path}.vocab_size",
+                f"vocab {d.vocab_size} is not a whole number of {block}-wide blocks per rank at "
+                f"TP={bad[0]}; set runtime_policy.megatron.apply_logits_contract: true so the "
+                "padded vocabulary is trimmed before log-softmax",
+            )
+
+
+def check_layers_vs_pp(c: Contract) -> Iterator[Finding]:
+    for path, d in _dims_entries(c):
+        for pp in c.parallel.training.pp:
+            if d.num_layers % pp:
+                yield (
+                    f"{path}.num_layers",
+                    f"PP={pp} must divide num_layers (got {d.num_layers}); "
+                    f"allowed PP sizes that divide it: "
+                    f"{[p for p in range(1, d.num_layers + 1) if d.num_layers % p == 0][:6]}",
+                )
+
+
+def _flag_on(value: bool | When) -> bool:
+    """True when a runtime flag is on for at least one layout."""
+    return value.value is True if isinstance(value, When) else bool(value)
+
+
+def check_policy_consistency(c: Contract) -> Iterator[Finding]:
+    kp, rp, ident = c.kernel_policy, c.runtime_policy, c.identity
+    tree = kp.all_reduce == "fixed_tree"
+    rules: list[tuple[str, bool, str]] = [
+        (
+            "runtime_policy.megatron.deterministic_row_parallel_reduce",
+            rp.megatron.deterministic_row_parallel_reduce == tree,
+            f"must be {str(tree).lower()} when kernel_policy.all_reduce is '{kp.all_reduce}'",
+        ),
+        (
+            "runtime_policy.sglang.deterministic_tree_all_reduce",
+            _flag_on(rp.sglang.deterministic_tree_all_reduce) == tree,
+            f"must be {'on' if tree else 'off'} when kernel_policy.all_reduce is '{kp.all_reduce}'",
+        ),
+        (
+            "runtime_policy.sglang.force_bfloat16_dense_tensor_math",
+            _flag_on(rp.sglang.force_bfloat16_dense_tensor_math)
+            == (kp.dense_math_dtype == "bfloat16"),
+            f"must agree with kernel_policy.dense_math_dtype ('{kp.dense_math_dtype}')",
+        ),
+        (
+            "runtime_policy.sglang.force_bfloat16_lm_head",
+            _flag_on(rp.sglang.force_bfloat16_lm_head) == (kp.lm_head_input_dtype == "bfloat16"),
+            f"must agree with kernel_policy.lm_head_input_dtype ('{kp.lm_head_input_dtype}')",
+        ),
+        (
+            "runtime_policy.megatron.cast_qk_norm_input_before_weight_mul",
+            rp.megatron.cast_qk_norm_input_before_weight_mul == kp.norm_cast_before_weight,
+            "must equal kernel_policy.norm_cast_before_weight "
+            f"({str(kp.norm_cast_before_weight).lower()})",
+        ),
+        (
+            "runtime_policy.launcher.recompute_logprobs_via_prefill",
+            rp.launcher.recompute_logprobs_via_prefill
+            == (ident.logprob_contract == "sglang_prefill"),
+            "must be true exactly when identity.logprob_contract is 'sglang_prefill' "
+            f"(got logprob_contract '{ident.logprob_contract}')",
+        ),
+        (
+            "identity.disable_megatron_sequence_parallel",
+            ident.disable_megatron_sequence_parallel != c.parallel.training.sequence_parallel,
+            "must be the opposite of parallel.training.sequence_parallel",
+        ),
+        (
+            "runtime_policy.launcher.batch_invariant_mode",
+            rp.launcher.batch_invariant_mode or not _flag_on(rp.sglang.tp_invariant_row_linear),
+            "must be true when runtime_policy.sglang.tp_invariant_row_linear is on",
+        ),
+    ]
+    for path, ok, message in rules:
+        if not ok:
+            yield path, message
+    cp_sizes = c.parallel.training.cp.sizes
+    if max(cp_sizes) > 1 and not isinstance(rp.megatron.cp_layout, When):
+        yield (
+            "runtime_policy.megatron.cp_layout",
+            "must be a layout condition ({when: ulysses_cp, value: ulysses_a2a, otherwise: null}) "
+            f"when parallel.training.cp.sizes allows CP > 1 (got {list(cp_sizes)})",
+        )
+
+
+RULES: tuple[Callable[[Contract], Iterator[Finding]], ...] = (
+    check_unique_sizes,
+    check_tree_needs_power_of_two,
+    check_dims,
+    check_vocab_block,
+    check_layers_vs_pp,
+    check_policy_consistency,
+)
+
+
+def check_contract(c: Contract) -> list[Finding]:
+    """Every cross-field finding for one contract, in rule order."""
+    out: list[Finding] = []
+    for rule in RULES:
+        out.extend(rule(c))
+    return out

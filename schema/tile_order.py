@@ -1,0 +1,72 @@
+"""The K-tile combination order of the invariant matmul, as an expression tree.
+
+Used by validation to prove that, for every TP size a contract allows, each rank's K range is a
+whole subtree of the TP=1 tree (so a row-parallel split plus the fixed-order tree all-reduce gives
+the same bits as TP=1). Trees are nested tuples of tile indices: ``(a, b)`` means ``a + b``.
+Standard library only; the generated ``schema.py`` carries the same ``first_level_block``.
+"""
+
+from __future__ import annotations
+
+Tree = int | tuple
+
+
+def first_level_block(num_tiles: int) -> int:
+    """SGLang's first-level run length: start at T, halve while even and greater than 2."""
+    block = num_tiles
+    while block % 2 == 0 and block > 2:
+        block //= 2
+    return block
+
+
+def pairwise(units: list[Tree]) -> Tree:
+    """Adjacent pairwise sums, level by level: ((0+1),(2+3)),… ; an odd last unit is carried."""
+    level = list(units)
+    while len(level) > 1:
+        nxt = [(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+def sequential(units: list[Tree]) -> Tree:
+    """Left fold: ((u0+u1)+u2)+…"""
+    acc = units[0]
+    for unit in units[1:]:
+        acc = (acc, unit)
+    return acc
+
+
+def tile_tree(first: int, count: int, order: str) -> Tree:
+    """The combination tree of tiles ``first .. first+count-1`` computed on one rank."""
+    tiles = list(range(first, first + count))
+    if order == "binary":
+        return pairwise(tiles)
+    if order == "sglang_first_level":
+        block = first_level_block(count)
+        runs = [sequential(tiles[i : i + block]) for i in range(0, count, block)]
+        return pairwise(runs)
+    raise ValueError(f"unknown tile order {order!r} (expected 'sglang_first_level' or 'binary')")
+
+
+def row_parallel_tree(num_tiles: int, tp: int, order: str) -> Tree:
+    """Tree of a row-parallel split over ``tp`` ranks: local trees, then the pairwise all-reduce."""
+    per_rank = num_tiles // tp
+    return pairwise([tile_tree(r * per_rank, per_rank, order) for r in range(tp)])
+
+
+def split_problem(k: int, k_block: int, tp: int, order: str) -> str | None:
+    """Why a row-parallel K cannot be split over ``tp`` ranks bit-identically, or None if it can."""
+    if k % (k_block * tp):
+        return (
+            f"K={k} does not split into whole {k_block}-wide tiles over TP={tp} "
+            f"(K/TP={k / tp:g}, needs a multiple of {k_block})"
+        )
+    tiles = k // k_block
+    if row_parallel_tree(tiles, tp, order) != tile_tree(0, tiles, order):
+        return (
+            f"K={k} ({tiles} tiles) at TP={tp}: a rank's {tiles // tp} tiles are not a whole "
+            f"subtree of the TP=1 '{order}' order"
+        )
+    return None
