@@ -1,0 +1,97 @@
+"""Fixed-order tree all-reduce: gather every rank's partial, sum adjacent pairs level by level.
+
+Every rank computes the same sums in the same order, so every rank gets identical bits, whatever
+NCCL (ring/tree, channel count) or gloo would have chosen. The order for ranks 0..3 is
+``((r0 + r1) + (r2 + r3))``. Sizes other than powers of two are refused (the contract validation
+only admits power-of-two TP; only then is each rank's K range a whole subtree of the TP=1 tree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ._dtypes import bits_view
+
+
+def pairwise_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Adjacent pairwise sums ``((p0+p1),(p2+p3)),...`` level by level; an odd last one is carried."""
+    level = list(parts)
+    while len(level) > 1:
+        nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+def tree_sum(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tree all-reduce's order applied locally (rank order = list order)."""
+    return pairwise_sum(tensors)
+
+
+def world_size(group=None) -> int:
+    """Ranks in ``group``; 1 when torch.distributed is not initialised."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def all_gather_exact(t: torch.Tensor, group=None) -> list[torch.Tensor]:
+    """All ranks' tensors (same shape/dtype everywhere), moved as raw bits, in rank order."""
+    bits = bits_view(t)
+    out = [torch.empty_like(bits) for _ in range(world_size(group))]
+    dist.all_gather(out, bits, group=group)
+    return [o.view(t.dtype) for o in out]
+
+
+class _TreeAllReduce(torch.autograd.Function):
+    """Forward: fixed-tree sum over ranks. Backward: identity (Megatron's reduce-from-TP region)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, group) -> torch.Tensor:
+        return tree_sum(all_gather_exact(t, group))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def tree_all_reduce(t: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum of ``t`` over the ranks of ``group`` in the fixed pairwise order, same bits everywhere."""
+    n = world_size(group)
+    if n == 1:
+        return t
+    if n & (n - 1):
+        raise ValueError(
+            f"tree_all_reduce: group size {n} is not a power of two; the fixed-tree order is only "
+            "defined (and TP-invariant) for TP sizes 1, 2, 4, 8, ... — pick a power-of-two TP"
+        )
+    return _TreeAllReduce.apply(t, group)
+
+
+def nccl_all_reduce(t: torch.Tensor, group=None) -> torch.Tensor:
+    """Stock ``torch.distributed.all_reduce`` (backend-chosen order). Never under a contract."""
+    if world_size(group) == 1:
+        return t
+    out = t.detach().clone()
+    dist.all_reduce(out, group=group)
+    return out
+
+
+ALL_REDUCES: dict[str, Callable[..., torch.Tensor]] = {
+    "fixed_tree": tree_all_reduce,
+    "nccl": nccl_all_reduce,
+}
+
+
+def all_reduce_for(kp) -> Callable[..., torch.Tensor]:
+    """The all-reduce ``kp.all_reduce`` names."""
+    try:
+        return ALL_REDUCES[kp.all_reduce]
+    except KeyError:
+        raise ValueError(
+            f"unknown all_reduce {kp.all_reduce!r}; known: {sorted(ALL_REDUCES)}"
+        ) from None

@@ -1,0 +1,17 @@
+"""SiLU-GLU activation of the MLP."""
+
+from __future__ import annotations
+
+import torch
+
+
+def silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
+    """``silu(gate) * up``: silu in float32 as ``g / (1 + exp(-g))``, rounded to ``gate``'s dtype,
+    then multiplied by ``up`` in that dtype (HF's ``act_fn(gate) * up`` cast order).
+
+    ``torch.sigmoid``/``F.silu`` are not used: on CPU their vector body and scalar tail differ in
+    the last bit, so a value's bits would depend on its position in the tensor (batch shape).
+    """
+    g32 = gate.to(torch.float32)
+    act = g32 / (1.0 + torch.exp(-g32))
+    return act.to(gate.dtype) * up.to(gate.dtype)
