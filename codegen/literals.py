@@ -61,7 +61,7 @@ def py_literal(value: object, level: int = 0) -> str:
     if isinstance(value, str):
         return py_str(value)
     inner = INDENT * (level + 1)
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list | tuple):
         if not value:
             return "[]"
         items = "".join(f"{inner}{py_literal(v, level + 1)},\n" for v in value)

@@ -2,9 +2,11 @@
 # Change the contract file or the template, then run `contractgen generate`.
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
+#   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:f93959f8edf1efde0375033963fe77f362036c5ad72fe67b2fd39dfbc83c2e49
-# sha256: 4242c4a67d6157230dcff5aa769e9176df1c9a07d23d4c0d57419200d6aae212
+#   qwen3_dense_true_on_policy_v2 sha256:05f183d7f0e8b742c60fe8785007f24e35b8188ae742c3fec6c55419e354ae1d
+# sha256: cc67281d36b8a6e6c12ce492d2f89ca526c7fce8ce0a651e14560e7dbce53571
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -19,11 +21,13 @@ from typing import Any
 from .schema import (
     CONTRACT_IDS,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
 
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA
+QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,21 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "true_on_policy_mode": ("const", True),
         "recompute_logprobs_via_prefill": ("const", True),
     },
+    "qwen3_dense_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "enable_deterministic_inference": ("const", True),
+        "transformer_impl": ("const", "local"),
+        "use_cpu_initialization": ("const", True),
+        "batch_invariant_mode": ("const", True),
+        "no_bias_swiglu_fusion": ("const", True),
+        "no_rope_fusion": ("const", True),
+        "nccl_algo": ("const", "Ring"),
+        "nvte_allow_nondeterministic_algo": ("const", False),
+        "cublas_workspace_config": ("const", ":4096:8"),
+        "deterministic_mode": ("const", True),
+        "true_on_policy_mode": ("const", True),
+        "recompute_logprobs_via_prefill": ("const", False),
+    },
 }
 
 
@@ -150,9 +169,13 @@ QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
+QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = LauncherTrueOnPolicyContract(
+    schema=QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
+)
 
 _CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
+    "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
 }
 
 

@@ -2,9 +2,11 @@
 # Change the contract file or the template, then run `contractgen generate`.
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
+#   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:f93959f8edf1efde0375033963fe77f362036c5ad72fe67b2fd39dfbc83c2e49
-# sha256: 2e1141b1300c88e4786ce6254171b79218883211476b6d3a6426d352f83fdbbd
+#   qwen3_dense_true_on_policy_v2 sha256:05f183d7f0e8b742c60fe8785007f24e35b8188ae742c3fec6c55419e354ae1d
+# sha256: 0788a0463a27416e1197b2e47bd2cc54b32f782915c1b474000310a31eaa24ef
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -21,11 +23,13 @@ from typing import Any
 from .schema import (
     CONTRACT_IDS,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
 
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
+QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,25 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "use_sglang_residual_pair": ("const", True),
         "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
     },
+    "qwen3_dense_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "use_sglang_backend": ("const", True),
+        "batch_invariant_mode": ("config", "batch_invariant_mode", False),
+        "disable_rope_fusion": ("const", True),
+        "disable_bias_swiglu_fusion": ("const", True),
+        "attention_backend": ("const", "fa3_varlen"),
+        "cp_layout": ("when", "ulysses_cp", "ulysses_a2a", None),
+        "cast_attention_input_to_dense_math_dtype": ("const", True),
+        "cast_qk_norm_input_before_weight_mul": ("const", True),
+        "cast_qk_after_rope_to_dense_math_dtype": ("const", True),
+        "cast_lm_head_input_to_weight_dtype": ("const", True),
+        "deterministic_row_parallel_reduce": ("const", True),
+        "defer_ulysses_cp_loss_scaling_to_grad_sum": ("const", True),
+        "apply_logits_contract": ("const", True),
+        "use_sglang_final_norm": ("const", True),
+        "use_sglang_residual_pair": ("const", True),
+        "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
+    },
 }
 
 
@@ -168,9 +191,13 @@ QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = MegatronTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
+QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = MegatronTrueOnPolicyContract(
+    schema=QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
+)
 
 _CONTRACT_BY_NAME: dict[str, MegatronTrueOnPolicyContract] = {
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
+    "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
 }
 
 

@@ -2,9 +2,11 @@
 # Change the contract file or the template, then run `contractgen generate`.
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
+#   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:f93959f8edf1efde0375033963fe77f362036c5ad72fe67b2fd39dfbc83c2e49
-# sha256: dd3856ae4f63ca518f1a728cf860a610e660e7a3e29a0a7bf8f4bce5b887e2fa
+#   qwen3_dense_true_on_policy_v2 sha256:05f183d7f0e8b742c60fe8785007f24e35b8188ae742c3fec6c55419e354ae1d
+# sha256: 1ca863028d719569fff07c27259e14f29ed9f7f8332bcbae071a4bc93b991ecb
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -25,12 +27,24 @@ from typing import Literal
 SCHEMA_VERSION = 1
 GENERATOR_FORMAT = 1
 
-TrueOnPolicyContractName = Literal["qwen3_dense_true_on_policy_v1"]
+TrueOnPolicyContractName = Literal[
+    "qwen3_dense_true_on_policy_v1",
+    "qwen3_dense_true_on_policy_v2",
+]
 ModelFamily = Literal["qwen3_dense"]
-KernelContract = Literal["qwen3_dense_sglang_math"]
-LogprobContract = Literal["sglang_prefill"]
+KernelContract = Literal[
+    "qwen3_dense_sglang_math",
+    "qwen3_dense_sglang_math_fp32_logprobs",
+]
+LogprobContract = Literal[
+    "decode",
+    "sglang_prefill",
+]
 
-CONTRACT_IDS: tuple[str, ...] = ("qwen3_dense_true_on_policy_v1",)
+CONTRACT_IDS: tuple[str, ...] = (
+    "qwen3_dense_true_on_policy_v1",
+    "qwen3_dense_true_on_policy_v2",
+)
 
 
 class UnknownContractError(KeyError):
@@ -441,15 +455,308 @@ CONTRACT_DATA: dict[str, dict] = {
         "schema_version": 1,
         "supersedes": None,
     },
+    "qwen3_dense_true_on_policy_v2": {
+        "description": "Qwen3 dense true-on-policy with fp32 log-softmax and decode-exact logprobs: the rollout's decode-step logprobs equal the trainer's bitwise, so RL skips the prefill re-score pass. Same dense math, tile order and TP reduction as v1.",
+        "family": "qwen3_dense",
+        "id": "qwen3_dense_true_on_policy_v2",
+        "identity": {
+            "disable_megatron_sequence_parallel": True,
+            "fsdp_attention_implementation": "flash_attention_3",
+            "kernel_contracts": [
+                "qwen3_dense_sglang_math_fp32_logprobs",
+            ],
+            "logprob_contract": "decode",
+            "sglang_attention_backend": "fa3",
+        },
+        "kernel_policy": {
+            "all_reduce": "fixed_tree",
+            "attention_kv_chunk": 64,
+            "attention_softmax_dtype": "float32",
+            "dense_math_dtype": "bfloat16",
+            "lm_head_input_dtype": "bfloat16",
+            "logsoftmax_dtype": "float32",
+            "logsoftmax_vocab_block": 128,
+            "matmul_accumulation_dtype": "bfloat16",
+            "matmul_k_block": 128,
+            "matmul_tile_order": "sglang_first_level",
+            "norm_cast_before_weight": True,
+            "norm_compute_dtype": "float32",
+            "residual_dtype": "bfloat16",
+            "rope_dtype": "float32",
+        },
+        "model_profile": {
+            "activation": "silu_glu",
+            "architectures": {
+                "hf": "Qwen3ForCausalLM",
+                "megatron": "Qwen3ModelProvider",
+                "sglang": "Qwen3ForCausalLM",
+            },
+            "attention_bias": False,
+            "checkpoints": [
+                {
+                    "head_dim": 128,
+                    "hidden_size": 1024,
+                    "intermediate_size": 3072,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-0.6B",
+                    "num_attention_heads": 16,
+                    "num_kv_heads": 8,
+                    "num_layers": 28,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 2048,
+                    "intermediate_size": 6144,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-1.7B",
+                    "num_attention_heads": 16,
+                    "num_kv_heads": 8,
+                    "num_layers": 28,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 2560,
+                    "intermediate_size": 9728,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-4B",
+                    "num_attention_heads": 32,
+                    "num_kv_heads": 8,
+                    "num_layers": 36,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": [
+                        1,
+                        2,
+                        4,
+                    ],
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 2560,
+                    "intermediate_size": 9728,
+                    "max_position_embeddings": 32768,
+                    "name": "Qwen3-4B-Base",
+                    "num_attention_heads": 32,
+                    "num_kv_heads": 8,
+                    "num_layers": 36,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": [
+                        1,
+                        2,
+                        4,
+                    ],
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 2560,
+                    "intermediate_size": 9728,
+                    "max_position_embeddings": 262144,
+                    "name": "Qwen3-4B-Instruct-2507",
+                    "num_attention_heads": 32,
+                    "num_kv_heads": 8,
+                    "num_layers": 36,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": [
+                        1,
+                        2,
+                        4,
+                    ],
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 4096,
+                    "intermediate_size": 12288,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-8B",
+                    "num_attention_heads": 32,
+                    "num_kv_heads": 8,
+                    "num_layers": 36,
+                    "tie_word_embeddings": False,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 5120,
+                    "intermediate_size": 17408,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-14B",
+                    "num_attention_heads": 40,
+                    "num_kv_heads": 8,
+                    "num_layers": 40,
+                    "tie_word_embeddings": False,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 5120,
+                    "intermediate_size": 25600,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-32B",
+                    "num_attention_heads": 64,
+                    "num_kv_heads": 8,
+                    "num_layers": 64,
+                    "tie_word_embeddings": False,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+            ],
+            "norm": {
+                "eps": 1e-06,
+                "kind": "rmsnorm",
+            },
+            "qk_norm": True,
+            "reference_model": {
+                "head_dim": 64,
+                "hidden_size": 256,
+                "intermediate_size": 512,
+                "max_position_embeddings": 512,
+                "name": "qwen3-tiny-random",
+                "num_attention_heads": 4,
+                "num_kv_heads": 2,
+                "num_layers": 4,
+                "tie_word_embeddings": False,
+                "tp_sizes": [
+                    1,
+                    2,
+                ],
+                "vocab_size": 1000,
+            },
+            "rope": {
+                "scaling": None,
+                "style": "neox",
+                "theta": 1000000.0,
+            },
+        },
+        "parallel": {
+            "kv_heads": "divide",
+            "rollout": {
+                "dp": True,
+                "tp": [
+                    1,
+                    2,
+                    4,
+                    8,
+                ],
+            },
+            "training": {
+                "cp": {
+                    "kind": "ulysses",
+                    "sizes": [
+                        1,
+                        2,
+                        4,
+                    ],
+                },
+                "dp": True,
+                "pp": [
+                    1,
+                    2,
+                    4,
+                ],
+                "sequence_parallel": False,
+                "tp": [
+                    1,
+                    2,
+                    4,
+                    8,
+                ],
+            },
+        },
+        "runtime_policy": {
+            "launcher": {
+                "batch_invariant_mode": True,
+                "cublas_workspace_config": ":4096:8",
+                "deterministic_mode": True,
+                "enable_deterministic_inference": True,
+                "enabled": True,
+                "nccl_algo": "Ring",
+                "no_bias_swiglu_fusion": True,
+                "no_rope_fusion": True,
+                "nvte_allow_nondeterministic_algo": False,
+                "recompute_logprobs_via_prefill": False,
+                "transformer_impl": "local",
+                "true_on_policy_mode": True,
+                "use_cpu_initialization": True,
+            },
+            "megatron": {
+                "apply_logits_contract": True,
+                "attention_backend": "fa3_varlen",
+                "batch_invariant_mode": {
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
+                "cast_attention_input_to_dense_math_dtype": True,
+                "cast_lm_head_input_to_weight_dtype": True,
+                "cast_qk_after_rope_to_dense_math_dtype": True,
+                "cast_qk_norm_input_before_weight_mul": True,
+                "cp_layout": {
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
+                "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
+                "deterministic_row_parallel_reduce": True,
+                "disable_bias_swiglu_fusion": True,
+                "disable_rope_fusion": True,
+                "enabled": True,
+                "use_sglang_backend": True,
+                "use_sglang_final_norm": True,
+                "use_sglang_residual_pair": True,
+                "use_ulysses_cp_recompute_fallback": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "ulysses_cp",
+                },
+            },
+            "sglang": {
+                "deterministic_tree_all_reduce": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+                "disable_flashinfer_allreduce_fusion": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+                "disable_fused_qk_norm_mrope": True,
+                "disable_mlp_allreduce_fusion": True,
+                "disable_reduce_scatter": True,
+                "enabled": True,
+                "force_bfloat16_dense_tensor_math": True,
+                "force_bfloat16_lm_head": True,
+                "tp_invariant_row_linear": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+            },
+        },
+        "schema_version": 1,
+        "supersedes": "qwen3_dense_true_on_policy_v1",
+    },
 }
 
 # sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
 FINGERPRINTS: dict[str, str] = {
     "qwen3_dense_true_on_policy_v1": "sha256:f93959f8edf1efde0375033963fe77f362036c5ad72fe67b2fd39dfbc83c2e49",
+    "qwen3_dense_true_on_policy_v2": "sha256:05f183d7f0e8b742c60fe8785007f24e35b8188ae742c3fec6c55419e354ae1d",
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).
-SUPERSEDED_BY: dict[str, str] = {}
+SUPERSEDED_BY: dict[str, str] = {
+    "qwen3_dense_true_on_policy_v1": "qwen3_dense_true_on_policy_v2",
+}
 
 QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
     name="qwen3_dense_true_on_policy_v1",
@@ -463,9 +770,22 @@ QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
     fingerprint=FINGERPRINTS["qwen3_dense_true_on_policy_v1"],
     supersedes=None,
 )
+QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA = TrueOnPolicyContractSchema(
+    name="qwen3_dense_true_on_policy_v2",
+    model_family="qwen3_dense",
+    required_kernel_contracts=("qwen3_dense_sglang_math_fp32_logprobs",),
+    logprob_contract="decode",
+    sglang_attention_backend="fa3",
+    fsdp_attention_implementation="flash_attention_3",
+    disable_megatron_sequence_parallel=True,
+    schema_version=SCHEMA_VERSION,
+    fingerprint=FINGERPRINTS["qwen3_dense_true_on_policy_v2"],
+    supersedes="qwen3_dense_true_on_policy_v1",
+)
 
 _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
 }
 
 

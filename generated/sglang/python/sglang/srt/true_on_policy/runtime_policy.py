@@ -2,9 +2,11 @@
 # Change the contract file or the template, then run `contractgen generate`.
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
+#   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:f93959f8edf1efde0375033963fe77f362036c5ad72fe67b2fd39dfbc83c2e49
-# sha256: e223d1a69acb8c845edd050b9686a555c076ce67aa622e85c0c2eff82eec15da
+#   qwen3_dense_true_on_policy_v2 sha256:05f183d7f0e8b742c60fe8785007f24e35b8188ae742c3fec6c55419e354ae1d
+# sha256: ced557e64e83b861ae78e1aaf64d215dbf26cedd72eb065561f89b83b7ad350a
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -20,11 +22,13 @@ from typing import Any
 from .schema import (
     CONTRACT_IDS,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
 
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
+QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,17 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "deterministic_tree_all_reduce": ("when", "rollout_tp", True, False),
         "disable_fused_qk_norm_mrope": ("const", True),
     },
+    "qwen3_dense_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "force_bfloat16_dense_tensor_math": ("const", True),
+        "force_bfloat16_lm_head": ("const", True),
+        "disable_reduce_scatter": ("const", True),
+        "disable_mlp_allreduce_fusion": ("const", True),
+        "disable_flashinfer_allreduce_fusion": ("when", "rollout_tp", True, False),
+        "tp_invariant_row_linear": ("when", "rollout_tp", True, False),
+        "deterministic_tree_all_reduce": ("when", "rollout_tp", True, False),
+        "disable_fused_qk_norm_mrope": ("const", True),
+    },
 }
 
 
@@ -135,9 +150,13 @@ QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = SGLangTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
+QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = SGLangTrueOnPolicyContract(
+    schema=QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
+)
 
 _CONTRACT_BY_NAME: dict[str, SGLangTrueOnPolicyContract] = {
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
+    "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
 }
 
 

@@ -1,0 +1,39 @@
+"""The ``contractgen`` command line: wires one module per verb (contractgen/commands/)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+# verb -> module under contractgen.commands exposing ``command``
+COMMANDS = ("list", "schema", "generate", "check", "sync")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="contractgen")
+@click.option(
+    "--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Project root holding contractgen.toml (default: nearest above the current directory, "
+    "else contractgen's built-in contracts).",
+)  # fmt: skip
+@click.option(
+    "--contracts", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Directory of contract files (overrides the config).",
+)  # fmt: skip
+@click.pass_context
+def main(ctx: click.Context, root: Path | None, contracts: Path | None) -> None:
+    """Single source of truth for true-on-policy contracts across SGLang, Megatron and Miles.
+
+    Exit codes: 0 ok, 1 drift / mismatch / parity failure, 2 invalid input or usage.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["root"] = root
+    ctx.obj["contracts"] = contracts
+
+
+for _verb in COMMANDS:
+    main.add_command(importlib.import_module(f".commands.{_verb}", __package__).command)

@@ -1,0 +1,69 @@
+"""What every command shares: project loading, error reporting, exit codes."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..codegen.config import ConfigError
+from ..codegen.writer import UnsafePathError
+from ..project import Project, open_project
+from ..schema.errors import ContractError
+
+EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    click.echo(message, err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn invalid input into exit 2 with the problems on stderr, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ContractError as exc:
+            for problem in exc.problems:
+                click.echo(str(problem), err=True)
+            sys.exit(EXIT_USAGE)
+        except (ConfigError, UnsafePathError, FileNotFoundError) as exc:
+            fail(f"error: {exc}")
+        except KeyError as exc:
+            fail(f"error: {exc.args[0] if exc.args else exc}")
+
+    return wrapper
+
+
+def project_from(ctx: click.Context) -> Project:
+    root: Path | None = ctx.obj.get("root") if ctx.obj else None
+    contracts: Path | None = ctx.obj.get("contracts") if ctx.obj else None
+    return open_project(root, contracts)
+
+
+def parse_repo_options(values: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """``NAME=PATH`` pairs; NAME is a target (sglang, megatron, launcher) or its repo name."""
+    from ..codegen.drift import resolve_target_name
+
+    repos: list[tuple[str, Path]] = []
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(
+                f"{value!r}: expected NAME=PATH, e.g. sglang=../sglang", param_hint="--repo"
+            )
+        try:
+            target = resolve_target_name(name)
+        except KeyError as exc:
+            raise click.BadParameter(str(exc.args[0]), param_hint="--repo") from None
+        if any(t == target for t, _ in repos):
+            raise click.BadParameter(f"{target} given twice", param_hint="--repo")
+        repos.append((target, Path(path)))
+    return repos

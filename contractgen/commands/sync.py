@@ -1,0 +1,44 @@
+"""``contractgen sync``: write vendored copies into sibling repositories."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..codegen.sync import apply_sync, plan_sync
+from ._common import EXIT_DRIFT, EXIT_OK, handle_errors, parse_repo_options, project_from
+
+
+@click.command("sync")
+@click.option(
+    "--repo", "repos", multiple=True, required=True, metavar="NAME=PATH",
+    help="Sibling repo to write into (NAME: sglang, megatron, launcher, or sglang/Megatron-LM/miles).",
+)  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Show the diff of what would change; write nothing.")
+@click.option("--force", is_flag=True, help="Overwrite vendored files that were edited by hand.")
+@click.pass_context
+@handle_errors
+def command(ctx: click.Context, repos: tuple[str, ...], dry_run: bool, force: bool) -> None:
+    """Write each target's vendored package into its sibling repo, atomically.
+
+    Refuses (exit 1, nothing written) to overwrite a vendored file whose content no longer matches
+    its own fingerprint unless --force; never writes outside the vendored package.
+    """
+    project = project_from(ctx)
+    plan = plan_sync(project.rendered, parse_repo_options(repos), project.config, force=force)
+    for f in plan.refused:
+        click.echo(f"refused: {f.problem}", err=True)
+    if plan.refused:
+        click.echo("sync: nothing written", err=True)
+        sys.exit(EXIT_DRIFT)
+    if dry_run:
+        for f in plan.changes:
+            click.echo(f"would {f.action}: {f.target}:{f.rel}")
+            click.echo(f.diff, nl=not f.diff.endswith("\n"))
+        click.echo(f"sync --dry-run: {len(plan.changes)} file(s) would change; nothing written")
+        sys.exit(EXIT_OK)
+    for f in apply_sync(plan):
+        click.echo(f"{f.action}d {f.target}:{f.repo / f.rel}")
+    unchanged = len(plan.files) - len(plan.changes)
+    click.echo(f"sync: {len(plan.changes)} written, {unchanged} already identical")

@@ -1,0 +1,41 @@
+"""Load a contractgen project: its config, its contracts and their rendered files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from .codegen.config import ProjectConfig, find_root, load_config
+from .codegen.render import render
+from .paths import builtin_config
+from .schema.loader import LoadedContract, load_contracts
+
+
+@dataclass
+class Project:
+    config: ProjectConfig
+    contracts: list[LoadedContract]
+
+    @cached_property
+    def rendered(self) -> dict[str, bytes]:
+        return render(self.contracts, self.config)
+
+    def contract(self, contract_id: str) -> LoadedContract:
+        for lc in self.contracts:
+            if lc.id == contract_id:
+                return lc
+        known = ", ".join(lc.id for lc in self.contracts)
+        raise KeyError(f"unknown contract {contract_id!r} (known: {known})")
+
+
+def open_project(root: Path | None = None, contracts_dir: Path | None = None) -> Project:
+    """The project at ``root`` (default: nearest contractgen.toml above cwd, else the built-in)."""
+    if root is None:
+        found = find_root(Path.cwd())
+        config = load_config(found) if (found / "contractgen.toml").is_file() else builtin_config()
+    else:
+        config = load_config(root)
+    if contracts_dir is not None:
+        config = ProjectConfig(config.root, contracts_dir, config.generated_dir, config.packages)
+    return Project(config, load_contracts(config.contracts_dir, config.root))
