@@ -1,6 +1,7 @@
 """Shared fixtures for the SGLang adapter tests.
 
-The ONE place a kernel policy is created: ``kp`` (the public v1, read from the generated schema).
+The ONE place policies are created: ``kp``, ``profile`` and ``runtime_policy`` (the public v1,
+read from the generated modules).
 Float32 and other variants are derived from it with ``dataclasses.replace``.
 """
 
@@ -13,31 +14,10 @@ import pytest
 CONTRACT = "qwen3_dense_true_on_policy_v1"
 
 
-def _v1_kernel_policy():
-    try:
-        from contractgen.vendored import load_target
+def generated():
+    from contractgen.vendored import load_target
 
-        return load_target("sglang").schema.kernel_policy_for(CONTRACT)
-    except Exception:  # generator not landed yet: the v1 values from docs/generated-api.md
-
-        @dataclasses.dataclass(frozen=True)
-        class KernelPolicy:
-            dense_math_dtype: str = "bfloat16"
-            matmul_k_block: int = 128
-            matmul_accumulation_dtype: str = "bfloat16"
-            matmul_tile_order: str = "sglang_first_level"
-            all_reduce: str = "fixed_tree"
-            norm_compute_dtype: str = "float32"
-            norm_cast_before_weight: bool = True
-            rope_dtype: str = "float32"
-            attention_kv_chunk: int = 64
-            attention_softmax_dtype: str = "float32"
-            residual_dtype: str = "bfloat16"
-            lm_head_input_dtype: str = "bfloat16"
-            logsoftmax_dtype: str = "bfloat16"
-            logsoftmax_vocab_block: int = 128
-
-        return KernelPolicy()
+    return load_target("sglang")
 
 
 def fp32_variant(kp):
@@ -50,7 +30,22 @@ def fp32_variant(kp):
 
 @pytest.fixture(scope="session")
 def kp():
-    return _v1_kernel_policy()
+    return generated().schema.kernel_policy_for(CONTRACT)
+
+
+@pytest.fixture(scope="session")
+def profile():
+    return generated().schema.model_profile_for(CONTRACT)
+
+
+@pytest.fixture(scope="session")
+def runtime_policy():
+    """Runtime policy factory: ``runtime_policy(tp_size)`` as SGLang would resolve it."""
+    from types import SimpleNamespace
+
+    return lambda tp_size=1: generated().runtime_policy.policy_for(
+        CONTRACT, SimpleNamespace(tp_size=tp_size)
+    )
 
 
 @pytest.fixture(scope="session")

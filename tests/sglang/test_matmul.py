@@ -124,3 +124,10 @@ def test_first_level_block_values():
         19,
         19,
     ]
+
+
+def test_first_level_block_matches_generated_schema():
+    from conftest import generated
+
+    gen = generated().schema.first_level_block
+    assert all(first_level_block(t) == gen(t) for t in range(1, 300))

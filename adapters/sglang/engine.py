@@ -1,0 +1,136 @@
+"""Reference rollout: continuous batching over the reference model with per-request KV caches.
+
+Every step runs ONE packed forward holding the prompts of requests joining at that step (prefill)
+and the last token of every running request (decode); requests finish at different steps. Greedy
+or seeded sampling (Gumbel-max with a per-request generator, so a request's draws never depend on
+its neighbours). Each sampled token comes with its logprob (``token_logprobs``, the contract's dtype).
+``rescore`` is one prefill pass over a finished sequence: the public ``sglang_prefill`` contract.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .kernels.logsoftmax import full_logprobs, token_logprobs
+from .model import KVCache, ReferenceModel
+
+
+@dataclass(frozen=True)
+class Request:
+    rid: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float = 0.0  # 0: greedy
+    seed: int = 0
+    arrival_step: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Completion:
+    rid: str
+    prompt: tuple[int, ...]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[torch.Tensor] = field(default_factory=list)  # 0-dim, kp.logsoftmax_dtype
+    first_step: int = -1
+    finish_step: int = -1
+
+    @property
+    def sequence(self) -> list[int]:
+        return [*self.prompt, *self.tokens]
+
+    def logprob_tensor(self) -> torch.Tensor:
+        return torch.stack(self.logprobs) if self.logprobs else torch.zeros(0)
+
+
+class _Progress:
+    """One stderr line every ``every`` seconds once a run has lasted ``after`` seconds."""
+
+    def __init__(self, label: str, enabled: bool = True, after: float = 3.0, every: float = 2.0):
+        self.label, self.enabled, self.after, self.every = label, enabled, after, every
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, msg: str) -> None:
+        now = time.monotonic()
+        if self.enabled and now - self.t0 >= self.after and now - self.last >= self.every:
+            self.last = now
+            print(f"{self.label}: {msg} ({now - self.t0:.1f} s)", file=sys.stderr, flush=True)
+
+
+def _sample(lp_V: torch.Tensor, req: Request, gen: torch.Generator | None) -> int:
+    if req.temperature <= 0:
+        return int(torch.argmax(lp_V))
+    u = torch.rand(lp_V.shape, generator=gen, dtype=torch.float64)
+    gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
+    return int(torch.argmax(lp_V.to(torch.float64) / req.temperature + gumbel))
+
+
+class RolloutEngine:
+    def __init__(self, model: ReferenceModel, *, progress: bool = True):
+        self.model, self.progress = model, progress
+
+    @property
+    def kp(self):
+        return self.model.kp
+
+    def generate(self, requests: Sequence[Request]) -> dict[str, Completion]:
+        """Run all requests to completion; returns completions by request id."""
+        V = self.model.arch.vocab_size
+        pending = sorted(requests, key=lambda r: (r.arrival_step, r.rid))
+        done: dict[str, Completion] = {}
+        running: list[tuple[Request, Completion, KVCache, torch.Generator]] = []
+        prog = _Progress("rollout", self.progress)
+        step = 0
+        while pending or running:
+            if not running and pending and pending[0].arrival_step > step:
+                step = pending[0].arrival_step
+            joining = [r for r in pending if r.arrival_step <= step]
+            pending = [r for r in pending if r.arrival_step > step]
+            for r in joining:
+                gen = torch.Generator().manual_seed(r.seed)
+                running.append(
+                    (r, Completion(r.rid, tuple(r.prompt), first_step=step), KVCache(), gen)
+                )
+            ids, lens = [], []
+            for r, c, cache, _ in running:
+                new = list(r.prompt) if cache.length == 0 else [c.tokens[-1]]
+                ids.extend(new)
+                lens.append(len(new))
+            logits = self.model.forward(torch.tensor(ids), [x[2] for x in running], lens)
+            lp = full_logprobs(logits, self.kp, V)
+            still = []
+            for row, (r, c, cache, gen) in enumerate(running):
+                tok = _sample(lp[row], r, gen)
+                c.tokens.append(tok)
+                c.logprobs.append(
+                    token_logprobs(logits[row : row + 1], torch.tensor([tok]), self.kp, V)[0]
+                )
+                if len(c.tokens) >= r.max_new_tokens or tok in r.stop_token_ids:
+                    c.finish_step = step
+                    done[r.rid] = c
+                else:
+                    still.append((r, c, cache, gen))
+            running = still
+            step += 1
+            prog(f"step {step}, {len(running)} running, {len(pending)} waiting, {len(done)} done")
+        return done
+
+    def rescore(
+        self, sequence: Sequence[int], *, layer_outputs: list | None = None
+    ) -> torch.Tensor:
+        """Logprob of ``sequence[t+1]`` given ``sequence[:t+1]`` for every t, from ONE prefill."""
+        ids = torch.tensor(list(sequence))
+        logits = self.model.forward(
+            ids, [KVCache()], [len(ids)], all_logits=True, layer_outputs=layer_outputs
+        )
+        return token_logprobs(logits[:-1], ids[1:], self.kp, self.model.arch.vocab_size)
+
+    def logits(self, sequence: Sequence[int]) -> torch.Tensor:
+        """All-position logits of one prefill (for reference comparisons)."""
+        ids = torch.tensor(list(sequence))
+        return self.model.forward(ids, [KVCache()], [len(ids)], all_logits=True)

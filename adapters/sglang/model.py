@@ -1,0 +1,323 @@
+"""Qwen3-style dense decoder built only from the contract kernels (the rollout's numerics).
+
+Weights keep Hugging Face names (``model.layers.{i}.self_attn.q_proj.weight`` …, ``lm_head.weight``)
+so the trainer side loads the same checkpoint. Under TP each rank holds column shards of
+q/k/v/gate/up (whole heads), row shards of o/down, and a vocab shard of the LM head (padded to
+whole 64-column GEMM tiles so the gathered logits equal the TP=1 ones bit for bit).
+
+One layer, with the casts the trainer must reproduce (h is the residual stream, ``residual_dtype``):
+``x = rms_norm(h, input_layernorm).to(dense)`` → q/k/v ``invariant_matmul`` → per-head
+``rms_norm(q_norm/k_norm)`` rounded, then RoPE in ``rope_dtype`` rounded → ``chunked_attention`` →
+``o_proj`` partial in the accumulation dtype → tree all-reduce → ``.to(dense)`` →
+``h = residual_add(attn, h)``; then ``post_attention_layernorm`` → gate/up → ``silu_glu`` →
+``down_proj`` the same way → ``h = residual_add(mlp, h)``. Final: ``rms_norm(h, norm)`` →
+``.to(lm_head_input_dtype)`` → LM head (``invariant_matmul``) → logits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .kernels._dtypes import dtype_of
+from .kernels.all_reduce import all_gather_exact, world_size
+from .kernels.attention import chunked_attention
+from .kernels.matmul import N_TILE
+from .kernels.mlp import silu_glu
+from .kernels.norm import rms_norm
+from .kernels.rope import apply_rope, rope_cos_sin
+from .ops import resolve_ops
+
+ACTIVATIONS = {"silu_glu": silu_glu}
+ROPE_STYLES = {"neox": apply_rope}
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """Everything the forward pass needs from a model profile and one of its ``ModelDims``."""
+
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    norm_eps: float
+    qk_norm: bool
+    rope_theta: float
+    rope_scaling: tuple | None = None
+    activation: str = "silu_glu"
+    rope_style: str = "neox"
+
+    @classmethod
+    def from_profile(cls, profile, dims=None) -> ModelArch:
+        """From a generated ``ModelProfile`` and one ``ModelDims`` (default: its reference model)."""
+        dims = dims or profile.reference_model
+        for what, value, known in (
+            ("activation", profile.activation, ACTIVATIONS),
+            ("rope_style", profile.rope_style, ROPE_STYLES),
+        ):
+            if value not in known:
+                raise ValueError(
+                    f"model profile {what}={value!r} is not supported; known: {sorted(known)}"
+                )
+        if profile.attention_bias:
+            raise ValueError(
+                "model profile attention_bias=True is not supported by the reference model"
+            )
+        scaling = profile.rope_scaling
+        if isinstance(scaling, dict):
+            scaling = tuple(sorted(scaling.items()))
+        return cls(
+            name=dims.name,
+            hidden_size=dims.hidden_size,
+            intermediate_size=dims.intermediate_size,
+            num_layers=dims.num_layers,
+            num_attention_heads=dims.num_attention_heads,
+            num_kv_heads=dims.num_kv_heads,
+            head_dim=dims.head_dim,
+            vocab_size=dims.vocab_size,
+            tie_word_embeddings=dims.tie_word_embeddings,
+            max_position_embeddings=dims.max_position_embeddings,
+            norm_eps=profile.norm_eps,
+            qk_norm=profile.qk_norm,
+            rope_theta=profile.rope_theta,
+            rope_scaling=scaling,
+            activation=profile.activation,
+            rope_style=profile.rope_style,
+        )
+
+
+def weight_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Every HF-named tensor of the model and its full (unsharded) shape."""
+    hd, q, kv = (
+        arch.hidden_size,
+        arch.num_attention_heads * arch.head_dim,
+        arch.num_kv_heads * arch.head_dim,
+    )
+    shapes = {"model.embed_tokens.weight": (arch.vocab_size, hd), "model.norm.weight": (hd,)}
+    for i in range(arch.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (hd,),
+            p + "post_attention_layernorm.weight": (hd,),
+            p + "self_attn.q_proj.weight": (q, hd),
+            p + "self_attn.k_proj.weight": (kv, hd),
+            p + "self_attn.v_proj.weight": (kv, hd),
+            p + "self_attn.o_proj.weight": (hd, q),
+            p + "mlp.gate_proj.weight": (arch.intermediate_size, hd),
+            p + "mlp.up_proj.weight": (arch.intermediate_size, hd),
+            p + "mlp.down_proj.weight": (hd, arch.intermediate_size),
+        }
+        if arch.qk_norm:
+            shapes |= {
+                p + "self_attn.q_norm.weight": (arch.head_dim,),
+                p + "self_attn.k_norm.weight": (arch.head_dim,),
+            }
+    if not arch.tie_word_embeddings:
+        shapes["lm_head.weight"] = (arch.vocab_size, hd)
+    return shapes
+
+
+def random_weights(arch: ModelArch, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded float32 weights: linears ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norms ~ 1 + N(0, 0.1²)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in weight_shapes(arch).items():
+        if name.endswith("norm.weight") or "layernorm" in name:
+            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        elif "embed_tokens" in name:
+            out[name] = torch.randn(shape, generator=g)
+        else:
+            out[name] = torch.randn(shape, generator=g) / math.sqrt(shape[1])
+    return out
+
+
+def check_weights(
+    arch: ModelArch, weights: dict[str, torch.Tensor], where: str = "weights"
+) -> None:
+    """Every expected tensor present with its shape; clear error otherwise."""
+    expected = weight_shapes(arch)
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise ValueError(
+            f"{where}: missing tensors for {arch.name}: {', '.join(missing[:5])}"
+            + (" …" if len(missing) > 5 else "")
+        )
+    bad = [
+        f"{n}: {tuple(weights[n].shape)} (expected {s})"
+        for n, s in expected.items()
+        if tuple(weights[n].shape) != s
+    ]
+    if bad:
+        raise ValueError(
+            f"{where}: tensors of the wrong shape for {arch.name}: " + "; ".join(bad[:5])
+        )
+
+
+@dataclass
+class KVCache:
+    """Per-request cache: post-RoPE keys and values per layer, ``[S, kv_heads_local, head_dim]``."""
+
+    k: list = field(default_factory=list)
+    v: list = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[0] if self.k else 0
+
+
+@dataclass
+class _Layer:
+    input_ln: torch.Tensor
+    post_ln: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+class ReferenceModel:
+    """The rollout model on one TP rank (``group`` of size 1 or unset: the whole model)."""
+
+    def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], kp, rp, *, group=None):
+        check_weights(arch, weights)
+        self.arch, self.kp, self.rp, self.group = arch, kp, rp, group
+        self.tp = world_size(group)
+        self.rank = dist.get_rank(group) if self.tp > 1 else 0
+        for what, n in (
+            ("num_attention_heads", arch.num_attention_heads),
+            ("num_kv_heads", arch.num_kv_heads),
+            ("intermediate_size", arch.intermediate_size),
+        ):
+            if n % self.tp:
+                raise ValueError(f"{arch.name}: {what}={n} does not divide over TP={self.tp}")
+        self.ops = resolve_ops(kp, rp, self.tp)
+        self.act = ACTIVATIONS[arch.activation]
+        self.rope = ROPE_STYLES[arch.rope_style]
+        dense = dtype_of(kp.dense_math_dtype)
+        r, tp, D = self.rank, self.tp, arch.head_dim
+        hl, kvl, il = (
+            arch.num_attention_heads // tp,
+            arch.num_kv_heads // tp,
+            arch.intermediate_size // tp,
+        )
+
+        def rows(t, n):
+            return t[r * n : (r + 1) * n].to(dense).contiguous()
+
+        def cols(t, n):
+            return t[:, r * n : (r + 1) * n].to(dense).contiguous()
+
+        self.layers = []
+        for i in range(arch.num_layers):
+            p = f"model.layers.{i}."
+            w = {k[len(p) :]: v for k, v in weights.items() if k.startswith(p)}
+            self.layers.append(
+                _Layer(
+                    input_ln=w["input_layernorm.weight"].to(dense),
+                    post_ln=w["post_attention_layernorm.weight"].to(dense),
+                    q=rows(w["self_attn.q_proj.weight"], hl * D),
+                    k=rows(w["self_attn.k_proj.weight"], kvl * D),
+                    v=rows(w["self_attn.v_proj.weight"], kvl * D),
+                    o=cols(w["self_attn.o_proj.weight"], hl * D),
+                    q_norm=w["self_attn.q_norm.weight"].to(dense) if arch.qk_norm else None,
+                    k_norm=w["self_attn.k_norm.weight"].to(dense) if arch.qk_norm else None,
+                    gate=rows(w["mlp.gate_proj.weight"], il),
+                    up=rows(w["mlp.up_proj.weight"], il),
+                    down=cols(w["mlp.down_proj.weight"], il),
+                )
+            )
+        self.embed = weights["model.embed_tokens.weight"].to(dense)
+        self.final_norm = weights["model.norm.weight"].to(dense)
+        lm = weights["model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"]
+        vp = math.ceil(arch.vocab_size / (N_TILE * tp)) * N_TILE * tp
+        lm = torch.cat([lm, lm.new_zeros(vp - arch.vocab_size, arch.hidden_size)])
+        self.lm_head = rows(lm, vp // tp).to(dtype_of(kp.lm_head_input_dtype))
+        self.hl, self.kvl = hl, kvl
+
+    # -- forward -----------------------------------------------------------------------------
+    def _qk(self, x_LHD, weight, cos, sin):
+        if weight is None:
+            return self.rope(x_LHD, cos, sin, self.kp)
+        return self.ops.qk_norm_rope(x_LHD, weight, self.arch.norm_eps, cos, sin, self.kp)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        caches: Sequence[KVCache],
+        lengths: Sequence[int],
+        *,
+        all_logits: bool = False,
+        layer_outputs: list | None = None,
+    ) -> torch.Tensor:
+        """Packed forward of ``len(caches)`` segments (``lengths[i]`` new tokens each, appended to
+        ``caches[i]``). Returns logits ``[rows, vocab]`` for the last token of every segment, or for
+        every token with ``all_logits``. ``layer_outputs`` (a list) receives the residual stream
+        ``[T, hidden]`` after every layer, for first-divergence reports."""
+        a, kp, ops, eps = self.arch, self.kp, self.ops, self.arch.norm_eps
+        dense = dtype_of(kp.dense_math_dtype)
+        T, D = input_ids.shape[0], a.head_dim
+        starts = [c.length for c in caches]
+        positions = torch.cat(
+            [torch.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)]
+        )
+        cu_q = torch.tensor([0, *torch.tensor(list(lengths)).cumsum(0).tolist()])
+        cu_k = torch.tensor(
+            [
+                0,
+                *torch.tensor([s + n for s, n in zip(starts, lengths, strict=True)])
+                .cumsum(0)
+                .tolist(),
+            ]
+        )
+        cos, sin = rope_cos_sin(
+            positions, D, a.rope_theta, a.rope_scaling, kp, max_position=a.max_position_embeddings
+        )
+        h = self.embed[input_ids].to(dtype_of(kp.residual_dtype))
+        for i, L in enumerate(self.layers):
+            x = rms_norm(h, L.input_ln, eps, kp).to(dense)
+            q = self._qk(ops.column_linear(x, L.q, kp).view(T, self.hl, D), L.q_norm, cos, sin)
+            k = self._qk(ops.column_linear(x, L.k, kp).view(T, self.kvl, D), L.k_norm, cos, sin)
+            v = ops.column_linear(x, L.v, kp).view(T, self.kvl, D)
+            ks, vs = [], []
+            for j, c in enumerate(caches):
+                lo, hi = int(cu_q[j]), int(cu_q[j + 1])
+                if len(c.k) <= i:
+                    c.k.append(k[lo:hi].clone())
+                    c.v.append(v[lo:hi].clone())
+                else:
+                    c.k[i] = torch.cat([c.k[i], k[lo:hi]])
+                    c.v[i] = torch.cat([c.v[i], v[lo:hi]])
+                ks.append(c.k[i])
+                vs.append(c.v[i])
+            o = chunked_attention(
+                q, torch.cat(ks), torch.cat(vs), positions, kp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k
+            )
+            o = o.reshape(T, self.hl * D).to(dense)
+            h = ops.attn_reduce_residual(ops.row_partial(o, L.o, kp), h, kp, self.group)
+            x = rms_norm(h, L.post_ln, eps, kp).to(dense)
+            act = self.act(ops.column_linear(x, L.gate, kp), ops.column_linear(x, L.up, kp), kp)
+            h = ops.mlp_reduce_residual(ops.row_partial(act, L.down, kp), h, kp, self.group)
+            if layer_outputs is not None:
+                layer_outputs.append(h)
+        rows = torch.arange(T) if all_logits else cu_q[1:] - 1
+        hf = rms_norm(h[rows], self.final_norm, eps, kp)
+        logits = ops.lm_head(hf, self.lm_head, kp)
+        if self.tp > 1:
+            logits = torch.cat(all_gather_exact(logits, self.group), dim=1)
+        return logits[:, : a.vocab_size]
