@@ -4,8 +4,8 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:f93959f8edf1efde0375033963fe77f362036c5ad72fe67b2fd39dfbc83c2e49
-#   qwen3_dense_true_on_policy_v2 sha256:05f183d7f0e8b742c60fe8785007f24e35b8188ae742c3fec6c55419e354ae1d
+#   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
+#   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
 # sha256: 45bf21ab68986bd2de2b4ec249f88a0b752adbc17655a5d8dc17f83d589e2cf8
 """True-on-policy contracts, vendored by contractgen into the sglang repository."""
 

@@ -4,9 +4,9 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:f93959f8edf1efde0375033963fe77f362036c5ad72fe67b2fd39dfbc83c2e49
-#   qwen3_dense_true_on_policy_v2 sha256:05f183d7f0e8b742c60fe8785007f24e35b8188ae742c3fec6c55419e354ae1d
-# sha256: 1ca863028d719569fff07c27259e14f29ed9f7f8332bcbae071a4bc93b991ecb
+#   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
+#   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
+# sha256: c427669ce49dfa889a2511779254f07c5161fdd37ed1e7fb6caa7d8c00b49a43
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -328,7 +328,7 @@ CONTRACT_DATA: dict[str, dict] = {
             "reference_model": {
                 "head_dim": 64,
                 "hidden_size": 256,
-                "intermediate_size": 512,
+                "intermediate_size": 768,
                 "max_position_embeddings": 512,
                 "name": "qwen3-tiny-random",
                 "num_attention_heads": 4,
@@ -618,7 +618,7 @@ CONTRACT_DATA: dict[str, dict] = {
             "reference_model": {
                 "head_dim": 64,
                 "hidden_size": 256,
-                "intermediate_size": 512,
+                "intermediate_size": 768,
                 "max_position_embeddings": 512,
                 "name": "qwen3-tiny-random",
                 "num_attention_heads": 4,
@@ -749,8 +749,8 @@ CONTRACT_DATA: dict[str, dict] = {
 
 # sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
 FINGERPRINTS: dict[str, str] = {
-    "qwen3_dense_true_on_policy_v1": "sha256:f93959f8edf1efde0375033963fe77f362036c5ad72fe67b2fd39dfbc83c2e49",
-    "qwen3_dense_true_on_policy_v2": "sha256:05f183d7f0e8b742c60fe8785007f24e35b8188ae742c3fec6c55419e354ae1d",
+    "qwen3_dense_true_on_policy_v1": "sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf",
+    "qwen3_dense_true_on_policy_v2": "sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d",
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).
