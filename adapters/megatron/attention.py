@@ -1,0 +1,257 @@
+"""Self-attention with SGLang numerics on megatron-core's ``SelfAttention``.
+
+``SGLangSelfAttention`` keeps megatron's fused-QKV projection, per-query-group split and QK-norm,
+and only adds the runtime policy's cast of the attention input. The model is built with
+``position_embedding_type="none"``, so megatron's CUDA-only rotary embedding and causal-mask paths
+never run: ``SGLangCoreAttention`` (the spec's ``core_attention``) does RoPE, causal masking over
+packed paths (see ``packing``), Ulysses context parallelism and the attention itself, with
+SGLang's kernels. Its gradient comes from a plain differentiable fp32 masked-softmax attention
+over the same visibility (``autograd.straight_through``), since megatron-core's local
+``DotProductAttention`` allocates on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from megatron.core.tensor_parallel.mappings import all_to_all
+from megatron.core.transformer.attention import SelfAttention
+from megatron.core.transformer.module import MegatronModule
+
+from .autograd import straight_through
+from .kernels import kernel_module
+from .layers import ATTENTION_INPUT_CAST
+from .packing import SGLangPackedSeqParams
+from .policy import dtype_of, kernel_policy_for, policy_for
+
+
+class SGLangSelfAttention(SelfAttention):
+    """megatron-core ``SelfAttention`` whose QKV input is cast per
+    ``cast_attention_input_to_dense_math_dtype``."""
+
+    def __init__(self, config: Any, submodules: Any, layer_number: int, **kwargs: Any) -> None:
+        super().__init__(config, submodules, layer_number, **kwargs)
+        self.runtime_policy = policy_for(config)
+        self.kernel_policy = kernel_policy_for(config)
+        self._input_cast = ATTENTION_INPUT_CAST[
+            bool(self.runtime_policy.cast_attention_input_to_dense_math_dtype)
+        ]
+
+    def get_query_key_value_tensors(self, hidden_states, key_value_states=None, **kwargs):
+        return super().get_query_key_value_tensors(
+            self._input_cast(hidden_states, self.kernel_policy), key_value_states, **kwargs
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Context-parallel layouts: how the sequence-sharded q/k/v reach full sequence.
+# ---------------------------------------------------------------------------------------------
+
+
+def _seq_to_heads(x_LHD: torch.Tensor, group: Any) -> torch.Tensor:
+    """Ulysses all-to-all: ``[T/cp, H, D]`` (sequence shard) -> ``[T, H/cp, D]`` (head shard)."""
+    cp = group.size()
+    t, h, d = x_LHD.shape
+    x = x_LHD.reshape(t, cp, h // cp, d).transpose(0, 1).contiguous().reshape(cp * t, h // cp, d)
+    return all_to_all(group, x)
+
+
+def _heads_to_seq(x_THD: torch.Tensor, group: Any) -> torch.Tensor:
+    """Inverse of ``_seq_to_heads``: ``[T, H/cp, D]`` -> ``[T/cp, H, D]``."""
+    cp = group.size()
+    t, h, d = x_THD.shape
+    y = all_to_all(group, x_THD.contiguous())  # [cp(head group), T/cp, H/cp, D] flattened
+    y = y.reshape(cp, t // cp, h, d).transpose(0, 1).reshape(t // cp, cp * h, d)
+    return y
+
+
+def _identity(x: torch.Tensor, group: Any) -> torch.Tensor:
+    return x
+
+
+CP_LAYOUTS: dict[str | None, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = {
+    None: (_identity, _identity),
+    "ulysses_a2a": (_seq_to_heads, _heads_to_seq),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE and the q/k cast after it.
+# ---------------------------------------------------------------------------------------------
+
+
+def _rope_then_dense(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
+    """SGLang: rotate in ``rope_dtype``, result back in the input (dense) dtype."""
+    return kernel_module("rope").apply_rope(x, cos, sin, kp)
+
+
+def _rope_keep_rope_dtype(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
+    """Without the cast: q/k stay in ``rope_dtype`` into attention."""
+    return kernel_module("rope").apply_rope(x.to(dtype_of(kp.rope_dtype)), cos, sin, kp)
+
+
+def _megatron_rope(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
+    """megatron-core's unfused rotary (``_apply_rotary_pos_emb_bshd``): cos/sin cast to the input
+    dtype and the rotation done there (what runs with rope fusion left to megatron)."""
+    from megatron.core.models.common.embeddings.rope_utils import _rotate_half
+
+    c = torch.cat([cos, cos], -1)[:, None, :].to(x.dtype)
+    s = torch.cat([sin, sin], -1)[:, None, :].to(x.dtype)
+    return x * c + _rotate_half(x, False) * s
+
+
+ROPE_BY_CAST_QK_AFTER_ROPE: dict[bool, Callable[..., torch.Tensor]] = {
+    True: _rope_then_dense,
+    False: _rope_keep_rope_dtype,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention over packed paths.
+# ---------------------------------------------------------------------------------------------
+
+
+def _kernel_attention(q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, kp, scale):
+    """SGLang's chunked attention, once per path: a path's keys are gathered into position order,
+    so chunk boundaries are the rollout's (absolute position 0, 64, ...)."""
+    out = q_THD.new_empty(q_THD.shape, dtype=q_THD.dtype)
+    attend = kernel_module("attention").chunked_attention
+    for path, owned in zip(params.paths, params.owned, strict=True):
+        if owned.numel() == 0:
+            continue
+        rows = path[owned]
+        o = attend(q_THD[rows], k_TKD[path], v_TKD[path], params.positions[rows], kp, scale=scale)
+        out[rows] = o.to(out.dtype)
+    return out
+
+
+def visibility_mask(params: SGLangPackedSeqParams, total: int) -> torch.Tensor:
+    """``[T, T]`` bool: row ``i`` (query) may attend column ``j`` (key)."""
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    for path, owned in zip(params.paths, params.owned, strict=True):
+        n = path.numel()
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        rows = path[owned]
+        mask[rows[:, None], path[None, :]] = causal[owned]
+    return mask
+
+
+def reference_attention(q_THD, k_TKD, v_TKD, mask_TT, scale) -> torch.Tensor:
+    """Differentiable fp32 masked-softmax attention (GQA by repeat): the gradient path."""
+    g = q_THD.shape[1] // k_TKD.shape[1]
+    q = q_THD.float()
+    k = k_TKD.float().repeat_interleave(g, 1)
+    v = v_TKD.float().repeat_interleave(g, 1)
+    s = torch.einsum("thd,shd->hts", q, k) * scale
+    s = s.masked_fill(~mask_TT[None], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("hts,shd->thd", p, v).to(q_THD.dtype)
+
+
+def _kernel_attention_backend(q, k, v, params, kp, scale):
+    return straight_through(
+        lambda: _kernel_attention(q, k, v, params, kp, scale),
+        lambda: reference_attention(q, k, v, visibility_mask(params, q.shape[0]), scale),
+        [q, k, v],
+    )
+
+
+def _sdpa_backend(q, k, v, params, kp, scale):
+    """Stock attention (one fused softmax, no fixed KV chunking)."""
+    return reference_attention(q, k, v, visibility_mask(params, q.shape[0]), scale)
+
+
+ATTENTION_BACKENDS: dict[str | None, Callable[..., torch.Tensor]] = {
+    "fa3_varlen": _kernel_attention_backend,
+    "sdpa": _sdpa_backend,
+    None: _sdpa_backend,
+}
+
+
+class SGLangCoreAttention(MegatronModule):
+    """Core attention (megatron ``CoreAttention`` protocol) with SGLang numerics.
+
+    Input q/k/v come from megatron's ``SelfAttention`` after QK-norm, in ``thd`` layout
+    (``[T_local, heads, head_dim]``, ``packed_seq_params`` an ``SGLangPackedSeqParams``). Steps:
+    CP layout (Ulysses all-to-all to full sequence / head shard), RoPE at global positions,
+    the q/k cast, attention per path, CP layout back. Returns ``[T_local, heads * head_dim]``.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        layer_number: int,
+        attn_mask_type: Any,
+        attention_type: str = "self",
+        cp_comm_type: str | None = None,
+        softmax_scale: float | None = None,
+        pg_collection: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(config=config)
+        self.layer_number = layer_number
+        self.runtime_policy = policy_for(config)
+        self.kernel_policy = kernel_policy_for(config)
+        if pg_collection is None:
+            from megatron.core.process_groups_config import ProcessGroupCollection
+
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
+        self.cp_group = pg_collection.cp
+        self.head_dim = config.kv_channels
+        self.softmax_scale = (
+            softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        )
+        self.rope_theta = float(config.rotary_base)
+        self._to_full_seq, self._to_local_seq = CP_LAYOUTS[self.runtime_policy.cp_layout]
+        if self.cp_group.size() > 1 and self.runtime_policy.cp_layout is None:
+            raise ValueError(
+                f"context_parallel_size={self.cp_group.size()} needs a CP layout; the runtime "
+                "policy has cp_layout=None (set cp_comm_type='a2a' for Ulysses)"
+            )
+        rope_table = ROPE_BY_CAST_QK_AFTER_ROPE
+        if not self.runtime_policy.disable_rope_fusion:
+            rope_table = {True: _megatron_rope, False: _megatron_rope}
+        self._rope = rope_table[bool(self.runtime_policy.cast_qk_after_rope_to_dense_math_dtype)]
+        self._attention = ATTENTION_BACKENDS[self.runtime_policy.attention_backend]
+        self._recompute = bool(self.runtime_policy.use_ulysses_cp_recompute_fallback)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        attn_mask_type: Any = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: SGLangPackedSeqParams | None = None,
+    ) -> torch.Tensor:
+        if not isinstance(packed_seq_params, SGLangPackedSeqParams):
+            raise TypeError(
+                "SGLangCoreAttention needs packed_seq_params=SGLangPackedSeqParams "
+                "(positions and paths); build one with packing.pack_sequences(...).seq_params()"
+            )
+        if self._recompute and self.training and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(
+                self._forward, query, key, value, packed_seq_params, use_reentrant=False
+            )
+        return self._forward(query, key, value, packed_seq_params)
+
+    def _forward(self, query, key, value, params: SGLangPackedSeqParams) -> torch.Tensor:
+        kp = self.kernel_policy
+        q = self._to_full_seq(query, self.cp_group)
+        k = self._to_full_seq(key, self.cp_group)
+        v = self._to_full_seq(value, self.cp_group)
+        cos, sin = kernel_module("rope").rope_cos_sin(
+            params.positions, self.head_dim, self.rope_theta, None, kp
+        )
+        q = self._rope(q, cos, sin, kp)
+        k = self._rope(k, cos, sin, kp)
+        out = self._attention(q, k, v, params, kp, self.softmax_scale)
+        out = out.to(value.dtype)
+        out = self._to_local_seq(out, self.cp_group)
+        return out.reshape(out.shape[0], -1)

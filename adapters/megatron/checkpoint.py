@@ -1,0 +1,134 @@
+"""Hugging Face Qwen3 weights -> one megatron-core model stage, per TP rank.
+
+The same checkpoint directory (``config.json`` + ``*.safetensors``) or in-memory state dict (HF
+names) the rollout loads. Layouts: megatron's fused ``linear_qkv`` is, per query group,
+``[q heads of the group; k; v]``, and a TP rank holds a contiguous run of whole groups;
+``linear_fc1`` is ``[gate shard; up shard]`` per rank; row-parallel weights split K; the
+vocabulary is zero-padded (``ModelShape.padded_vocab_size``) then split by rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from .model import ModelShape
+
+
+def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of an HF checkpoint directory (safetensors shards)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors files (expected an HF checkpoint dir)")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def _rows(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    return torch.chunk(t, size, dim=0)[rank]
+
+
+def _cols(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    return torch.chunk(t, size, dim=1)[rank]
+
+
+def _pad_vocab(t: torch.Tensor, padded: int) -> torch.Tensor:
+    out = t.new_zeros((padded, *t.shape[1:]))
+    out[: t.shape[0]] = t
+    return out
+
+
+def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: ModelShape) -> torch.Tensor:
+    """HF q/k/v projections -> megatron's per-query-group ``[q...; k; v]`` layout."""
+    ng, d = shape.num_kv_heads, shape.head_dim
+    per = shape.num_attention_heads // ng
+    q = q.reshape(ng, per * d, -1)
+    k = k.reshape(ng, d, -1)
+    v = v.reshape(ng, d, -1)
+    return torch.cat([q, k, v], dim=1).reshape(ng * (per + 2) * d, -1)
+
+
+def megatron_stage_state_dict(
+    hf: Mapping[str, torch.Tensor],
+    shape: ModelShape,
+    model: torch.nn.Module,
+    *,
+    tp_rank: int,
+    tp_size: int,
+    padded_vocab_size: int,
+) -> dict[str, torch.Tensor]:
+    """The state dict (megatron names) of ``model``, one pipeline stage at one TP rank."""
+    wanted = {k for k in model.state_dict() if not k.endswith("_extra_state")}
+    out: dict[str, torch.Tensor] = {}
+
+    def put(name: str, value: torch.Tensor) -> None:
+        if name in wanted:
+            out[name] = value
+
+    embed = _rows(_pad_vocab(hf["model.embed_tokens.weight"], padded_vocab_size), tp_rank, tp_size)
+    put("embedding.word_embeddings.weight", embed)
+    head = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
+    put("output_layer.weight", _rows(_pad_vocab(head, padded_vocab_size), tp_rank, tp_size))
+    put("decoder.final_layernorm.weight", hf["model.norm.weight"])
+
+    layers = getattr(model.decoder, "layers", [])
+    for local, layer in enumerate(layers):
+        i = layer.layer_number - 1  # global, 0-based
+        src = f"model.layers.{i}."
+        dst = f"decoder.layers.{local}."
+        qkv = fused_qkv(
+            hf[src + "self_attn.q_proj.weight"],
+            hf[src + "self_attn.k_proj.weight"],
+            hf[src + "self_attn.v_proj.weight"],
+            shape,
+        )
+        put(dst + "self_attention.linear_qkv.weight", _rows(qkv, tp_rank, tp_size))
+        put(
+            dst + "self_attention.linear_proj.weight",
+            _cols(hf[src + "self_attn.o_proj.weight"], tp_rank, tp_size),
+        )
+        put(dst + "self_attention.q_layernorm.weight", hf[src + "self_attn.q_norm.weight"])
+        put(dst + "self_attention.k_layernorm.weight", hf[src + "self_attn.k_norm.weight"])
+        put(dst + "input_layernorm.weight", hf[src + "input_layernorm.weight"])
+        put(dst + "pre_mlp_layernorm.weight", hf[src + "post_attention_layernorm.weight"])
+        gate = _rows(hf[src + "mlp.gate_proj.weight"], tp_rank, tp_size)
+        up = _rows(hf[src + "mlp.up_proj.weight"], tp_rank, tp_size)
+        put(dst + "mlp.linear_fc1.weight", torch.cat([gate, up], dim=0))
+        put(
+            dst + "mlp.linear_fc2.weight", _cols(hf[src + "mlp.down_proj.weight"], tp_rank, tp_size)
+        )
+
+    missing = sorted(wanted - set(out))
+    if missing:
+        raise KeyError(f"HF weights do not cover megatron parameters: {missing[:8]}")
+    return out
+
+
+def load_into(
+    model: torch.nn.Module,
+    hf: Mapping[str, torch.Tensor],
+    shape: ModelShape,
+    *,
+    tp_rank: int,
+    tp_size: int,
+    padded_vocab_size: int,
+) -> None:
+    """Copy HF weights into ``model`` (dtype of the model's parameters)."""
+    sd = megatron_stage_state_dict(
+        hf, shape, model, tp_rank=tp_rank, tp_size=tp_size, padded_vocab_size=padded_vocab_size
+    )
+    params = model.state_dict()
+    with torch.no_grad():
+        for name, value in sd.items():
+            target = params[name]
+            if tuple(target.shape) != tuple(value.shape):
+                raise ValueError(
+                    f"{name}: HF weight shape {tuple(value.shape)} != megatron {tuple(target.shape)}"
+                )
+            target.copy_(value.to(target.dtype))

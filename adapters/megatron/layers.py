@@ -1,0 +1,360 @@
+"""SGLang-numerics layer classes that subclass megatron-core's own.
+
+Each class keeps megatron-core's constructor, parameters, state-dict names and backward, and takes
+its forward *values* from the SGLang kernels (``contractgen.adapters.sglang.kernels``) through
+``autograd.straight_through`` (linears) or by running the differentiable kernel directly
+(norms, residual add, SwiGLU). Behaviour is chosen from the generated runtime policy and the
+contract's ``KernelPolicy`` (``policy.policy_for`` / ``policy.kernel_policy_for``); runtime-policy
+booleans select implementations through the lookup tables below, never by testing the contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+)
+from megatron.core.transformer.mlp import MLP
+
+from .autograd import straight_through
+from .kernels import kernel_module
+from .policy import dtype_of, kernel_policy_for, policy_for
+
+# ---------------------------------------------------------------------------------------------
+# Lookup tables: runtime-policy value -> implementation.
+# ---------------------------------------------------------------------------------------------
+
+
+def _invariant_matmul(x: torch.Tensor, w: torch.Tensor, kp: Any) -> torch.Tensor:
+    return kernel_module("linear").column_parallel_linear(x, w, kp)
+
+
+def _stock_matmul(x: torch.Tensor, w: torch.Tensor, kp: Any) -> torch.Tensor:
+    """megatron's own ``torch.matmul`` in the dense dtype (row-count dependent reduction)."""
+    dt = dtype_of(kp.dense_math_dtype)
+    return torch.matmul(x.to(dt), w.to(dt).t())
+
+
+MATMUL_BY_BATCH_INVARIANT_MODE: dict[bool, Callable[..., torch.Tensor]] = {
+    True: _invariant_matmul,
+    False: _stock_matmul,
+}
+
+
+def _row_linear_fixed_tree(x, w, kp, group, matmul):
+    if matmul is _invariant_matmul:
+        return kernel_module("linear").row_parallel_linear(x, w, kp, group)
+    return kernel_module("all_reduce").tree_all_reduce(matmul(x, w, kp), group)
+
+
+def _row_linear_collective(x, w, kp, group, matmul):
+    """megatron's own reduce: ``torch.distributed.all_reduce`` (ring / backend-chosen order)."""
+    partial = matmul(x, w, kp)
+    if torch.distributed.get_world_size(group) == 1:
+        return partial
+    partial = partial.clone()
+    torch.distributed.all_reduce(partial, group=group)
+    return partial
+
+
+ROW_REDUCE_BY_DETERMINISTIC_ROW_PARALLEL_REDUCE: dict[bool, Callable[..., torch.Tensor]] = {
+    True: _row_linear_fixed_tree,
+    False: _row_linear_collective,
+}
+
+
+def _cast_to(dtype_name_field: str) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    def cast(x: torch.Tensor, kp: Any) -> torch.Tensor:
+        return x.to(dtype_of(getattr(kp, dtype_name_field)))
+
+    return cast
+
+
+def _keep(x: torch.Tensor, kp: Any) -> torch.Tensor:
+    return x
+
+
+ATTENTION_INPUT_CAST: dict[bool, Callable[[torch.Tensor, Any], torch.Tensor]] = {
+    True: _cast_to("dense_math_dtype"),
+    False: _keep,
+}
+LM_HEAD_INPUT_CAST: dict[bool, Callable[[torch.Tensor, Any], torch.Tensor]] = {
+    True: _cast_to("lm_head_input_dtype"),
+    False: _keep,
+}
+
+
+def _kernel_swiglu(fc1_out: torch.Tensor, kp: Any) -> torch.Tensor:
+    gate, up = torch.chunk(fc1_out, 2, dim=-1)
+    return kernel_module("mlp").silu_glu(gate, up, kp)
+
+
+def _megatron_bias_swiglu(fc1_out: torch.Tensor, kp: Any) -> torch.Tensor:
+    """megatron-core's fused ``bias_swiglu_impl`` (what runs without the contract)."""
+    return bias_swiglu_impl(fc1_out, None)
+
+
+SWIGLU_BY_DISABLE_BIAS_SWIGLU_FUSION: dict[bool, Callable[[torch.Tensor, Any], torch.Tensor]] = {
+    True: _kernel_swiglu,
+    False: _megatron_bias_swiglu,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Linears
+# ---------------------------------------------------------------------------------------------
+
+
+class SGLangColumnParallelLinear(ColumnParallelLinear):
+    """Column-parallel linear: forward = SGLang batch-invariant matmul on the local shard.
+
+    No communication in forward (each rank owns whole output columns); backward is megatron-core's
+    ``linear_with_grad_accumulation_and_async_allreduce`` (dgrad all-reduce over TP).
+    """
+
+    def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
+        super().__init__(*args, config=config, **kwargs)
+        self.runtime_policy = policy_for(config)
+        self.kernel_policy = kernel_policy_for(config)
+        self._matmul = MATMUL_BY_BATCH_INVARIANT_MODE[
+            bool(self.runtime_policy.batch_invariant_mode)
+        ]
+
+    def _kernel_forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self._matmul(x, weight, self.kernel_policy)
+
+    def forward(
+        self,
+        input_: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        runtime_gather_output: bool | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        w = self.weight if weight is None else weight
+        if w is None:
+            raise RuntimeError(f"{type(self).__name__}: no weight (skip_weight_param_allocation)")
+        gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
+        if gather:
+            raise NotImplementedError(
+                f"{type(self).__name__}: gather_output is not supported; keep outputs "
+                "parallel (vocab-parallel log-softmax gathers in fixed order itself)"
+            )
+
+        def megatron_value() -> torch.Tensor:
+            return ColumnParallelLinear.forward(self, input_, weight, runtime_gather_output=False)[
+                0
+            ]
+
+        out = straight_through(lambda: self._kernel_forward(input_, w), megatron_value, [input_, w])
+        if self.bias is not None and not self.skip_bias_add:
+            out = out + self.bias
+        return out, (self.bias if self.skip_bias_add else None)
+
+
+class SGLangOutputLayer(SGLangColumnParallelLinear):
+    """LM head: casts its input (and weight) to ``lm_head_input_dtype`` per the runtime policy."""
+
+    def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
+        super().__init__(*args, config=config, **kwargs)
+        self._input_cast = LM_HEAD_INPUT_CAST[
+            bool(self.runtime_policy.cast_lm_head_input_to_weight_dtype)
+        ]
+
+    def forward(self, input_, weight=None, runtime_gather_output=None):
+        return super().forward(
+            self._input_cast(input_, self.kernel_policy), weight, runtime_gather_output
+        )
+
+    def _kernel_forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        kp = dataclasses.replace(
+            self.kernel_policy, dense_math_dtype=self.kernel_policy.lm_head_input_dtype
+        )
+        return self._matmul(x, weight, kp)
+
+
+class SGLangRowParallelLinear(RowParallelLinear):
+    """Row-parallel linear: forward = SGLang row-parallel linear (invariant matmul on the local K
+    shard, then the fixed-order tree all-reduce), replacing megatron's NCCL/gloo all-reduce.
+
+    Backward is megatron-core's: ``linear_with_grad_accumulation_and_async_allreduce`` for the
+    local matmul and ``reduce_from_tensor_model_parallel_region`` (identity backward).
+    """
+
+    def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
+        super().__init__(*args, config=config, **kwargs)
+        if self.sequence_parallel:
+            raise ValueError(
+                "true-on-policy contracts disable sequence parallel (schema: "
+                "disable_megatron_sequence_parallel); got config.sequence_parallel=True"
+            )
+        self.runtime_policy = policy_for(config)
+        self.kernel_policy = kernel_policy_for(config)
+        self._matmul = MATMUL_BY_BATCH_INVARIANT_MODE[
+            bool(self.runtime_policy.batch_invariant_mode)
+        ]
+        self._reduce = ROW_REDUCE_BY_DETERMINISTIC_ROW_PARALLEL_REDUCE[
+            bool(self.runtime_policy.deterministic_row_parallel_reduce)
+        ]
+
+    def forward(self, input_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.input_is_parallel:
+            raise NotImplementedError(f"{type(self).__name__} expects input_is_parallel=True")
+        w = self.weight
+
+        def kernel_value() -> torch.Tensor:
+            return self._reduce(input_, w, self.kernel_policy, self.tp_group, self._matmul)
+
+        def megatron_value() -> torch.Tensor:
+            out_parallel = self._forward_impl(
+                input=input_,
+                weight=w,
+                bias=None,
+                gradient_accumulation_fusion=self.gradient_accumulation_fusion,
+                allreduce_dgrad=False,
+                sequence_parallel=False,
+                tp_group=None,
+                grad_output_buffer=None,
+            )
+            # Only the backward of this mapping matters here (identity); forward values are
+            # discarded by straight_through, so a sum in any order is fine.
+            return reduce_from_tensor_model_parallel_region(out_parallel, group=self.tp_group)
+
+        out = straight_through(kernel_value, megatron_value, [input_, w])
+        if self.skip_bias_add:
+            return out, self.bias
+        return (out + self.bias if self.bias is not None else out), None
+
+
+# ---------------------------------------------------------------------------------------------
+# Norms
+# ---------------------------------------------------------------------------------------------
+
+
+class SGLangNorm(torch.nn.RMSNorm):
+    """RMSNorm with SGLang numerics (``kernels.norm.rms_norm``), a drop-in for megatron's
+    ``WrappedTorchNorm`` (same ``weight`` parameter name, built with ``config, hidden_size, eps``).
+
+    The kernel is plain differentiable torch code, so autograd differentiates it directly.
+    """
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> None:
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        self.config = config
+        self.runtime_policy = policy_for(config)
+        self.kernel_policy = self._norm_kernel_policy(kernel_policy_for(config))
+        for p in self.parameters():
+            p.sequence_parallel = bool(config.sequence_parallel)
+
+    def _norm_kernel_policy(self, kp: Any) -> Any:
+        return kp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernel_module("norm").rms_norm(x, self.weight, self.eps, self.kernel_policy)
+
+
+class SGLangQKRMSNorm(SGLangNorm):
+    """Per-head q/k RMSNorm; ``cast_qk_norm_input_before_weight_mul`` picks whether the normalised
+    value is rounded to the input dtype before the weight multiply (``norm_cast_before_weight``)."""
+
+    def _norm_kernel_policy(self, kp: Any) -> Any:
+        return dataclasses.replace(
+            kp,
+            norm_cast_before_weight=bool(self.runtime_policy.cast_qk_norm_input_before_weight_mul),
+        )
+
+
+def split_carrier(
+    carrier: torch.Tensor, hidden_size: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A residual-pair carrier ``cat([output, residual], -1)`` -> ``(output, residual)``;
+    a plain hidden state -> ``(hidden, None)``. Slicing moves bits, it never rounds."""
+    if carrier.shape[-1] == 2 * hidden_size:
+        return carrier[..., :hidden_size], carrier[..., hidden_size:]
+    return carrier, None
+
+
+def join_carrier(output: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``(output, residual)`` -> one tensor that crosses layer and pipeline-stage boundaries
+    unchanged (concatenation, no cast and no add)."""
+    return torch.cat([output, residual], dim=-1)
+
+
+def residual_add(x: torch.Tensor, residual: torch.Tensor, kp: Any) -> torch.Tensor:
+    """SGLang's residual add (``kernels.residual.residual_add``) in ``residual_dtype``."""
+    return kernel_module("residual").residual_add(x, residual, kp)
+
+
+class SGLangFinalRMSNorm(SGLangNorm):
+    """Final norm that consumes the residual-pair carrier as SGLang's ``norm(hidden, residual)``
+    does: residual add, then RMSNorm. A plain hidden state is normalised directly."""
+
+    def forward(self, carrier: torch.Tensor) -> torch.Tensor:
+        hidden, residual = split_carrier(carrier, self.weight.shape[0])
+        if residual is not None:
+            hidden = residual_add(hidden, residual, self.kernel_policy)
+        return super().forward(hidden)
+
+
+class MegatronFinalRMSNorm(SGLangFinalRMSNorm):
+    """The final norm without ``use_sglang_final_norm``: megatron's stock ``torch.nn.RMSNorm``
+    (``F.rms_norm`` in the input dtype, no cast before the weight multiply)."""
+
+    def forward(self, carrier: torch.Tensor) -> torch.Tensor:
+        hidden, residual = split_carrier(carrier, self.weight.shape[0])
+        if residual is not None:
+            hidden = residual_add(hidden, residual, self.kernel_policy)
+        return F.rms_norm(hidden, (hidden.shape[-1],), self.weight.to(hidden.dtype), self.eps)
+
+
+FINAL_NORM_BY_USE_SGLANG_FINAL_NORM: dict[bool, type] = {
+    True: SGLangFinalRMSNorm,
+    False: MegatronFinalRMSNorm,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# MLP
+# ---------------------------------------------------------------------------------------------
+
+
+class SGLangMLP(MLP):
+    """megatron-core's MLP (``linear_fc1`` = [gate; up] per TP rank, ``linear_fc2``) with the
+    activation chosen by ``disable_bias_swiglu_fusion``: SGLang's ``silu_glu`` kernel or
+    megatron's fused ``bias_swiglu_impl``."""
+
+    def __init__(self, config: Any, submodules: Any, **kwargs: Any) -> None:
+        super().__init__(config, submodules, **kwargs)
+        self.runtime_policy = policy_for(config)
+        self.kernel_policy = kernel_policy_for(config)
+        self._swiglu = SWIGLU_BY_DISABLE_BIAS_SWIGLU_FUSION[
+            bool(self.runtime_policy.disable_bias_swiglu_fusion)
+        ]
+
+    def forward(self, hidden_states: torch.Tensor, per_token_scale=None, **kwargs: Any):
+        fc1_out, _ = self.linear_fc1(hidden_states)
+        act = self._swiglu(fc1_out, self.kernel_policy)
+        return self.linear_fc2(act)
+
+
+__all__ = [
+    "FINAL_NORM_BY_USE_SGLANG_FINAL_NORM",
+    "MegatronFinalRMSNorm",
+    "SGLangColumnParallelLinear",
+    "SGLangFinalRMSNorm",
+    "SGLangMLP",
+    "SGLangNorm",
+    "SGLangOutputLayer",
+    "SGLangQKRMSNorm",
+    "SGLangRowParallelLinear",
+    "copy_to_tensor_model_parallel_region",
+    "join_carrier",
+    "residual_add",
+    "split_carrier",
+]

@@ -1,0 +1,206 @@
+"""Build a megatron-core ``GPTModel`` for a contract, on CPU (gloo) or CUDA.
+
+``SGLangGPTModel`` *is* a ``megatron.core.models.gpt.GPTModel`` (subclass): embedding,
+``TransformerBlock``, pipeline stage split (``pre_process`` / ``post_process``, layer offsets) and
+state-dict names are megatron-core's. It differs in two places: the decoder spec comes from
+``SGLangSpecProvider`` and the LM head is an ``SGLangOutputLayer`` (megatron's ``GPTModel``
+hard-codes ``tensor_parallel.ColumnParallelLinear`` there; the parameter object, with its
+tied-embedding attributes, is carried over unchanged).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.enums import AttnBackend
+
+from .layers import SGLangOutputLayer
+from .policy import TrueOnPolicyTransformerConfig, dtype_of, generated, model_profile_for
+from .provider import get_sglang_block_spec
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dims a Qwen3-dense model needs (read from a contract profile or an HF config)."""
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_profile(cls, dims: Any) -> ModelShape:
+        """From the generated ``ModelDims`` (or any object / mapping with these names)."""
+        get = dims.get if isinstance(dims, dict) else lambda k, d=None: getattr(dims, k, d)
+
+        def pick(*names: str, default: Any = None) -> Any:
+            for n in names:
+                v = get(n, None)
+                if v is not None:
+                    return v
+            if default is None:
+                raise KeyError(f"model dims have none of {names}")
+            return default
+
+        hidden = int(pick("hidden_size"))
+        heads = int(pick("num_attention_heads", "num_heads"))
+        return cls(
+            hidden_size=hidden,
+            num_layers=int(pick("num_layers", "num_hidden_layers")),
+            num_attention_heads=heads,
+            num_kv_heads=int(pick("num_kv_heads", "num_key_value_heads")),
+            head_dim=int(pick("head_dim", "kv_channels", default=hidden // heads)),
+            intermediate_size=int(pick("intermediate_size", "ffn_hidden_size")),
+            vocab_size=int(pick("vocab_size")),
+            rms_norm_eps=float(pick("rms_norm_eps", "norm_eps", default=1e-6)),
+            rope_theta=float(pick("rope_theta", "rotary_base", default=1_000_000.0)),
+            tie_word_embeddings=bool(pick("tie_word_embeddings", default=False)),
+        )
+
+    @classmethod
+    def from_contract(cls, contract_id: str) -> ModelShape:
+        profile = model_profile_for(contract_id)
+        return cls.from_profile(getattr(profile, "dims", profile))
+
+    @classmethod
+    def from_hf_checkpoint(cls, path: str | Path) -> ModelShape:
+        return cls.from_profile(json.loads((Path(path) / "config.json").read_text()))
+
+    def padded_vocab_size(self, tp: int, block: int) -> int:
+        """Vocab padded so each TP shard is a whole number of log-softmax vocab blocks."""
+        unit = block * tp
+        return -(-self.vocab_size // unit) * unit
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel layout of the trainer forward."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def name(self) -> str:
+        parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if v > 1]
+        return "".join(parts) or "tp1"
+
+
+def make_config(
+    contract_id: str,
+    shape: ModelShape,
+    layout: Layout,
+    *,
+    runtime_policy: Any = None,
+    kernel_policy: Any = None,
+) -> TrueOnPolicyTransformerConfig:
+    """``TransformerConfig`` for the contract on the given layout (CPU-capable settings:
+    ``use_cpu_initialization``, ``transformer_impl='local'``, no fusions, no dropout)."""
+    kp = (
+        kernel_policy
+        if kernel_policy is not None
+        else generated().schema.kernel_policy_for(contract_id)
+    )
+    dense = dtype_of(kp.dense_math_dtype)
+    return TrueOnPolicyTransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        ffn_hidden_size=shape.intermediate_size,
+        layernorm_epsilon=shape.rms_norm_eps,
+        rotary_base=shape.rope_theta,
+        normalization="RMSNorm",
+        qk_layernorm=True,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=dense,
+        bf16=dense == torch.bfloat16,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        context_parallel_size=layout.cp,
+        cp_comm_type="a2a" if layout.cp > 1 else None,
+        sequence_parallel=False,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        transformer_impl="local",
+        batch_invariant_mode=True,
+        attention_backend=AttnBackend.flash,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        true_on_policy_contract=contract_id,
+        true_on_policy_vocab_size=shape.vocab_size,
+        true_on_policy_runtime_policy_override=runtime_policy,
+        true_on_policy_kernel_policy_override=kernel_policy,
+    )
+
+
+class SGLangGPTModel(GPTModel):
+    """megatron-core ``GPTModel`` with the SGLang spec and an ``SGLangOutputLayer`` LM head."""
+
+    def __init__(self, config: TrueOnPolicyTransformerConfig, **kwargs: Any) -> None:
+        kwargs.setdefault("transformer_layer_spec", get_sglang_block_spec(config))
+        kwargs.setdefault("position_embedding_type", "none")
+        super().__init__(config=config, **kwargs)
+        if self.post_process:
+            old = self.output_layer
+            new = SGLangOutputLayer(
+                config.hidden_size,
+                self.vocab_size,
+                config=config,
+                init_method=config.init_method,
+                bias=False,
+                skip_bias_add=False,
+                gather_output=False,
+                skip_weight_param_allocation=old.weight is None,
+                tp_group=self.pg_collection.tp,
+            )
+            if old.weight is not None:
+                new.weight = old.weight
+            self.output_layer = new
+
+
+def build_model(
+    config: TrueOnPolicyTransformerConfig,
+    shape: ModelShape,
+    *,
+    pre_process: bool,
+    post_process: bool,
+    padded_vocab_size: int,
+    max_sequence_length: int = 4096,
+) -> SGLangGPTModel:
+    """One pipeline stage of the model (megatron-core decides which layers it holds)."""
+    return SGLangGPTModel(
+        config,
+        vocab_size=padded_vocab_size,
+        max_sequence_length=max_sequence_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+    )

@@ -1,0 +1,114 @@
+"""Packed sequences: several sequences (or a prefix tree of them) in one row.
+
+A pack is a flat token row plus, per token, its RoPE position, and a list of *paths*: index lists
+into the row whose tokens sit at positions ``0..len-1`` in order (a root-to-leaf path). Every
+token is *owned* by the first path that contains it; attention for that token's query runs over
+its owner path's keys only. Flat packing has one path per sequence; a prefix tree shares the
+prompt's indices between the paths of all responses to it. Because every other op is per token
+(batch-invariant matmul, per-row norms), the bits of a token depend only on its path, so packed,
+tree-packed and unpacked forwards agree exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from megatron.core.packed_seq_params import PackedSeqParams
+
+
+@dataclass
+class SGLangPackedSeqParams(PackedSeqParams):
+    """megatron-core ``PackedSeqParams`` (``qkv_format="thd"``) plus what causal attention over a
+    pack needs: global positions ``[T]`` and the paths (each a LongTensor of row indices)."""
+
+    positions: torch.Tensor | None = None
+    paths: list[torch.Tensor] = field(default_factory=list)
+    owned: list[torch.Tensor] = field(default_factory=list)
+    """``owned[i]``: indices into ``paths[i]`` of the tokens whose query that path computes."""
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A packed row ready for the model, and how to read per-sequence results back out of it."""
+
+    token_ids: torch.Tensor  # [T] int64, T padded to a multiple of the CP size
+    positions: torch.Tensor  # [T] int64
+    paths: list[torch.Tensor]  # per input sequence: its row indices, in position order
+    num_real_tokens: int
+
+    def seq_params(self) -> SGLangPackedSeqParams:
+        seen: set[int] = set()
+        owned: list[torch.Tensor] = []
+        for path in self.paths:
+            mine = [i for i, t in enumerate(path.tolist()) if t not in seen]
+            seen.update(path.tolist())
+            owned.append(torch.tensor(mine, dtype=torch.long))
+        # Padding tokens (row tail) form their own path starting at position 0 so every row
+        # index has an owner; their outputs are never read.
+        pad = torch.arange(self.num_real_tokens, self.token_ids.numel(), dtype=torch.long)
+        paths = list(self.paths)
+        if pad.numel():
+            paths.append(pad)
+            owned.append(torch.arange(pad.numel(), dtype=torch.long))
+        lengths = torch.tensor([0] + [p.numel() for p in paths])
+        cu = torch.cumsum(lengths, 0).to(torch.int32)
+        return SGLangPackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu,
+            cu_seqlens_kv=cu,
+            max_seqlen_q=int(lengths.max()),
+            max_seqlen_kv=int(lengths.max()),
+            positions=self.positions,
+            paths=paths,
+            owned=owned,
+        )
+
+
+def pack_sequences(
+    sequences: Sequence[Sequence[int]],
+    *,
+    prompt_lens: Sequence[int] | None = None,
+    prefix_tree: bool = False,
+    pad_to_multiple: int = 1,
+    pad_token_id: int = 0,
+) -> Pack:
+    """Pack ``sequences`` into one row.
+
+    ``prefix_tree=True`` with ``prompt_lens`` stores a prompt shared by consecutive... any
+    sequences once (sequences with an identical prompt prefix share its row indices).
+    """
+    tokens: list[int] = []
+    positions: list[int] = []
+    paths: list[torch.Tensor] = []
+    prompt_rows: dict[tuple[int, ...], list[int]] = {}
+    for i, seq in enumerate(sequences):
+        seq = [int(t) for t in seq]
+        shared: list[int] = []
+        start = 0
+        if prefix_tree:
+            if prompt_lens is None:
+                raise ValueError("prefix_tree=True needs prompt_lens (one per sequence)")
+            key = tuple(seq[: prompt_lens[i]])
+            if key in prompt_rows:
+                shared = prompt_rows[key]
+                start = len(key)
+            else:
+                prompt_rows[key] = list(range(len(tokens), len(tokens) + len(key)))
+        rows = list(shared)
+        for pos in range(start, len(seq)):
+            rows.append(len(tokens))
+            tokens.append(seq[pos])
+            positions.append(pos)
+        paths.append(torch.tensor(rows, dtype=torch.long))
+    real = len(tokens)
+    total = -(-real // pad_to_multiple) * pad_to_multiple
+    tokens += [pad_token_id] * (total - real)
+    positions += list(range(total - real))
+    return Pack(
+        token_ids=torch.tensor(tokens, dtype=torch.long),
+        positions=torch.tensor(positions, dtype=torch.long),
+        paths=paths,
+        num_real_tokens=real,
+    )

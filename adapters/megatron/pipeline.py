@@ -1,0 +1,52 @@
+"""Forward-only pipeline driver for CPU (gloo).
+
+megatron-core's schedules and p2p code allocate on CUDA (``torch.cuda.current_device()``), so on
+CPU we drive the *same* stage modules (megatron's own split: ``pre_process`` / ``post_process``
+and layer offsets from ``parallel_state``) with this small loop: stage ``i`` receives the
+previous stage's output with ``torch.distributed.recv``, hands it to
+``GPTModel.set_input_tensor`` and sends its own output on. What crosses the boundary is the
+tensor the last layer emitted (with ``use_sglang_residual_pair``, ``cat([output, residual])``),
+sent as-is: no cast, no add. A shape/dtype header goes first so stages need no shape
+bookkeeping. On GPU, megatron-core's ``get_forward_backward_func`` is the path (not used here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def send_tensor(t: torch.Tensor, dst: int) -> None:
+    """Header (ndim, shape..., dtype code) then the tensor, to global rank ``dst``."""
+    header = torch.tensor([t.dim(), *t.shape, _DTYPES.index(t.dtype)], dtype=torch.long)
+    dist.send(torch.tensor([header.numel()], dtype=torch.long), dst)
+    dist.send(header, dst)
+    dist.send(t.detach().contiguous(), dst)
+
+
+def recv_tensor(src: int) -> torch.Tensor:
+    n = torch.empty(1, dtype=torch.long)
+    dist.recv(n, src)
+    header = torch.empty(int(n), dtype=torch.long)
+    dist.recv(header, src)
+    ndim = int(header[0])
+    shape = [int(s) for s in header[1 : 1 + ndim]]
+    out = torch.empty(shape, dtype=_DTYPES[int(header[1 + ndim])])
+    dist.recv(out, src)
+    return out
+
+
+def pipeline_forward(model: Any, **forward_kwargs: Any) -> torch.Tensor | None:
+    """Run this rank's stage; returns the last stage's output, ``None`` on other stages."""
+    if not ps.is_pipeline_first_stage():
+        model.set_input_tensor(recv_tensor(ps.get_pipeline_model_parallel_prev_rank()))
+    out = model(**forward_kwargs)
+    if not ps.is_pipeline_last_stage():
+        send_tensor(out, ps.get_pipeline_model_parallel_next_rank())
+        return None
+    return out

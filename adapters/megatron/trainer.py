@@ -1,0 +1,156 @@
+"""The trainer-side forward the parity gate calls: per-token logprobs on real megatron-core.
+
+``trainer_logprobs`` spawns ``tp * pp * cp`` gloo processes (CPU) that each build their
+megatron-core model stage (``SGLangGPTModel``), load the same weights as the rollout (HF
+checkpoint directory or in-memory HF state dict), pack the sequences into one row, run the
+forward (``pipeline.pipeline_forward``) and compute logprobs with SGLang's log-softmax kernel.
+Results come back to the caller as plain tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .model import Layout, ModelShape
+
+
+@dataclass(frozen=True)
+class TrainerFault:
+    """Fields to flip on the trainer side only (``dataclasses.replace`` on the policies)."""
+
+    runtime_policy: Mapping[str, Any] = field(default_factory=dict)
+    kernel_policy: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainerResult:
+    """Per-sequence logprobs: ``logprobs[i][j] = log p(seq_i[j + 1] | seq_i[: j + 1])``."""
+
+    logprobs: list[torch.Tensor]
+    layer_dumps: list[dict[str, torch.Tensor]] | None = None
+    """Per sequence: ``{"embedding", "layer.<i>", "final_norm"}`` -> ``[len, hidden]`` where a
+    layer's value is its output with the residual added (comparable with any rollout dump)."""
+
+
+@dataclass(frozen=True)
+class _Job:
+    contract_id: str
+    weights: Any  # HF state dict or checkpoint dir (str)
+    sequences: list[list[int]]
+    prompt_lens: list[int] | None
+    prefix_tree: bool
+    layout: Layout
+    shape: ModelShape
+    dtype_override: str | None
+    fault: TrainerFault | None
+    dump_layers: bool
+    port: int
+    out_dir: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def trainer_logprobs(
+    contract_id: str,
+    weights_or_checkpoint: Mapping[str, torch.Tensor] | str | os.PathLike[str],
+    sequences: Sequence[Sequence[int]],
+    layout: Layout | tuple[int, int, int] = (1, 1, 1),
+    *,
+    dtype_override: str | None = None,
+    device: str = "cpu",
+    fault: TrainerFault | None = None,
+    prompt_lens: Sequence[int] | None = None,
+    prefix_tree: bool = False,
+    dump_layers: bool = False,
+    model_shape: ModelShape | None = None,
+) -> TrainerResult:
+    """Megatron-core forward logprobs of ``sequences`` (token-id lists) at ``layout``.
+
+    ``weights_or_checkpoint``: an HF-named state dict (the rollout's random weights) or an HF
+    checkpoint directory. ``layout``: ``Layout(tp, pp, cp)`` or a ``(tp, pp, cp)`` tuple.
+    ``dtype_override="float32"`` sets every KernelPolicy dtype to float32 (diagnostic mode).
+    ``fault`` flips runtime-policy / KernelPolicy fields on this side only.
+    ``prefix_tree=True`` (with ``prompt_lens``) packs sequences sharing a prompt as a tree.
+    """
+    if device != "cpu":
+        raise NotImplementedError(
+            f"device={device!r}: this driver runs gloo on CPU; on CUDA drive the same "
+            "SGLangGPTModel stages with megatron-core's get_forward_backward_func"
+        )
+    if not isinstance(layout, Layout):
+        layout = Layout(*layout)
+    is_path = isinstance(weights_or_checkpoint, str | os.PathLike)
+    if model_shape is None:
+        model_shape = (
+            ModelShape.from_hf_checkpoint(weights_or_checkpoint)
+            if is_path
+            else ModelShape.from_contract(contract_id)
+        )
+    weights: Any = (
+        str(weights_or_checkpoint)
+        if is_path
+        else {k: v.detach().cpu() for k, v in weights_or_checkpoint.items()}
+    )
+    with tempfile.TemporaryDirectory(prefix="contractgen-megatron-") as out_dir:
+        job = _Job(
+            contract_id=contract_id,
+            weights=weights,
+            sequences=[[int(t) for t in s] for s in sequences],
+            prompt_lens=list(prompt_lens) if prompt_lens is not None else None,
+            prefix_tree=prefix_tree,
+            layout=layout,
+            shape=model_shape,
+            dtype_override=dtype_override,
+            fault=fault,
+            dump_layers=dump_layers,
+            port=_free_port(),
+            out_dir=out_dir,
+        )
+        run_spawned(job)
+        return torch.load(Path(out_dir) / "result.pt", weights_only=False)
+
+
+def run_spawned(job: _Job) -> None:
+    """Run ``_worker`` in ``world_size`` spawned processes (gloo); raises if any fails."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(
+        _worker, args=(job,), nprocs=job.layout.world_size, join=True, start_method="spawn"
+    )
+
+
+def _worker(rank: int, job: _Job) -> None:
+    from . import runtime
+
+    torch.set_num_threads(1)
+    runtime.init_distributed(rank, job.layout, job.port)
+    try:
+        result = runtime.stage_logprobs(job)
+        if result is not None:
+            torch.save(result, Path(job.out_dir) / "result.pt")
+    finally:
+        runtime.shutdown()
+
+
+def with_fault(policy: Any, changes: Mapping[str, Any]) -> Any:
+    """``dataclasses.replace`` with a clear error for a misspelt field."""
+    names = {f.name for f in dataclasses.fields(policy)}
+    unknown = sorted(set(changes) - names)
+    if unknown:
+        raise ValueError(
+            f"{type(policy).__name__} has no field(s) {unknown}; fields: {sorted(names)}"
+        )
+    return dataclasses.replace(policy, **changes)
