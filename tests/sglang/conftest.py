@@ -14,10 +14,16 @@ import pytest
 CONTRACT = "qwen3_dense_true_on_policy_v1"
 
 
-def generated():
+def _generated():
     from contractgen.vendored import load_target
 
     return load_target("sglang")
+
+
+@pytest.fixture(scope="session")
+def generated():
+    """The generated sglang target (``.schema``, ``.runtime_policy``)."""
+    return _generated()
 
 
 def fp32_variant(kp):
@@ -30,12 +36,12 @@ def fp32_variant(kp):
 
 @pytest.fixture(scope="session")
 def kp():
-    return generated().schema.kernel_policy_for(CONTRACT)
+    return _generated().schema.kernel_policy_for(CONTRACT)
 
 
 @pytest.fixture(scope="session")
 def profile():
-    return generated().schema.model_profile_for(CONTRACT)
+    return _generated().schema.model_profile_for(CONTRACT)
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +49,7 @@ def runtime_policy():
     """Runtime policy factory: ``runtime_policy(tp_size)`` as SGLang would resolve it."""
     from types import SimpleNamespace
 
-    return lambda tp_size=1: generated().runtime_policy.policy_for(
+    return lambda tp_size=1: _generated().runtime_policy.policy_for(
         CONTRACT, SimpleNamespace(tp_size=tp_size)
     )
 

@@ -126,8 +126,6 @@ def test_first_level_block_values():
     ]
 
 
-def test_first_level_block_matches_generated_schema():
-    from conftest import generated
-
-    gen = generated().schema.first_level_block
+def test_first_level_block_matches_generated_schema(generated):
+    gen = generated.schema.first_level_block
     assert all(first_level_block(t) == gen(t) for t in range(1, 300))
