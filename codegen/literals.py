@@ -10,12 +10,16 @@ unicode line separators) can only ever be data.
 from __future__ import annotations
 
 import math
+import re
 
 INDENT = "    "
+_PLAIN = re.compile(r"[ !#-\[\]-~]*")  # printable ASCII without '"' and backslash
 
 
 def py_str(text: str) -> str:
     """A Python string literal whose value is exactly ``text``."""
+    if _PLAIN.fullmatch(text):  # fast path: nothing to escape, double quotes (ruff's choice)
+        return f'"{text}"'
     quote = "'" if text.count('"') > text.count("'") else '"'
     out = [quote]
     for ch in text:

@@ -203,12 +203,16 @@ def _source_names(contracts: list[LoadedContract], config: ProjectConfig) -> lis
     return sorted(names)
 
 
-def _stamp(body: str, sources: list[str], fingerprints: dict[str, str], path: str) -> bytes:
+def _stamp(
+    body: str, sources: list[str], fingerprints: dict[str, str], path: str, parsed: set[bytes]
+) -> bytes:
     encoded = body.encode("utf-8")
-    try:
-        ast.parse(encoded, filename=path)
-    except SyntaxError as exc:  # a template bug: never write such a file
-        raise RenderError(f"{path}: generated code does not parse: {exc}") from exc
+    if encoded not in parsed:  # schema.py is the same body for every target: parse it once
+        try:
+            ast.parse(encoded, filename=path)
+        except SyntaxError as exc:  # a template bug: never write such a file
+            raise RenderError(f"{path}: generated code does not parse: {exc}") from exc
+        parsed.add(encoded)
     return header(sources, fingerprints, encoded) + encoded
 
 
@@ -223,6 +227,7 @@ def render(contracts: list[LoadedContract], config: ProjectConfig) -> dict[str, 
     }
     schema_body = env.get_template("common/schema.py.j2").render(**schema_ctx)
     out: dict[str, bytes] = {}
+    parsed: set[bytes] = set()
     for name in sorted(TARGETS):
         target = TARGETS[name]
         base = PurePosixPath(name) / config.package(name)
@@ -239,5 +244,5 @@ def render(contracts: list[LoadedContract], config: ProjectConfig) -> dict[str, 
         }
         for file in FILES:
             path = str(base / file)
-            out[path] = _stamp(bodies[file], sources, fingerprints, path)
+            out[path] = _stamp(bodies[file], sources, fingerprints, path, parsed)
     return dict(sorted(out.items()))

@@ -3,7 +3,8 @@
 Every repo is planned before anything is written: a destination outside the vendored package, a
 symlink that leaves the repo, or a vendored file edited by hand (its body no longer matches the
 sha256 in its own header) stops the whole sync unless ``force`` is given for the hand edit.
-Writes go through a temp file and ``os.replace`` while an exclusive lock on that repo is held.
+Planning and writing both happen while an exclusive lock on every repo is held, and writes go
+through a temp file and ``os.replace``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,15 +112,40 @@ def repo_lock(repo: Path) -> Iterator[None]:
         os.close(fd)
 
 
+@contextmanager
+def repos_locked(repos: list[tuple[str, Path]]) -> Iterator[None]:
+    """Hold every repo's lock (in one global order, so two syncs cannot deadlock)."""
+    with ExitStack() as stack:
+        for repo in sorted({r.resolve() for _, r in repos if r.is_dir()}):
+            stack.enter_context(repo_lock(repo))
+        yield
+
+
 def apply_sync(plan: SyncPlan) -> list[FilePlan]:
-    """Write every change of a plan with no refusals; returns the files written."""
+    """Write every change of a plan with no refusals; returns the files written.
+
+    Call it under ``repos_locked`` with the plan made under the same lock, so no other sync can
+    change a file between the check and the write.
+    """
     if plan.refused:
         raise SyncRefused("\n".join(f.problem for f in plan.refused))
     written = []
-    for repo in sorted({f.repo for f in plan.changes}):
-        with repo_lock(repo):
-            for f in plan.changes:
-                if f.repo == repo:
-                    atomic_write(f.dest, f.content)
-                    written.append(f)
+    for f in plan.changes:
+        atomic_write(f.dest, f.content)
+        written.append(f)
     return written
+
+
+def sync(
+    rendered: dict[str, bytes],
+    repos: list[tuple[str, Path]],
+    config: ProjectConfig,
+    force: bool = False,
+    dry_run: bool = False,
+) -> tuple[SyncPlan, list[FilePlan]]:
+    """Plan and (unless ``dry_run`` or refused) write, all under the repos' locks."""
+    with repos_locked(repos):
+        plan = plan_sync(rendered, repos, config, force=force)
+        if dry_run or plan.refused:
+            return plan, []
+        return plan, apply_sync(plan)

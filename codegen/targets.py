@@ -21,6 +21,8 @@ class Target:
     # it is the id string. Kept as the public repos have it.
     id_constant_is_object: bool
     summary: str
+    # Other names the public module gives its contract class (kept so imports keep working).
+    contract_class_aliases: tuple[str, ...] = ()
 
 
 TARGETS: dict[str, Target] = {
@@ -52,6 +54,7 @@ TARGETS: dict[str, Target] = {
             contract_class="LauncherTrueOnPolicyContract",
             id_constant_is_object=True,
             summary="Miles launcher",
+            contract_class_aliases=("TrueOnPolicyContract",),
         ),
     )
 }

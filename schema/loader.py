@@ -23,7 +23,11 @@ from .rules import check_contract
 Path_ = tuple[str | int, ...]
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's parser when PyYAML was built with it (about 5x faster); same nodes, same marks.
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
     """SafeLoader without implicit timestamps: a date-like scalar stays a string."""
 
 
@@ -31,6 +35,13 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+
+# Composed nodes a contract may expand to: aliases can make a small file huge ("billion laughs").
+MAX_NODES = 100_000
+
+
+class _TooLarge(ValueError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -55,28 +66,59 @@ def _display(path: Path, root: Path | None) -> str:
     return path.as_posix()
 
 
-def _to_data(node: yaml.Node, here: Path_, marks: dict[Path_, tuple[int, int]], dupes: list):
-    """Turn a composed YAML node into plain data, recording each path's position."""
+def _to_data(
+    node: yaml.Node,
+    here: Path_,
+    marks: dict[Path_, tuple[int, int]],
+    dupes: list,
+    constructor: yaml.constructor.SafeConstructor,
+    active: set[int],
+    budget: list[int],
+):
+    """Turn a composed YAML node into plain data, recording each path's position.
+
+    ``active`` holds the nodes on the current path (an alias cycle such as ``&a [*a]`` is refused)
+    and ``budget`` counts nodes left before an alias-expanded document is refused as too large.
+    """
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooLarge(f"document expands to more than {MAX_NODES} nodes (aliases)")
     marks[here] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    if isinstance(node, yaml.MappingNode):
-        out: dict = {}
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
-            if key in out:
-                dupes.append(
-                    (here + (key,), key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+        if id(node) in active:
+            raise _TooLarge("recursive alias (a node that contains itself)")
+        active.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return [
+                    _to_data(v, here + (i,), marks, dupes, constructor, active, budget)
+                    for i, v in enumerate(node.value)
+                ]
+            out: dict = {}
+            for key_node, value_node in node.value:
+                key = (
+                    key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
                 )
-            out[key] = _to_data(value_node, here + (key,), marks, dupes)
-            # report a field at its key, not at its value
-            marks[here + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_to_data(v, here + (i,), marks, dupes) for i, v in enumerate(node.value)]
-    loader = _Loader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
+                if key in out:
+                    dupes.append(
+                        (
+                            here + (key,),
+                            key_node.start_mark.line + 1,
+                            key_node.start_mark.column + 1,
+                        )
+                    )
+                out[key] = _to_data(
+                    value_node, here + (key,), marks, dupes, constructor, active, budget
+                )
+                # report a field at its key, not at its value
+                marks[here + (key,)] = (
+                    key_node.start_mark.line + 1,
+                    key_node.start_mark.column + 1,
+                )
+            return out
+        finally:
+            active.discard(id(node))
+    return constructor.construct_object(node, deep=True)
 
 
 _TYPE_TAG = re.compile(r"^[A-Z]|\[|^(bool|str|int|float|none|constrained-str|json-or-python)$")
@@ -163,6 +205,8 @@ def parse_contract(source: bytes, file: str) -> Contract:
         raise ContractError([Problem(file, 1, 1, "", f"not UTF-8 text ({exc.reason})")]) from None
     try:
         node = yaml.compose(text, Loader=_Loader)
+    except RecursionError:
+        raise ContractError([Problem(file, 1, 1, "", "invalid YAML: nested too deeply")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -174,10 +218,14 @@ def parse_contract(source: bytes, file: str) -> Contract:
         )
     marks: dict[Path_, tuple[int, int]] = {}
     dupes: list = []
+    constructor = yaml.constructor.SafeConstructor()
+    constructor.yaml_constructors = _Loader.yaml_constructors
     try:
-        data = _to_data(node, (), marks, dupes)
+        data = _to_data(node, (), marks, dupes, constructor, set(), [MAX_NODES])
         payload = json.dumps(data, allow_nan=False)
-    except (yaml.YAMLError, ValueError, TypeError) as exc:
+    except _TooLarge as exc:
+        raise ContractError([Problem(file, 1, 1, "", f"unsupported YAML: {exc}")]) from None
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
         raise ContractError([Problem(file, 1, 1, "", f"unsupported YAML value: {exc}")]) from None
     if dupes:
         raise ContractError(

@@ -8,6 +8,8 @@ Standard library only; the generated ``schema.py`` carries the same ``first_leve
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 Tree = int | tuple
 
 
@@ -56,6 +58,7 @@ def row_parallel_tree(num_tiles: int, tp: int, order: str) -> Tree:
     return pairwise([tile_tree(r * per_rank, per_rank, order) for r in range(tp)])
 
 
+@lru_cache(maxsize=4096)
 def split_problem(k: int, k_block: int, tp: int, order: str) -> str | None:
     """Why a row-parallel K cannot be split over ``tp`` ranks bit-identically, or None if it can."""
     if k % (k_block * tp):

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..codegen.sync import apply_sync, plan_sync
+from ..codegen.sync import sync
 from ._common import EXIT_DRIFT, EXIT_OK, handle_errors, parse_repo_options, project_from
 
 
@@ -26,7 +26,8 @@ def command(ctx: click.Context, repos: tuple[str, ...], dry_run: bool, force: bo
     its own fingerprint unless --force; never writes outside the vendored package.
     """
     project = project_from(ctx)
-    plan = plan_sync(project.rendered, parse_repo_options(repos), project.config, force=force)
+    targets = parse_repo_options(repos)
+    plan, written = sync(project.rendered, targets, project.config, force=force, dry_run=dry_run)
     for f in plan.refused:
         click.echo(f"refused: {f.problem}", err=True)
     if plan.refused:
@@ -38,7 +39,7 @@ def command(ctx: click.Context, repos: tuple[str, ...], dry_run: bool, force: bo
             click.echo(f.diff, nl=not f.diff.endswith("\n"))
         click.echo(f"sync --dry-run: {len(plan.changes)} file(s) would change; nothing written")
         sys.exit(EXIT_OK)
-    for f in apply_sync(plan):
+    for f in written:
         click.echo(f"{f.action}d {f.target}:{f.repo / f.rel}")
     unchanged = len(plan.files) - len(plan.changes)
     click.echo(f"sync: {len(plan.changes)} written, {unchanged} already identical")

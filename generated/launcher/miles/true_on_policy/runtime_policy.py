@@ -6,11 +6,12 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
 #   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
-# sha256: cc67281d36b8a6e6c12ce492d2f89ca526c7fce8ce0a651e14560e7dbce53571
+# sha256: 7f67582ccb165971d5552288b12fac21b15e590e337b19569f24682f6d77a9ce
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
-miles, the bare ``<ID>`` constants are the contract schema objects. Standard library only.
+miles, the bare ``<ID>`` constants are the contract objects (``TrueOnPolicyContract``, with the
+schema's identity fields as properties). Standard library only.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ from .schema import (
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
-
-QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA
-QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -158,6 +156,30 @@ class LauncherTrueOnPolicyContract:
     def name(self) -> str:
         return self.schema.name
 
+    @property
+    def model_family(self) -> str:
+        return self.schema.model_family
+
+    @property
+    def required_kernel_contracts(self) -> tuple[str, ...]:
+        return self.schema.required_kernel_contracts
+
+    @property
+    def logprob_contract(self) -> str:
+        return self.schema.logprob_contract
+
+    @property
+    def sglang_attention_backend(self) -> str:
+        return self.schema.sglang_attention_backend
+
+    @property
+    def fsdp_attention_implementation(self) -> str:
+        return self.schema.fsdp_attention_implementation
+
+    @property
+    def disable_megatron_sequence_parallel(self) -> bool:
+        return self.schema.disable_megatron_sequence_parallel
+
     def policy_for(self, config: Any = None) -> LauncherTrueOnPolicyRuntimePolicy:
         """The runtime policy for this contract under ``config`` (layout-dependent fields)."""
         rules = POLICY_RULES[self.name]
@@ -172,6 +194,13 @@ QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = LauncherTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
 )
+
+# As in miles, the bare ``<ID>`` constant is the contract object (not the id string).
+QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
+QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT
+
+# The public module's name for the contract class.
+TrueOnPolicyContract = LauncherTrueOnPolicyContract
 
 _CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,

@@ -6,7 +6,7 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
 #   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
-# sha256: 0788a0463a27416e1197b2e47bd2cc54b32f782915c1b474000310a31eaa24ef
+# sha256: f345690084c3408da4b3c8e8b16b9e9fae55aa883e2b8f9ce14e2311c41d4796
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -28,6 +28,7 @@ from .schema import (
     UnknownContractError,
 )
 
+# As in the public Megatron-LM and SGLang modules, the bare ``<ID>`` constant is the id string.
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 
@@ -179,6 +180,30 @@ class MegatronTrueOnPolicyContract:
     @property
     def name(self) -> str:
         return self.schema.name
+
+    @property
+    def model_family(self) -> str:
+        return self.schema.model_family
+
+    @property
+    def required_kernel_contracts(self) -> tuple[str, ...]:
+        return self.schema.required_kernel_contracts
+
+    @property
+    def logprob_contract(self) -> str:
+        return self.schema.logprob_contract
+
+    @property
+    def sglang_attention_backend(self) -> str:
+        return self.schema.sglang_attention_backend
+
+    @property
+    def fsdp_attention_implementation(self) -> str:
+        return self.schema.fsdp_attention_implementation
+
+    @property
+    def disable_megatron_sequence_parallel(self) -> bool:
+        return self.schema.disable_megatron_sequence_parallel
 
     def policy_for(self, config: Any = None) -> MegatronTrueOnPolicyRuntimePolicy:
         """The runtime policy for this contract under ``config`` (layout-dependent fields)."""

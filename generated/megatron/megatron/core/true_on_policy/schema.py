@@ -6,7 +6,7 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
 #   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
-# sha256: c427669ce49dfa889a2511779254f07c5161fdd37ed1e7fb6caa7d8c00b49a43
+# sha256: 7e811de066c3ab0ca177c233591dd41a218475d2e1022c92beb2c7e7a7097dc3
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -47,8 +47,11 @@ CONTRACT_IDS: tuple[str, ...] = (
 )
 
 
-class UnknownContractError(KeyError):
-    """A contract id that this module does not define."""
+class UnknownContractError(KeyError, ValueError):
+    """A contract id that this module does not define.
+
+    A KeyError for registry lookups, and a ValueError as the public modules raise.
+    """
 
     def __str__(self) -> str:
         return f"unknown true-on-policy contract {self.args[0]!r}; known: {', '.join(CONTRACT_IDS)}"

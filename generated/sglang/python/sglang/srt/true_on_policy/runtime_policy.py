@@ -6,7 +6,7 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
 #   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
-# sha256: ced557e64e83b861ae78e1aaf64d215dbf26cedd72eb065561f89b83b7ad350a
+# sha256: a38277aca5b88d493e02b3f8c683c9966f63c8d8024f3a131144c96c2dc6355c
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -27,6 +27,7 @@ from .schema import (
     UnknownContractError,
 )
 
+# As in the public Megatron-LM and SGLang modules, the bare ``<ID>`` constant is the id string.
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 
@@ -138,6 +139,30 @@ class SGLangTrueOnPolicyContract:
     @property
     def name(self) -> str:
         return self.schema.name
+
+    @property
+    def model_family(self) -> str:
+        return self.schema.model_family
+
+    @property
+    def required_kernel_contracts(self) -> tuple[str, ...]:
+        return self.schema.required_kernel_contracts
+
+    @property
+    def logprob_contract(self) -> str:
+        return self.schema.logprob_contract
+
+    @property
+    def sglang_attention_backend(self) -> str:
+        return self.schema.sglang_attention_backend
+
+    @property
+    def fsdp_attention_implementation(self) -> str:
+        return self.schema.fsdp_attention_implementation
+
+    @property
+    def disable_megatron_sequence_parallel(self) -> bool:
+        return self.schema.disable_megatron_sequence_parallel
 
     def policy_for(self, config: Any = None) -> SGLangTrueOnPolicyRuntimePolicy:
         """The runtime policy for this contract under ``config`` (layout-dependent fields)."""
