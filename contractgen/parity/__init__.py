@@ -1,0 +1,1 @@
+"""The exact-zero parity gate: rollout logprobs vs trainer logprobs, bitwise, per layout."""

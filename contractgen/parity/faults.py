@@ -1,0 +1,75 @@
+"""Fault catalogue: every runtime-policy field and kernel choice, flipped on one side.
+
+The catalogue is derived from the generated dataclasses (``dataclasses.fields``), so a field added
+to a contract is injected without anyone remembering to list it. A flip must change the value;
+string fields need an entry in ``STRING_ALTERNATIVES`` (a new one fails loudly until it has one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+_DTYPE_FLIP = {"bfloat16": "float32", "float16": "float32", "float32": "bfloat16"}
+
+# kernel-policy string fields: the other legal choice
+KERNEL_ALTERNATIVES: dict[str, dict[Any, Any]] = {
+    "matmul_tile_order": {"sglang_first_level": "binary", "binary": "sglang_first_level"},
+    "all_reduce": {"fixed_tree": "nccl", "nccl": "fixed_tree"},
+}
+
+# runtime-policy string fields: what the stock engine would run instead
+STRING_ALTERNATIVES: dict[str, dict[Any, Any]] = {
+    "attention_backend": {"fa3_varlen": "default", "default": "fa3_varlen"},
+    "cp_layout": {"ulysses_a2a": None, None: "ulysses_a2a"},
+}
+
+SKIPPED_FIELDS = ("contract_name",)  # identity, not behaviour
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One field flipped on one side."""
+
+    side: str  # "rollout" (SGLang runtime policy) or "trainer" (Megatron runtime / kernel policy)
+    kind: str  # "runtime" or "kernel"
+    field: str
+
+    @property
+    def name(self) -> str:
+        owner = {"rollout": "sglang", "trainer": "megatron"}[self.side]
+        return f"kernel.{self.field}" if self.kind == "kernel" else f"{owner}.{self.field}"
+
+
+def flipped(field: str, value: Any, kind: str) -> Any:
+    """The value a fault injects in place of ``value``."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value // 2 if value > 1 else value * 2
+    if kind == "kernel" and field.endswith("_dtype"):
+        return _DTYPE_FLIP[value]
+    table = KERNEL_ALTERNATIVES if kind == "kernel" else STRING_ALTERNATIVES
+    if field not in table or value not in table[field]:
+        raise KeyError(
+            f"no fault alternative for {kind} field {field!r} = {value!r}; add one to "
+            "contractgen/parity/faults.py"
+        )
+    return table[field][value]
+
+
+def catalogue(kernel_policy: Any, sglang_policy: Any, megatron_policy: Any) -> list[Fault]:
+    """Every fault: SGLang fields on the rollout, Megatron fields and kernel choices on the trainer."""
+    faults = [
+        Fault("rollout", "runtime", f.name)
+        for f in dataclasses.fields(sglang_policy)
+        if f.name not in SKIPPED_FIELDS
+    ]
+    faults += [
+        Fault("trainer", "runtime", f.name)
+        for f in dataclasses.fields(megatron_policy)
+        if f.name not in SKIPPED_FIELDS
+    ]
+    faults += [Fault("trainer", "kernel", f.name) for f in dataclasses.fields(kernel_policy)]
+    return faults

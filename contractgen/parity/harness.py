@@ -1,0 +1,271 @@
+"""Run the gate: rollout vs trainer logprobs, bitwise, per layout; faults; HF reference.
+
+For each layout the rollout runs at the layout's TP and the trainer (real megatron-core) at
+(TP, PP, CP); every scored response token's logprob is compared with ``torch.equal`` against the
+rollout logprobs the contract's logprob contract names. A mismatch is located by comparing each
+layer's output on both sides. With faults, each field is flipped on one side and must make some
+layout differ.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from .faults import Fault, catalogue, flipped
+from .layouts import ParityLayout
+from .rollout import RolloutResult, run_rollout
+
+# Which rollout logprobs the trainer must equal, by the contract's logprob contract.
+ROLLOUT_LOGPROBS: dict[str, Callable[[RolloutResult], list[torch.Tensor]]] = {
+    "sglang_prefill": lambda r: r.prefill_logprobs,
+    "decode": lambda r: r.decode_logprobs,
+}
+
+
+def _say(message: str) -> None:
+    print(f"parity: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Comparison:
+    exact: bool
+    tokens_compared: int
+    max_abs_diff: float
+    first: tuple[int, int] | None  # (sequence, scored token) of the first difference
+
+
+def compare(rollout: list[torch.Tensor], trainer: list[torch.Tensor]) -> Comparison:
+    """Bitwise comparison of per-sequence scored logprobs (dtype included)."""
+    n, worst, first, exact = 0, 0.0, None, True
+    for i, (a, b) in enumerate(zip(rollout, trainer, strict=True)):
+        n += a.numel()
+        if a.shape != b.shape:
+            raise ValueError(f"sequence {i}: rollout scored {a.shape}, trainer {b.shape}")
+        same = a.dtype == b.dtype and torch.equal(a, b)
+        if not same:
+            exact = False
+            diff = (a.double() - b.double()).abs()
+            diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+            worst = max(worst, float(diff.max()))
+            if first is None:
+                bad = (a.double() != b.double()) | (a.dtype != b.dtype)
+                first = (i, int(bad.nonzero()[0, 0]) if bad.any() else 0)
+    return Comparison(exact, n, worst, first)
+
+
+@dataclass
+class GateConfig:
+    contract_id: str
+    weights: Any  # HF state dict or checkpoint dir
+    layouts: list[ParityLayout]
+    dtype_override: str | None = None
+    device: str = "cpu"
+    inject_faults: bool = False
+    progress: bool = True
+
+
+@dataclass
+class GateRun:
+    """Cached baseline runs, so each fault re-runs only the faulted side."""
+
+    config: GateConfig
+    rollouts: dict[int, RolloutResult] = field(default_factory=dict)
+    trainers: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def logprob_contract(self) -> str:
+        from ..vendored import load_target
+
+        return (
+            load_target("sglang")
+            .schema.get_contract_schema(self.config.contract_id)
+            .logprob_contract
+        )
+
+    def rollout(self, tp: int, **changes: Any) -> RolloutResult:
+        if not changes and tp in self.rollouts:
+            return self.rollouts[tp]
+        result = run_rollout(
+            self.config.contract_id, self.config.weights, tp,
+            dtype_override=self.config.dtype_override, **changes,
+        )  # fmt: skip
+        if not changes:
+            self.rollouts[tp] = result
+        return result
+
+    def trainer(self, layout: ParityLayout, fault=None, dump_layers: bool = False):
+        from ..adapters.megatron.trainer import trainer_logprobs
+
+        cached = layout.name in self.trainers and fault is None and not dump_layers
+        if cached:
+            return self.trainers[layout.name], None
+        base = self.rollout(layout.tp)
+        result = trainer_logprobs(
+            self.config.contract_id,
+            self.config.weights,
+            base.sequences,
+            (layout.tp, layout.pp, layout.cp),
+            dtype_override=self.config.dtype_override,
+            device=self.config.device,
+            fault=fault,
+            dump_layers=dump_layers,
+        )
+        scored = [lp[p - 1 :] for lp, p in zip(result.logprobs, base.prompt_lens, strict=True)]
+        if fault is None and not dump_layers:
+            self.trainers[layout.name] = scored
+        return scored, result.layer_dumps
+
+    def scored_rollout(self, result: RolloutResult) -> list[torch.Tensor]:
+        return ROLLOUT_LOGPROBS[self.logprob_contract](result)
+
+
+def first_divergence(run: GateRun, layout: ParityLayout, first: tuple[int, int]) -> dict:
+    """Name the first layer whose output differs between the two sides, for one sequence."""
+    seq_i, tok = first
+    base = run.rollout(layout.tp)
+    dumped = run.rollout(layout.tp, dump_layers=True)
+    _, trainer_dumps = run.trainer(layout, dump_layers=True)
+    rollout_layers = dumped.layer_dumps[seq_i] if dumped.layer_dumps else []
+    trainer_layers = trainer_dumps[seq_i] if trainer_dumps else {}
+    for i, r in enumerate(rollout_layers):
+        t = trainer_layers.get(f"layer.{i}")
+        if t is None:
+            continue
+        t = t[: r.shape[0]]
+        if r.shape != t.shape or r.dtype != t.dtype or not torch.equal(r, t):
+            rows = ((r.double() - t.double()).abs().sum(-1) != 0).nonzero()
+            row = int(rows[0, 0]) if rows.numel() else 0
+            col = (
+                int(((r[row].double() - t[row].double()) != 0).nonzero()[0, 0])
+                if rows.numel()
+                else 0
+            )
+            return {
+                "layer": i,
+                "module": f"decoder.layers.{i}",
+                "token_index": row,
+                "rollout": float(r[row, col]),
+                "trainer": float(t[row, col]),
+            }
+    scored_r = run.scored_rollout(base)[seq_i]
+    scored_t = run.trainer(layout)[0][seq_i]
+    return {
+        "layer": None,
+        "module": "final_norm/lm_head/log_softmax",
+        "token_index": base.prompt_lens[seq_i] - 1 + tok,
+        "rollout": float(scored_r[tok]),
+        "trainer": float(scored_t[tok]),
+    }
+
+
+def run_layouts(run: GateRun) -> list[dict]:
+    out = []
+    for layout in run.config.layouts:
+        t0 = time.perf_counter()
+        if run.config.progress:
+            _say(
+                f"layout {layout.name}: rollout TP={layout.tp}, trainer TP={layout.tp} PP={layout.pp} CP={layout.cp}"
+            )
+        rollout = run.scored_rollout(run.rollout(layout.tp))
+        trainer, _ = run.trainer(layout)
+        cmp = compare(rollout, trainer)
+        entry = {
+            "name": layout.name,
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "cp": layout.cp,
+            "exact": cmp.exact,
+            "tokens_compared": cmp.tokens_compared,
+            "max_abs_diff": cmp.max_abs_diff,
+            "first_divergence": None if cmp.exact else first_divergence(run, layout, cmp.first),
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+        if run.config.progress:
+            _say(
+                f"layout {layout.name}: {'exact' if cmp.exact else 'DIFFERS'} over {cmp.tokens_compared} tokens ({entry['seconds']} s)"
+            )
+        out.append(entry)
+    return out
+
+
+def _policies_at(run: GateRun, layout: ParityLayout):
+    from ..vendored import load_target
+
+    cid = run.config.contract_id
+    kp = load_target("megatron").schema.kernel_policy_for(cid)
+    sg = load_target("sglang").runtime_policy.policy_for(cid, SimpleNamespace(tp_size=layout.tp))
+    mg = load_target("megatron").runtime_policy.policy_for(
+        cid,
+        SimpleNamespace(
+            tensor_model_parallel_size=layout.tp,
+            context_parallel_size=layout.cp,
+            cp_comm_type="a2a",
+            batch_invariant_mode=True,
+        ),
+    )
+    return kp, sg, mg
+
+
+def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[bool, str]:
+    """(detected, how) for one fault at one layout."""
+    from ..adapters.megatron.trainer import TrainerFault
+
+    kp, sg, mg = _policies_at(run, layout)
+    current = {"kernel": kp, "rollout": sg, "trainer": mg}[
+        fault.kind if fault.kind == "kernel" else fault.side
+    ]
+    value = flipped(fault.field, getattr(current, fault.field), fault.kind)
+    change = {fault.field: value}
+    try:
+        if fault.side == "rollout":
+            rollout = run.scored_rollout(run.rollout(layout.tp, runtime_changes=change))
+            trainer, _ = run.trainer(layout)
+        else:
+            tf = (
+                TrainerFault(kernel_policy=change)
+                if fault.kind == "kernel"
+                else TrainerFault(runtime_policy=change)
+            )
+            rollout = run.scored_rollout(run.rollout(layout.tp))
+            trainer, _ = run.trainer(layout, fault=tf)
+    except Exception as exc:  # the faulted side refusing to run also stops the gate
+        return (
+            True,
+            f"{layout.name}: raised {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}",
+        )
+    cmp = compare(rollout, trainer)
+    if cmp.exact:
+        return False, ""
+    return True, f"{layout.name}: max |diff| {cmp.max_abs_diff:.3g}"
+
+
+def run_faults(run: GateRun) -> dict:
+    layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, lay.name))
+    kp, sg, mg = _policies_at(run, layouts[0])
+    faults = catalogue(kp, sg, mg)
+    detected, undetected, details = [], [], {}
+    for i, fault in enumerate(faults):
+        found, how = False, ""
+        for layout in layouts:
+            found, how = _try_fault(run, fault, layout)
+            if found:
+                break
+        (detected if found else undetected).append(fault.name)
+        details[fault.name] = how or "no layout differs"
+        if run.config.progress:
+            _say(
+                f"fault {i + 1}/{len(faults)} {fault.name}: {'detected (' + how + ')' if found else 'UNDETECTED'}"
+            )
+    return {
+        "injected": len(faults),
+        "detected": len(detected),
+        "undetected": undetected,
+        "details": details,
+    }
