@@ -1,0 +1,86 @@
+"""The rules of ``contractgen breaking``: one registry entry per kind of change.
+
+A rule is breaking when a repository that pinned a contract id (or imports the generated modules)
+would see different numerics or a missing name after syncing. Every top-level contract field is
+classified in ``FIELD_RULES``; a test checks the table covers the pydantic model, so a new field
+cannot slip through unclassified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    breaking: bool
+    summary: str
+
+
+RULES: dict[str, Rule] = {
+    r.id: r
+    for r in (
+        # breaking: an existing id would mean something else, or an import would fail
+        Rule(
+            "CONTRACT_REMOVED", True, "a contract id was removed; repositories pinning it lose it"
+        ),
+        Rule(
+            "PUBLIC_NAME_REMOVED",
+            True,
+            "a public name of a generated module was removed; code importing it breaks",
+        ),
+        Rule(
+            "IDENTITY_CHANGED",
+            True,
+            "the identity of an existing id changed (family, kernel contracts, logprob contract, "
+            "attention backends, sequence parallel)",
+        ),
+        Rule(
+            "MODEL_PROFILE_CHANGED",
+            True,
+            "the model structure of an existing id changed (architectures, norm, qk_norm, "
+            "activation, attention_bias, rope, reference model)",
+        ),
+        Rule("CHECKPOINT_CHANGED", True, "a known checkpoint's dimensions changed"),
+        Rule("CHECKPOINT_REMOVED", True, "a known checkpoint was removed from an existing id"),
+        Rule("PARALLEL_CHANGED", True, "the parallel layouts an existing id allows changed"),
+        Rule("KERNEL_POLICY_CHANGED", True, "the kernel numerics of an existing id changed"),
+        Rule("RUNTIME_POLICY_CHANGED", True, "a runtime switch of an existing id changed"),
+        # fine: reported as info (--verbose, JSON)
+        Rule("CONTRACT_ADDED", False, "a new contract id"),
+        Rule("CHECKPOINT_ADDED", False, "a new known checkpoint under an existing id"),
+        Rule("CHECKPOINTS_REORDERED", False, "known checkpoints listed in another order"),
+        Rule("DESCRIPTION_CHANGED", False, "description edited (documentation only)"),
+        Rule("SUPERSEDES_CHANGED", False, "supersession link changed (metadata, not numerics)"),
+        Rule(
+            "FORMATTING_CHANGED", False, "comments or formatting only; the contract data is equal"
+        ),
+        Rule("PUBLIC_NAME_ADDED", False, "a new public name in a generated module"),
+    )
+}
+
+# Top-level contract field -> rule for a change under an existing id. model_profile.checkpoints
+# is compared per checkpoint name (CHECKPOINT_ADDED / _REMOVED / _CHANGED), not by this table.
+FIELD_RULES: dict[str, str] = {
+    "schema_version": "IDENTITY_CHANGED",
+    "id": "IDENTITY_CHANGED",
+    "family": "IDENTITY_CHANGED",
+    "description": "DESCRIPTION_CHANGED",
+    "supersedes": "SUPERSEDES_CHANGED",
+    "identity": "IDENTITY_CHANGED",
+    "model_profile": "MODEL_PROFILE_CHANGED",
+    "parallel": "PARALLEL_CHANGED",
+    "kernel_policy": "KERNEL_POLICY_CHANGED",
+    "runtime_policy": "RUNTIME_POLICY_CHANGED",
+}
+
+
+def field_rule(top_level: str) -> str:
+    """The rule for a change under ``top_level``; an unclassified field is a contractgen bug."""
+    try:
+        return FIELD_RULES[top_level]
+    except KeyError:
+        raise LookupError(
+            f"contract field {top_level!r} has no breaking-change rule; add it to FIELD_RULES"
+        ) from None
