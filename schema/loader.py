@@ -165,15 +165,64 @@ def _first_model(annotation) -> type | None:
     return None
 
 
+def _field_at(path: Path_):
+    """The pydantic FieldInfo of the field at ``path``, if the path names one."""
+    model: type | None = Contract
+    field = None
+    for part in path:
+        if isinstance(part, int):
+            continue
+        if model is None:
+            return None
+        field = model.model_fields.get(part)  # type: ignore[union-attr]
+        if field is None:
+            return None
+        model = _first_model(field.annotation)
+    return field
+
+
+def _describe(annotation) -> str:
+    """A short human description of what a field accepts, for 'missing field' hints."""
+    import typing
+
+    from pydantic import BaseModel
+
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin is typing.Literal:
+        return " or ".join(json.dumps(a) for a in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return _describe(args[0])
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "a mapping of " + ", ".join(annotation.model_fields)
+    if origin is tuple:
+        return f"a list (each {_describe(args[0])})" if args else "a list"
+    if args:  # a union
+        parts = [_describe(a) for a in args]
+        if type(None) in typing.get_args(annotation):
+            parts.append("null")
+        return " or ".join(dict.fromkeys(parts))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        annotation, "a value"
+    )
+
+
 def _message(err: dict) -> str:
     kind = err["type"]
     got = err.get("input")
+    path = _data_path(err["loc"])
     if kind == "missing":
-        return "missing required field"
+        field = _field_at(path)
+        hint = f" (expected {_describe(field.annotation)})" if field is not None else ""
+        return f"missing required field{hint}"
     if kind == "extra_forbidden":
-        allowed = _model_fields_at(_data_path(err["loc"])[:-1])
-        hint = f" (expected one of: {', '.join(allowed)})" if allowed else ""
-        return f"unknown field{hint}"
+        import difflib
+
+        allowed = _model_fields_at(path[:-1])
+        close = difflib.get_close_matches(str(path[-1]), allowed or [], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        hint += f"expected one of: {', '.join(allowed)}" if allowed else ""
+        return f"unknown field ({hint})" if hint else "unknown field"
     text = err["msg"]
     text = text[0].lower() + text[1:] if text else text
     return f"{text} (got {json.dumps(got)})" if not isinstance(got, dict) else text
