@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ._dtypes import dtype_of
 from .all_reduce import pairwise_sum
 
-M_TILE = 16  # rows per GEMM call
+M_TILE = 64  # rows per GEMM call
 N_TILE = 64  # columns per GEMM call
 
 
@@ -79,29 +79,47 @@ def combine_tiles(parts: Sequence[torch.Tensor], order: str) -> torch.Tensor:
     return combine(parts)
 
 
+def _weight_tiles(w_NK: torch.Tensor, k_block: int, T: int) -> torch.Tensor:
+    """``w`` as float32 GEMM operands ``[T, nN, k_block, N_TILE]`` (zero padded).
+
+    Cached per weight tensor (and its version) when no gradient flows into it: decode steps call
+    the same weights over and over."""
+    cacheable = not (torch.is_grad_enabled() and w_NK.requires_grad)
+    key = (w_NK._version, tuple(w_NK.shape), k_block, M_TILE, N_TILE)
+    if cacheable:
+        hit = getattr(w_NK, "_contractgen_tiles", None)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+    N, K = w_NK.shape
+    Np = math.ceil(N / N_TILE) * N_TILE
+    w32 = F.pad(w_NK.to(torch.float32), (0, T * k_block - K, 0, Np - N))
+    tiles = w32.view(Np // N_TILE, N_TILE, T, k_block).permute(2, 0, 3, 1).contiguous()
+    if cacheable:
+        w_NK._contractgen_tiles = (key, tiles)
+    return tiles
+
+
 def tile_partials(
     x_MK: torch.Tensor, w_NK: torch.Tensor, k_block: int, acc_dtype: torch.dtype
 ) -> torch.Tensor:
     """Per-K-tile partial products ``P_TMN[t] = x[:, tile t] @ w[:, tile t].T``.
 
     Each partial is a float32 dot over exactly ``k_block`` values (zero padded), computed on fixed
-    ``M_TILE x N_TILE`` blocks and rounded once to ``acc_dtype``.
+    ``M_TILE x k_block x N_TILE`` GEMMs and rounded once to ``acc_dtype``.
     """
     M, K = x_MK.shape
     N = w_NK.shape[0]
     T = max(1, math.ceil(K / k_block))
     Mp = math.ceil(M / M_TILE) * M_TILE
-    Np = math.ceil(N / N_TILE) * N_TILE
+    w_T_n_kb_Nt = _weight_tiles(w_NK, k_block, T)
     x32 = F.pad(x_MK.to(torch.float32), (0, T * k_block - K, 0, Mp - M))
-    w32 = F.pad(w_NK.to(torch.float32), (0, T * k_block - K, 0, Np - N))
-    # [T, nM, 1, M_TILE, k_block] @ [T, 1, nN, k_block, N_TILE] -> [T, nM, nN, M_TILE, N_TILE]
-    x_T_m_1_Mt_kb = x32.view(Mp // M_TILE, M_TILE, T, k_block).permute(2, 0, 1, 3).unsqueeze(2)
-    w_T_1_n_kb_Nt = w32.view(Np // N_TILE, N_TILE, T, k_block).permute(2, 0, 3, 1).unsqueeze(1)
-    shape = (T, Mp // M_TILE, Np // N_TILE)
-    a = x_T_m_1_Mt_kb.expand(*shape, M_TILE, k_block).contiguous()
-    b = w_T_1_n_kb_Nt.expand(*shape, k_block, N_TILE).contiguous()
-    p = torch.matmul(a, b)  # every GEMM is M_TILE x k_block x N_TILE
-    p_TMN = p.permute(0, 1, 3, 2, 4).reshape(T, Mp, Np)[:, :M, :N]
+    nM, nN = Mp // M_TILE, w_T_n_kb_Nt.shape[1]
+    x_T_m_Mt_kb = x32.view(nM, M_TILE, T, k_block).permute(2, 0, 1, 3)
+    # bmm over every (tile, row block, column block): each GEMM is M_TILE x k_block x N_TILE
+    a = x_T_m_Mt_kb.unsqueeze(2).expand(T, nM, nN, M_TILE, k_block).reshape(-1, M_TILE, k_block)
+    b = w_T_n_kb_Nt.unsqueeze(1).expand(T, nM, nN, k_block, N_TILE).reshape(-1, k_block, N_TILE)
+    p = torch.bmm(a, b).view(T, nM, nN, M_TILE, N_TILE)
+    p_TMN = p.permute(0, 1, 3, 2, 4).reshape(T, Mp, nN * N_TILE)[:, :M, :N]
     return p_TMN.to(acc_dtype)
 
 
