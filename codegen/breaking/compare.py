@@ -41,7 +41,10 @@ REMOVED_FIX = (
     "a shipped id is never removed: restore {file}; to retire it, add a newer contract that "
     "supersedes it"
 )
-NAME_FIX = "{target} code imports the generated {module}; keep {name} (restore what produced it)"
+NAME_FIX = (
+    "the sibling repos import the generated modules: keep every public name (restore the "
+    "contract or template change that dropped it)"
+)
 
 
 @dataclass(frozen=True)
@@ -265,11 +268,9 @@ def _compare_names(old: Side, new: Side, config: ProjectConfig) -> list[Finding]
         else:
             rel = f"{target}/{config.package(target)}/{name}"
         file = f"{gen_dir}{rel}"
-        module = PurePosixPath(name).stem
         for removed in sorted(before - after):
-            fix = NAME_FIX.format(target=target, module=f"{module}.py", name=removed)
             found.append(Finding("PUBLIC_NAME_REMOVED", file, removed, None, removed, ABSENT,
-                                 fix=fix))  # fmt: skip
+                                 fix=NAME_FIX))  # fmt: skip
         if key in new_modules and before:
             for added in sorted(after - before):
                 found.append(Finding("PUBLIC_NAME_ADDED", file, added, None, ABSENT, added))

@@ -31,8 +31,13 @@ def _where(f: Finding, file: str | None = None) -> str:
 
 
 def _what(f: Finding) -> str:
+    """``path: old → new``; a whole entry (contract, checkpoint, name) reads ``added``/``removed``."""
     if not f.path:
         return RULES[f.rule].summary
+    if f.old is ABSENT:
+        return f"{f.path}: added"
+    if f.new is ABSENT:
+        return f"{f.path}: removed"
     return f"{f.path}: {show(f.old)} → {show(f.new)}"
 
 

@@ -1,0 +1,8 @@
+"""Identity of an existing id: the attention backend SGLang is told to use, and the family."""
+
+from breaking_support import V1, replace
+
+
+def mutate(root):
+    replace(root, V1, "sglang_attention_backend: fa3", "sglang_attention_backend: fa4")
+    replace(root, V1, "family: qwen3_dense", "family: qwen3_dense_exp")

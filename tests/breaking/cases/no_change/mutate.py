@@ -1,0 +1,5 @@
+"""An empty commit: nothing to report."""
+
+
+def mutate(root):
+    pass
