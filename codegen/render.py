@@ -93,13 +93,14 @@ def _policy_fields(target: Target, contracts: list[LoadedContract]) -> list[Fiel
     from ..schema.models import TARGET_POLICY_MODELS
 
     model = TARGET_POLICY_MODELS[target.name]
+    off_values = dict(target.off_values)
     out = []
     for name, info in model.model_fields.items():
         values = [_values(getattr(c.contract.runtime_policy, target.name), name) for c in contracts]
         flat = [v for vs in values for v in vs]
         is_bool = all(isinstance(v, bool) for v in flat)
         typ = "bool" if is_bool else "str | None"
-        off = "False" if is_bool else "None"
+        off = py_literal(off_values[name]) if name in off_values else "False" if is_bool else "None"
         out.append(FieldDoc(name, typ, " ".join((info.description or "").split()), off))
     return out
 

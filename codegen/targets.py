@@ -23,6 +23,9 @@ class Target:
     summary: str
     # Other names the public module gives its contract class (kept so imports keep working).
     contract_class_aliases: tuple[str, ...] = ()
+    # DEFAULT_RUNTIME_POLICY (no contract active) values that are not False/None in the public
+    # module: with no contract the engine must behave exactly as it did before.
+    off_values: tuple[tuple[str, bool | str], ...] = ()
 
 
 TARGETS: dict[str, Target] = {
@@ -45,6 +48,9 @@ TARGETS: dict[str, Target] = {
             contract_class="MegatronTrueOnPolicyContract",
             id_constant_is_object=False,
             summary="Megatron trainer",
+            # The public default also has attention_backend="default"; ours keeps None, which
+            # adapters/megatron looks up as stock attention.
+            off_values=(("cast_qk_norm_input_before_weight_mul", True),),
         ),
         Target(
             name="launcher",

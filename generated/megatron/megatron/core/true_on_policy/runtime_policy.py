@@ -6,7 +6,7 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
 #   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
-# sha256: f345690084c3408da4b3c8e8b16b9e9fae55aa883e2b8f9ce14e2311c41d4796
+# sha256: 309c7698db5d811a2ef477c4bdb1e1e5790fb2e6a82b7651e064f2ad5264cdad
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -85,7 +85,7 @@ DEFAULT_RUNTIME_POLICY = MegatronTrueOnPolicyRuntimePolicy(
     attention_backend=None,
     cp_layout=None,
     cast_attention_input_to_dense_math_dtype=False,
-    cast_qk_norm_input_before_weight_mul=False,
+    cast_qk_norm_input_before_weight_mul=True,
     cast_qk_after_rope_to_dense_math_dtype=False,
     cast_lm_head_input_to_weight_dtype=False,
     deterministic_row_parallel_reduce=False,

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:f3bc99ab4d325606829ca2e9d2bca0c5e0091de23ab95adef0d240a77fc8dd8b
-# sha256: 4a76e3029c90c9aa9af0d63140753ec6dfec1a36c8279215dce43ccd1900c29d
+# sha256: 103e42715d1f05ec71440e8d623d8c6f0330ef45d15b9706c3bf86e5f8e0f842
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -81,7 +81,7 @@ DEFAULT_RUNTIME_POLICY = MegatronTrueOnPolicyRuntimePolicy(
     attention_backend=None,
     cp_layout=None,
     cast_attention_input_to_dense_math_dtype=False,
-    cast_qk_norm_input_before_weight_mul=False,
+    cast_qk_norm_input_before_weight_mul=True,
     cast_qk_after_rope_to_dense_math_dtype=False,
     cast_lm_head_input_to_weight_dtype=False,
     deterministic_row_parallel_reduce=False,
