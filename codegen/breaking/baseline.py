@@ -151,7 +151,8 @@ def _load_directory(directory: Path, config: ProjectConfig) -> Baseline:
     else:
         contracts_dir = directory
     contracts = load_contracts(contracts_dir, config.root)
-    files = {lc.id: _display(lc.path, config.root) for lc in contracts}
+    # where each file lives in this project (a removed one is restored there)
+    files = {lc.id: _display(config.contracts_dir / lc.path.name, config.root) for lc in contracts}
     return Baseline(str(directory), "directory", contracts, files, generated,
                     git_toplevel(config.root))  # fmt: skip
 
