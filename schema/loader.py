@@ -225,7 +225,12 @@ def _message(err: dict) -> str:
         return f"unknown field ({hint})" if hint else "unknown field"
     text = err["msg"]
     text = text[0].lower() + text[1:] if text else text
-    return f"{text} (got {json.dumps(got)})" if not isinstance(got, dict) else text
+    if isinstance(got, dict):
+        return text
+    shown = json.dumps(got)
+    if len(shown) > 80:  # a long value is named, not echoed
+        shown = shown[:60] + f"... ({len(shown)} characters)"
+    return f"{text} (got {shown})"
 
 
 def _pydantic_problems(
