@@ -12,7 +12,6 @@ over the same visibility (``autograd.straight_through``), since megatron-core's 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -98,8 +97,8 @@ def _megatron_rope(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
     dtype and the rotation done there (what runs with rope fusion left to megatron)."""
     from megatron.core.models.common.embeddings.rope_utils import _rotate_half
 
-    c = torch.cat([cos, cos], -1)[:, None, :].to(x.dtype)
-    s = torch.cat([sin, sin], -1)[:, None, :].to(x.dtype)
+    c = cos[:, None, :].to(x.dtype)  # kernel cos/sin are [L, head_dim] (neox layout)
+    s = sin[:, None, :].to(x.dtype)
     return x * c + _rotate_half(x, False) * s
 
 
@@ -141,6 +140,7 @@ def visibility_mask(params: SGLangPackedSeqParams, total: int) -> torch.Tensor:
 
 def reference_attention(q_THD, k_TKD, v_TKD, mask_TT, scale) -> torch.Tensor:
     """Differentiable fp32 masked-softmax attention (GQA by repeat): the gradient path."""
+    scale = q_THD.shape[-1] ** -0.5 if scale is None else scale
     g = q_THD.shape[1] // k_TKD.shape[1]
     q = q_THD.float()
     k = k_TKD.float().repeat_interleave(g, 1)
@@ -201,10 +201,10 @@ class SGLangCoreAttention(MegatronModule):
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         self.cp_group = pg_collection.cp
         self.head_dim = config.kv_channels
-        self.softmax_scale = (
-            softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
-        )
+        self.softmax_scale = softmax_scale  # None: the kernel's own head_dim ** -0.5
         self.rope_theta = float(config.rotary_base)
+        self.rope_scaling = getattr(config, "true_on_policy_rope_scaling", None)
+        self.max_position = int(getattr(config, "true_on_policy_max_position_embeddings", 0))
         self._to_full_seq, self._to_local_seq = CP_LAYOUTS[self.runtime_policy.cp_layout]
         if self.cp_group.size() > 1 and self.runtime_policy.cp_layout is None:
             raise ValueError(
@@ -247,11 +247,16 @@ class SGLangCoreAttention(MegatronModule):
         k = self._to_full_seq(key, self.cp_group)
         v = self._to_full_seq(value, self.cp_group)
         cos, sin = kernel_module("rope").rope_cos_sin(
-            params.positions, self.head_dim, self.rope_theta, None, kp
+            params.positions,
+            self.head_dim,
+            self.rope_theta,
+            self.rope_scaling,
+            kp,
+            max_position=self.max_position,
         )
         q = self._rope(q, cos, sin, kp)
         k = self._rope(k, cos, sin, kp)
         out = self._attention(q, k, v, params, kp, self.softmax_scale)
-        out = out.to(value.dtype)
+        out = out.to(dtype_of(kp.dense_math_dtype))
         out = self._to_local_seq(out, self.cp_group)
         return out.reshape(out.shape[0], -1)

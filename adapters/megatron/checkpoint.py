@@ -1,7 +1,7 @@
 """Hugging Face Qwen3 weights -> one megatron-core model stage, per TP rank.
 
-The same checkpoint directory (``config.json`` + ``*.safetensors``) or in-memory state dict (HF
-names) the rollout loads. Layouts: megatron's fused ``linear_qkv`` is, per query group,
+The same HF-named weights the rollout loads (``model.load_checkpoint`` reads a checkpoint directory
+with the rollout's own reader; the default gate passes the rollout's in-memory random weights). Layouts: megatron's fused ``linear_qkv`` is, per query group,
 ``[q heads of the group; k; v]``, and a TP rank holds a contiguous run of whole groups;
 ``linear_fc1`` is ``[gate shard; up shard]`` per rank; row-parallel weights split K; the
 vocabulary is zero-padded (``ModelShape.padded_vocab_size``) then split by rows.
@@ -10,24 +10,10 @@ vocabulary is zero-padded (``ModelShape.padded_vocab_size``) then split by rows.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
-from .model import ModelShape
-
-
-def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of an HF checkpoint directory (safetensors shards)."""
-    from safetensors.torch import load_file
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path}: no *.safetensors files (expected an HF checkpoint dir)")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(str(f)))
-    return out
+from contractgen.adapters.sglang.model import ModelArch
 
 
 def _rows(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
@@ -44,10 +30,10 @@ def _pad_vocab(t: torch.Tensor, padded: int) -> torch.Tensor:
     return out
 
 
-def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: ModelShape) -> torch.Tensor:
+def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: ModelArch) -> torch.Tensor:
     """HF q/k/v projections -> megatron's per-query-group ``[q...; k; v]`` layout."""
-    ng, d = shape.num_kv_heads, shape.head_dim
-    per = shape.num_attention_heads // ng
+    ng, d = arch.num_kv_heads, arch.head_dim
+    per = arch.num_attention_heads // ng
     q = q.reshape(ng, per * d, -1)
     k = k.reshape(ng, d, -1)
     v = v.reshape(ng, d, -1)
@@ -56,7 +42,7 @@ def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: ModelSha
 
 def megatron_stage_state_dict(
     hf: Mapping[str, torch.Tensor],
-    shape: ModelShape,
+    arch: ModelArch,
     model: torch.nn.Module,
     *,
     tp_rank: int,
@@ -86,15 +72,16 @@ def megatron_stage_state_dict(
             hf[src + "self_attn.q_proj.weight"],
             hf[src + "self_attn.k_proj.weight"],
             hf[src + "self_attn.v_proj.weight"],
-            shape,
+            arch,
         )
         put(dst + "self_attention.linear_qkv.weight", _rows(qkv, tp_rank, tp_size))
         put(
             dst + "self_attention.linear_proj.weight",
             _cols(hf[src + "self_attn.o_proj.weight"], tp_rank, tp_size),
         )
-        put(dst + "self_attention.q_layernorm.weight", hf[src + "self_attn.q_norm.weight"])
-        put(dst + "self_attention.k_layernorm.weight", hf[src + "self_attn.k_norm.weight"])
+        if arch.qk_norm:
+            put(dst + "self_attention.q_layernorm.weight", hf[src + "self_attn.q_norm.weight"])
+            put(dst + "self_attention.k_layernorm.weight", hf[src + "self_attn.k_norm.weight"])
         put(dst + "input_layernorm.weight", hf[src + "input_layernorm.weight"])
         put(dst + "pre_mlp_layernorm.weight", hf[src + "post_attention_layernorm.weight"])
         gate = _rows(hf[src + "mlp.gate_proj.weight"], tp_rank, tp_size)
@@ -113,7 +100,7 @@ def megatron_stage_state_dict(
 def load_into(
     model: torch.nn.Module,
     hf: Mapping[str, torch.Tensor],
-    shape: ModelShape,
+    arch: ModelArch,
     *,
     tp_rank: int,
     tp_size: int,
@@ -121,7 +108,7 @@ def load_into(
 ) -> None:
     """Copy HF weights into ``model`` (dtype of the model's parameters)."""
     sd = megatron_stage_state_dict(
-        hf, shape, model, tp_rank=tp_rank, tp_size=tp_size, padded_vocab_size=padded_vocab_size
+        hf, arch, model, tp_rank=tp_rank, tp_size=tp_size, padded_vocab_size=padded_vocab_size
     )
     params = model.state_dict()
     with torch.no_grad():

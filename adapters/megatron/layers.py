@@ -173,10 +173,10 @@ class SGLangOutputLayer(SGLangColumnParallelLinear):
         )
 
     def _kernel_forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        kp = dataclasses.replace(
-            self.kernel_policy, dense_math_dtype=self.kernel_policy.lm_head_input_dtype
+        # SGLang's LM head: weight in lm_head_input_dtype, output in the input's dtype.
+        return self._matmul(
+            x, weight.to(dtype_of(self.kernel_policy.lm_head_input_dtype)), self.kernel_policy
         )
-        return self._matmul(x, weight, kp)
 
 
 class SGLangRowParallelLinear(RowParallelLinear):
@@ -338,6 +338,8 @@ class SGLangMLP(MLP):
         ]
 
     def forward(self, hidden_states: torch.Tensor, per_token_scale=None, **kwargs: Any):
+        # The norm output is rounded to the dense math dtype before gate/up, as SGLang does.
+        hidden_states = hidden_states.to(dtype_of(self.kernel_policy.dense_math_dtype))
         fc1_out, _ = self.linear_fc1(hidden_states)
         act = self._swiglu(fc1_out, self.kernel_policy)
         return self.linear_fc2(act)

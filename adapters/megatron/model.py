@@ -10,7 +10,6 @@ tied-embedding attributes, is carried over unchanged).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,68 +19,34 @@ import torch.nn.functional as F
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.enums import AttnBackend
 
+from contractgen.adapters.sglang.model import ModelArch
+
 from .layers import SGLangOutputLayer
 from .policy import TrueOnPolicyTransformerConfig, dtype_of, generated, model_profile_for
 from .provider import get_sglang_block_spec
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The dims a Qwen3-dense model needs (read from a contract profile or an HF config)."""
+def arch_for(contract_id: str, dims: Any = None) -> ModelArch:
+    """The rollout's ``ModelArch`` for the contract's model profile (reference model by default),
+    so both sides describe the model with one object."""
+    return ModelArch.from_profile(model_profile_for(contract_id), dims)
 
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    tie_word_embeddings: bool
 
-    @classmethod
-    def from_profile(cls, dims: Any) -> ModelShape:
-        """From the generated ``ModelDims`` (or any object / mapping with these names)."""
-        get = dims.get if isinstance(dims, dict) else lambda k, d=None: getattr(dims, k, d)
+def load_checkpoint(
+    contract_id: str, path: str | Path
+) -> tuple[ModelArch, dict[str, torch.Tensor]]:
+    """``(arch, HF-named weights)`` of a checkpoint directory, read by the rollout's own reader
+    (same config dialects, same coverage check against the contract's profile)."""
+    from contractgen.adapters.sglang.checkpoint import load_checkpoint as read
 
-        def pick(*names: str, default: Any = None) -> Any:
-            for n in names:
-                v = get(n, None)
-                if v is not None:
-                    return v
-            if default is None:
-                raise KeyError(f"model dims have none of {names}")
-            return default
+    return read(path, model_profile_for(contract_id))
 
-        hidden = int(pick("hidden_size"))
-        heads = int(pick("num_attention_heads", "num_heads"))
-        return cls(
-            hidden_size=hidden,
-            num_layers=int(pick("num_layers", "num_hidden_layers")),
-            num_attention_heads=heads,
-            num_kv_heads=int(pick("num_kv_heads", "num_key_value_heads")),
-            head_dim=int(pick("head_dim", "kv_channels", default=hidden // heads)),
-            intermediate_size=int(pick("intermediate_size", "ffn_hidden_size")),
-            vocab_size=int(pick("vocab_size")),
-            rms_norm_eps=float(pick("rms_norm_eps", "norm_eps", default=1e-6)),
-            rope_theta=float(pick("rope_theta", "rotary_base", default=1_000_000.0)),
-            tie_word_embeddings=bool(pick("tie_word_embeddings", default=False)),
-        )
 
-    @classmethod
-    def from_contract(cls, contract_id: str) -> ModelShape:
-        profile = model_profile_for(contract_id)
-        return cls.from_profile(getattr(profile, "dims", profile))
-
-    @classmethod
-    def from_hf_checkpoint(cls, path: str | Path) -> ModelShape:
-        return cls.from_profile(json.loads((Path(path) / "config.json").read_text()))
-
-    def padded_vocab_size(self, tp: int, block: int) -> int:
-        """Vocab padded so each TP shard is a whole number of log-softmax vocab blocks."""
-        unit = block * tp
-        return -(-self.vocab_size // unit) * unit
+def padded_vocab_size(arch: ModelArch, tp: int, kp: Any) -> int:
+    """Vocab padded so every TP shard is a whole number of log-softmax vocab blocks (which are
+    themselves whole matmul column tiles), as vocab-parallel log-softmax requires."""
+    unit = int(kp.logsoftmax_vocab_block) * tp
+    return -(-arch.vocab_size // unit) * unit
 
 
 @dataclass(frozen=True)
@@ -104,7 +69,7 @@ class Layout:
 
 def make_config(
     contract_id: str,
-    shape: ModelShape,
+    arch: ModelArch,
     layout: Layout,
     *,
     runtime_policy: Any = None,
@@ -119,16 +84,16 @@ def make_config(
     )
     dense = dtype_of(kp.dense_math_dtype)
     return TrueOnPolicyTransformerConfig(
-        num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size,
-        num_attention_heads=shape.num_attention_heads,
-        num_query_groups=shape.num_kv_heads,
-        kv_channels=shape.head_dim,
-        ffn_hidden_size=shape.intermediate_size,
-        layernorm_epsilon=shape.rms_norm_eps,
-        rotary_base=shape.rope_theta,
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.intermediate_size,
+        layernorm_epsilon=arch.norm_eps,
+        rotary_base=arch.rope_theta,
         normalization="RMSNorm",
-        qk_layernorm=True,
+        qk_layernorm=arch.qk_norm,
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
@@ -137,6 +102,7 @@ def make_config(
         attention_dropout=0.0,
         params_dtype=dense,
         bf16=dense == torch.bfloat16,
+        pipeline_dtype=dense,
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,
@@ -154,7 +120,9 @@ def make_config(
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         true_on_policy_contract=contract_id,
-        true_on_policy_vocab_size=shape.vocab_size,
+        true_on_policy_vocab_size=arch.vocab_size,
+        true_on_policy_rope_scaling=arch.rope_scaling,
+        true_on_policy_max_position_embeddings=arch.max_position_embeddings,
         true_on_policy_runtime_policy_override=runtime_policy,
         true_on_policy_kernel_policy_override=kernel_policy,
     )
@@ -187,7 +155,7 @@ class SGLangGPTModel(GPTModel):
 
 def build_model(
     config: TrueOnPolicyTransformerConfig,
-    shape: ModelShape,
+    arch: ModelArch,
     *,
     pre_process: bool,
     post_process: bool,
@@ -202,5 +170,5 @@ def build_model(
         pre_process=pre_process,
         post_process=post_process,
         parallel_output=True,
-        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
     )

@@ -41,6 +41,12 @@ class TrueOnPolicyTransformerConfig(TransformerConfig):
     rotary_base: float = 10000.0
     """RoPE theta (megatron's ``GPTModel`` reads ``config.rotary_base`` when present)."""
 
+    true_on_policy_rope_scaling: Any = None
+    """The profile's ``rope_scaling`` (passed to ``kernels.rope.rope_cos_sin``)."""
+
+    true_on_policy_max_position_embeddings: int = 0
+    """Model's max positions (used by YaRN-style RoPE scaling)."""
+
     true_on_policy_runtime_policy_override: Any = None
     """Fault injection / diagnostics: a replaced ``MegatronTrueOnPolicyRuntimePolicy``."""
 
@@ -51,13 +57,14 @@ class TrueOnPolicyTransformerConfig(TransformerConfig):
 def policy_for(config: Any) -> Any:
     """The runtime policy this config runs under (``DEFAULT_RUNTIME_POLICY`` without a contract)."""
     override = getattr(config, "true_on_policy_runtime_policy_override", None)
-    if override is not None:
-        return override
     rp = generated().runtime_policy
+    if override is not None:
+        return override if override.enabled else rp.DEFAULT_RUNTIME_POLICY
     contract = getattr(config, "true_on_policy_contract", None)
     if contract is None:
         return rp.DEFAULT_RUNTIME_POLICY
-    return rp.policy_for(contract, config)
+    policy = rp.policy_for(contract, config)
+    return policy if policy.enabled else rp.DEFAULT_RUNTIME_POLICY
 
 
 def kernel_policy_for(config: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.models.backends import BackendSpecProvider, LocalSpecProvider
 from megatron.core.transformer.attention import SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
@@ -107,6 +108,7 @@ def get_sglang_layer_spec(config: Any) -> ModuleSpec:
                     k_layernorm=qk_norm if config.qk_layernorm else None,
                 ),
             ),
+            self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=norm,
             mlp=ModuleSpec(
                 module=SGLangMLP,
@@ -115,6 +117,7 @@ def get_sglang_layer_spec(config: Any) -> ModuleSpec:
                     linear_fc2=backend.row_parallel_linear(),
                 ),
             ),
+            mlp_bda=get_bias_dropout_add,
         ),
     )
 

@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
-from .checkpoint import load_hf_state_dict, load_into
+from .checkpoint import load_into
 from .kernels import kernel_module
-from .model import Layout, build_model, make_config
+from .model import Layout, build_model, make_config, padded_vocab_size
 from .packing import pack_sequences
 from .policy import float32_kernel_policy, generated, policy_for
 
@@ -44,47 +44,49 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def resolve_policies(job: Any) -> tuple[Any, Any]:
-    """(runtime policy override or None, kernel policy) for the job's contract, dtype and fault."""
-    kp = generated().schema.kernel_policy_for(job.contract_id)
-    if job.dtype_override == "float32":
+def pp_rank() -> int:
+    return ps.get_pipeline_model_parallel_rank()
+
+
+def resolve_kernel_policy(contract_id: str, run: Any) -> Any:
+    """The contract's KernelPolicy under the run's dtype override and kernel-policy fault."""
+    kp = generated().schema.kernel_policy_for(contract_id)
+    if run.dtype_override == "float32":
         kp = float32_kernel_policy(kp)
-    elif job.dtype_override not in (None, "bfloat16"):
+    elif run.dtype_override not in (None, "bfloat16"):
         raise ValueError(
-            f"dtype_override must be None, 'bfloat16' or 'float32' (got {job.dtype_override!r})"
+            f"dtype_override must be None, 'bfloat16' or 'float32' (got {run.dtype_override!r})"
         )
-    fault = job.fault
-    if fault is not None and fault.kernel_policy:
+    if run.fault is not None and run.fault.kernel_policy:
         from .trainer import with_fault
 
-        kp = with_fault(kp, fault.kernel_policy)
-    return None, kp
+        kp = with_fault(kp, run.fault.kernel_policy)
+    return kp
 
 
-def build_stage(job: Any) -> tuple[Any, Any, int]:
+def build_stage(job: Any, run: Any) -> tuple[Any, Any, int]:
     """This rank's model stage with weights loaded: ``(model, config, padded_vocab)``."""
-    _, kp = resolve_policies(job)
-    config = make_config(job.contract_id, job.shape, job.layout, kernel_policy=kp)
-    if job.fault is not None and job.fault.runtime_policy:
+    kp = resolve_kernel_policy(job.contract_id, run)
+    config = make_config(job.contract_id, job.arch, job.layout, kernel_policy=kp)
+    if run.fault is not None and run.fault.runtime_policy:
         from .trainer import with_fault
 
         config.true_on_policy_runtime_policy_override = with_fault(
-            policy_for(config), job.fault.runtime_policy
+            policy_for(config), run.fault.runtime_policy
         )
-    padded = job.shape.padded_vocab_size(job.layout.tp, int(kp.logsoftmax_vocab_block))
+    padded = padded_vocab_size(job.arch, job.layout.tp, kp)
     torch.manual_seed(0)
     model = build_model(
         config,
-        job.shape,
+        job.arch,
         pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(),
         padded_vocab_size=padded,
     )
-    hf = load_hf_state_dict(job.weights) if isinstance(job.weights, str) else job.weights
     load_into(
         model,
-        hf,
-        job.shape,
+        job.weights,
+        job.arch,
         tp_rank=ps.get_tensor_model_parallel_rank(),
         tp_size=job.layout.tp,
         padded_vocab_size=padded,
@@ -103,35 +105,48 @@ def _all_gather_cat(t: torch.Tensor, group: Any, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def _trim_to_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    return logits[..., :vocab]
+def _real_vocab(real: int, padded: int) -> int:
+    return real
 
 
-def _keep_padded(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    return logits
+def _padded_vocab(real: int, padded: int) -> int:
+    return padded
 
 
-LOGITS_BY_APPLY_LOGITS_CONTRACT = {True: _trim_to_vocab, False: _keep_padded}
+# apply_logits_contract: log-softmax over the real vocabulary (padding trimmed) or over all of it.
+LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT = {True: _real_vocab, False: _padded_vocab}
 
 
-def stage_logprobs(job: Any) -> Any:
-    """Forward on this rank; the rank holding full logprobs returns a ``TrainerResult``."""
+def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
+    """Forward on this rank: ``(TrainerResult or None, layer dumps of this stage or None)``."""
+    from .layers import residual_add, split_carrier
     from .pipeline import pipeline_forward
     from .trainer import TrainerResult
 
-    model, config, _ = build_stage(job)
+    model, config, padded = build_stage(job, run)
     policy = policy_for(config)
-    kp = model.output_layer.kernel_policy if ps.is_pipeline_last_stage() else None
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
     pack = pack_sequences(
         job.sequences,
-        prompt_lens=job.prompt_lens,
-        prefix_tree=job.prefix_tree,
+        prompt_lens=run.prompt_lens,
+        prefix_tree=run.prefix_tree,
         pad_to_multiple=cp,
     )
     params = pack.seq_params()
     local = pack.token_ids.numel() // cp
     sl = slice(cp_rank * local, (cp_rank + 1) * local)
+    cp_group = ps.get_context_parallel_group()
+    dumps: dict[str, torch.Tensor] = {}
+    if run.dump_layers:
+        kp_dump = model.decoder.layers[0].kernel_policy if len(model.decoder.layers) else None
+
+        def record(name: str, carrier: torch.Tensor) -> None:
+            out, residual = split_carrier(carrier[:, 0], config.hidden_size)
+            stream = out if residual is None else residual_add(out, residual, kp_dump)
+            dumps[name] = _all_gather_cat(stream, cp_group, dim=0)
+
+        for layer in model.decoder.layers:
+            layer.dump = record
     with torch.no_grad():
         out = pipeline_forward(
             model,
@@ -140,20 +155,24 @@ def stage_logprobs(job: Any) -> Any:
             attention_mask=None,
             packed_seq_params=params,
         )
+    first = ps.get_tensor_model_parallel_rank() == 0 and cp_rank == 0
+    per_seq = None
+    if run.dump_layers and first:
+        per_seq = [{k: v[path] for k, v in dumps.items()} for path in pack.paths]
     if out is None:
-        return None
-    logits = out[0]  # [T/cp, V/tp]
-    logits = _all_gather_cat(logits, ps.get_tensor_model_parallel_group(), dim=-1)
-    logits = _all_gather_cat(logits, ps.get_context_parallel_group(), dim=0)
-    logits = LOGITS_BY_APPLY_LOGITS_CONTRACT[bool(policy.apply_logits_contract)](
-        logits, config.true_on_policy_vocab_size
+        return None, per_seq
+    kp = model.output_layer.kernel_policy
+    logits = _all_gather_cat(out[0], cp_group, dim=0)  # [T, V/tp]
+    vocab = LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT[bool(policy.apply_logits_contract)](
+        config.true_on_policy_vocab_size, padded
     )
-    if ps.get_tensor_model_parallel_rank() != 0 or cp_rank != 0:
-        return None
-    token_logprobs = kernel_module("logsoftmax").token_logprobs
-    vocab = logits.shape[-1]
+    tp_group = ps.get_tensor_model_parallel_group()
+    vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
+    lp_fn = kernel_module("logsoftmax").vocab_parallel_token_logprobs
     logprobs = []
     for path in pack.paths:
         rows, targets = path[:-1], pack.token_ids[path[1:]]
-        logprobs.append(token_logprobs(logits[rows], targets, kp, vocab))
-    return TrainerResult(logprobs=logprobs)
+        logprobs.append(lp_fn(logits[rows], targets, vocab_start, vocab, kp, tp_group))
+    if not first:
+        return None, per_seq
+    return TrainerResult(logprobs=logprobs), per_seq

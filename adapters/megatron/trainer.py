@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .model import Layout, ModelShape
+from .model import Layout, arch_for, load_checkpoint
 
 
 @dataclass(frozen=True)
@@ -42,17 +42,24 @@ class TrainerResult:
 
 
 @dataclass(frozen=True)
+class TrainerRun:
+    """One forward variant; several share one set of spawned processes (``trainer_logprobs_runs``)."""
+
+    dtype_override: str | None = None
+    fault: TrainerFault | None = None
+    prefix_tree: bool = False
+    prompt_lens: tuple[int, ...] | None = None
+    dump_layers: bool = False
+
+
+@dataclass(frozen=True)
 class _Job:
     contract_id: str
-    weights: Any  # HF state dict or checkpoint dir (str)
+    weights: dict[str, torch.Tensor]  # HF names
     sequences: list[list[int]]
-    prompt_lens: list[int] | None
-    prefix_tree: bool
     layout: Layout
-    shape: ModelShape
-    dtype_override: str | None
-    fault: TrainerFault | None
-    dump_layers: bool
+    arch: Any  # contractgen.adapters.sglang.model.ModelArch
+    runs: tuple[TrainerRun, ...]
     port: int
     out_dir: str
 
@@ -75,7 +82,7 @@ def trainer_logprobs(
     prompt_lens: Sequence[int] | None = None,
     prefix_tree: bool = False,
     dump_layers: bool = False,
-    model_shape: ModelShape | None = None,
+    arch: Any = None,
 ) -> TrainerResult:
     """Megatron-core forward logprobs of ``sequences`` (token-id lists) at ``layout``.
 
@@ -84,7 +91,32 @@ def trainer_logprobs(
     ``dtype_override="float32"`` sets every KernelPolicy dtype to float32 (diagnostic mode).
     ``fault`` flips runtime-policy / KernelPolicy fields on this side only.
     ``prefix_tree=True`` (with ``prompt_lens``) packs sequences sharing a prompt as a tree.
+    ``dump_layers=True`` also returns every layer's residual stream per sequence.
     """
+    run = TrainerRun(
+        dtype_override=dtype_override,
+        fault=fault,
+        prefix_tree=prefix_tree,
+        prompt_lens=tuple(prompt_lens) if prompt_lens is not None else None,
+        dump_layers=dump_layers,
+    )
+    return trainer_logprobs_runs(
+        contract_id, weights_or_checkpoint, sequences, layout, [run], device=device, arch=arch
+    )[0]
+
+
+def trainer_logprobs_runs(
+    contract_id: str,
+    weights_or_checkpoint: Mapping[str, torch.Tensor] | str | os.PathLike[str],
+    sequences: Sequence[Sequence[int]],
+    layout: Layout | tuple[int, int, int],
+    runs: Sequence[TrainerRun],
+    *,
+    device: str = "cpu",
+    arch: Any = None,
+) -> list[TrainerResult]:
+    """Like ``trainer_logprobs`` for several variants (e.g. every injected fault) in one set of
+    spawned processes: one ``TrainerResult`` per run, in order."""
     if device != "cpu":
         raise NotImplementedError(
             f"device={device!r}: this driver runs gloo on CPU; on CUDA drive the same "
@@ -92,35 +124,40 @@ def trainer_logprobs(
         )
     if not isinstance(layout, Layout):
         layout = Layout(*layout)
-    is_path = isinstance(weights_or_checkpoint, str | os.PathLike)
-    if model_shape is None:
-        model_shape = (
-            ModelShape.from_hf_checkpoint(weights_or_checkpoint)
-            if is_path
-            else ModelShape.from_contract(contract_id)
-        )
-    weights: Any = (
-        str(weights_or_checkpoint)
-        if is_path
-        else {k: v.detach().cpu() for k, v in weights_or_checkpoint.items()}
-    )
+    if isinstance(weights_or_checkpoint, str | os.PathLike):
+        arch, weights = load_checkpoint(contract_id, weights_or_checkpoint)
+    else:
+        arch = arch if arch is not None else arch_for(contract_id)
+        weights = {k: v.detach().cpu() for k, v in weights_or_checkpoint.items()}
     with tempfile.TemporaryDirectory(prefix="contractgen-megatron-") as out_dir:
         job = _Job(
             contract_id=contract_id,
             weights=weights,
             sequences=[[int(t) for t in s] for s in sequences],
-            prompt_lens=list(prompt_lens) if prompt_lens is not None else None,
-            prefix_tree=prefix_tree,
             layout=layout,
-            shape=model_shape,
-            dtype_override=dtype_override,
-            fault=fault,
-            dump_layers=dump_layers,
+            arch=arch,
+            runs=tuple(runs),
             port=_free_port(),
             out_dir=out_dir,
         )
         run_spawned(job)
-        return torch.load(Path(out_dir) / "result.pt", weights_only=False)
+        results: list[TrainerResult] = torch.load(Path(out_dir) / "result.pt", weights_only=False)
+        for i, res in enumerate(results):
+            if job.runs[i].dump_layers:
+                res.layer_dumps = _merge_dumps(Path(out_dir), i, layout.pp)
+        return results
+
+
+def _merge_dumps(out_dir: Path, run: int, pp: int) -> list[dict[str, torch.Tensor]]:
+    merged: list[dict[str, torch.Tensor]] | None = None
+    for stage in range(pp):
+        part = torch.load(out_dir / f"dumps-{run}-pp{stage}.pt", weights_only=False)
+        if merged is None:
+            merged = part
+        else:
+            for a, b in zip(merged, part, strict=True):
+                a.update(b)
+    return merged or []
 
 
 def run_spawned(job: _Job) -> None:
@@ -138,9 +175,14 @@ def _worker(rank: int, job: _Job) -> None:
     torch.set_num_threads(1)
     runtime.init_distributed(rank, job.layout, job.port)
     try:
-        result = runtime.stage_logprobs(job)
-        if result is not None:
-            torch.save(result, Path(job.out_dir) / "result.pt")
+        results = []
+        for i, run in enumerate(job.runs):
+            result, dumps = runtime.stage_logprobs(job, run)
+            results.append(result)
+            if dumps is not None:
+                torch.save(dumps, Path(job.out_dir) / f"dumps-{i}-pp{runtime.pp_rank()}.pt")
+        if results[0] is not None:
+            torch.save(results, Path(job.out_dir) / "result.pt")
     finally:
         runtime.shutdown()
 

@@ -17,7 +17,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.utils import make_viewless_tensor
 
 from .layers import join_carrier, residual_add, split_carrier
-from .policy import kernel_policy_for, policy_for
+from .policy import dtype_of, kernel_policy_for, policy_for
 
 
 def _kernel_add(layer: SGLangTransformerLayer, output: torch.Tensor, residual: torch.Tensor):
@@ -64,6 +64,8 @@ class SGLangTransformerLayer(TransformerLayer):
         hidden, residual = split_carrier(carrier, self.config.hidden_size)
         if residual is not None:
             hidden = residual_add(hidden, residual, self.kernel_policy)
+        else:  # the embedding enters the residual stream in the residual dtype
+            hidden = hidden.to(dtype_of(self.kernel_policy.residual_dtype))
         return norm(hidden), hidden
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, **kwargs: Any):

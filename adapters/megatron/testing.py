@@ -1,0 +1,21 @@
+"""Helpers for building SGLang layers in the current process (tests, notebooks)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from .model import Layout
+
+
+@contextlib.contextmanager
+def single_process_megatron(port: int | None = None) -> Iterator[None]:
+    """A one-rank gloo world with megatron-core's model-parallel groups (TP=PP=CP=1)."""
+    from . import runtime
+    from .trainer import _free_port
+
+    runtime.init_distributed(0, Layout(), port or _free_port())
+    try:
+        yield
+    finally:
+        runtime.shutdown()
