@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import torch
 
-# Integer views of the same width, used to move tensors between ranks bit for bit.
-_BITS_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
 
 def dtype_of(name: str) -> torch.dtype:
     """`"bfloat16"` -> `torch.bfloat16`; a clear error for a name that is not a torch dtype."""
@@ -17,5 +14,11 @@ def dtype_of(name: str) -> torch.dtype:
 
 
 def bits_view(t: torch.Tensor) -> torch.Tensor:
-    """The same bytes viewed as an integer tensor (for exact collectives)."""
-    return t.contiguous().view(_BITS_VIEW[t.element_size()])
+    """The raw bytes of ``t`` as a flat uint8 tensor (for exact collectives; gloo moves bytes of
+    any dtype, including bfloat16, which its reductions do not support)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def from_bits(b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``bits_view``: bytes back to ``like``'s dtype and shape."""
+    return b.view(like.dtype).view(like.shape)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ._dtypes import bits_view
+from ._dtypes import bits_view, from_bits
 
 
 def pairwise_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -44,7 +44,7 @@ def all_gather_exact(t: torch.Tensor, group=None) -> list[torch.Tensor]:
     bits = bits_view(t)
     out = [torch.empty_like(bits) for _ in range(world_size(group))]
     dist.all_gather(out, bits, group=group)
-    return [o.view(t.dtype) for o in out]
+    return [from_bits(o, t) for o in out]
 
 
 class _TreeAllReduce(torch.autograd.Function):

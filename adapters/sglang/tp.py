@@ -1,0 +1,128 @@
+"""Tensor parallelism across processes on CPU: gloo, spawned with ``torch.multiprocessing``.
+
+``spawn(n, fn, *args)`` runs ``fn(rank, n, *args)`` on ``n`` fresh processes sharing one gloo
+process group (the default group) and returns the per-rank results; a worker's traceback is
+re-raised in the parent. ``tp_rollout`` runs the reference rollout at a TP size and returns rank
+0's completions and rescores.
+
+Policies cross the process boundary as plain dicts and come back as attribute namespaces: the
+kernels only read attributes, and the generated classes live in a loader-made module that a spawned
+process cannot unpickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def plain(policy) -> dict:
+    """A policy dataclass as a plain dict (picklable)."""
+    return dataclasses.asdict(policy)
+
+
+def namespace(d: dict) -> SimpleNamespace:
+    return SimpleNamespace(**d)
+
+
+def _entry(rank: int, world: int, tmp: str, fn: Callable, args: tuple) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world
+    )
+    try:
+        result = fn(rank, world, *args)
+        torch.save(result, f"{tmp}/result{rank}.pt")
+    except BaseException:
+        Path(f"{tmp}/error{rank}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(world_size: int, fn: Callable, *args, timeout: float = 300.0) -> list:
+    """``[fn(rank, world_size, *args) for rank in ranks]``, each rank in its own process."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="contractgen-tp-") as tmp:
+        procs = [
+            ctx.Process(target=_entry, args=(r, world_size, tmp, fn, args), daemon=False)
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for r in hung:
+            procs[r].kill()
+            procs[r].join()
+        errors = [Path(tmp, f"error{r}.txt") for r in range(world_size)]
+        msgs = [f"rank {r}:\n{e.read_text()}" for r, e in enumerate(errors) if e.is_file()]
+        if hung or msgs or any(p.exitcode for p in procs):
+            detail = "\n".join(msgs) or f"exit codes {[p.exitcode for p in procs]}"
+            hang = f" (ranks {hung} still running after {timeout:.0f} s)" if hung else ""
+            raise RuntimeError(f"TP={world_size} worker failed{hang}:\n{detail}")
+        return [torch.load(f"{tmp}/result{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def rollout_on_rank(arch, weights, kp, rp, requests=(), rescore=(), layer_outputs=False) -> dict:
+    """The rollout on this rank of an initialised default group (call inside a ``spawn`` worker).
+
+    ``kp``/``rp`` may be dicts (from ``plain``) or policy objects."""
+    from .checkpoint import load_safetensors
+    from .engine import RolloutEngine
+    from .model import ReferenceModel, random_weights
+
+    if isinstance(weights, int):
+        weights = random_weights(arch, seed=weights)
+    elif isinstance(weights, (str, os.PathLike)):
+        weights = load_safetensors(weights)
+    kp, rp = (namespace(p) if isinstance(p, dict) else p for p in (kp, rp))
+    model = ReferenceModel(arch, weights, kp, rp, group=None)
+    eng = RolloutEngine(model, progress=model.rank == 0)
+    out = eng.generate(requests)
+    completions = {rid: (c.tokens, c.logprob_tensor()) for rid, c in out.items()}
+    scores, layers = [], []
+    for seq in rescore:
+        lo: list = []
+        scores.append(eng.rescore(seq, layer_outputs=lo if layer_outputs else None))
+        layers.append(lo)
+    return {"completions": completions, "rescores": scores, "layer_outputs": layers}
+
+
+def _rollout_worker(rank, world, *args):
+    return rollout_on_rank(*args)
+
+
+def tp_rollout(
+    tp_size: int,
+    arch,
+    kp,
+    rp,
+    requests: Sequence = (),
+    *,
+    weights: int | str | os.PathLike = 0,
+    rescore: Sequence[Sequence[int]] = (),
+    layer_outputs: bool = False,
+) -> dict:
+    """The reference rollout at ``tp_size`` ranks (gloo). ``weights``: a seed for random weights
+    or a checkpoint directory. Returns rank 0's ``{"completions": {rid: (tokens, logprobs)},
+    "rescores": [...], "layer_outputs": [...]}`` after checking every rank got the same bits."""
+    args = (arch, weights, plain(kp), plain(rp), list(requests), [list(s) for s in rescore])
+    results = spawn(tp_size, _rollout_worker, *args, layer_outputs)
+    first = results[0]
+    for r, res in enumerate(results[1:], start=1):
+        for rid, (tokens, lp) in first["completions"].items():
+            other = res["completions"][rid]
+            if other[0] != tokens or not torch.equal(other[1], lp):
+                raise AssertionError(f"TP={tp_size}: rank {r} disagrees with rank 0 on {rid}")
+    return first
