@@ -200,10 +200,12 @@ def _compare_contract(
         for path, before, after in _diff(old_by[name][1], dims, ()):
             add("CHECKPOINT_CHANGED", (*CHECKPOINTS, index, *path), f"{shown}.{_dotted(path)}",
                 before, after)  # fmt: skip
-    common = [n for n in old_by if n in new_by]
-    if common != sorted(common, key=lambda n: new_by[n][0]):
-        add("CHECKPOINTS_REORDERED", CHECKPOINTS, _dotted(CHECKPOINTS),
-            [n for n in common], sorted(common, key=lambda n: new_by[n][0]))  # fmt: skip
+    before = [n for n in old_by if n in new_by]
+    after = sorted(before, key=lambda n: new_by[n][0])
+    moved = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    if moved:  # show the span that moved, not the whole list
+        span = slice(moved[0], moved[-1] + 1)
+        add("CHECKPOINTS_REORDERED", CHECKPOINTS, _dotted(CHECKPOINTS), before[span], after[span])
 
     if not found and old.source != new.source:
         found.append(Finding("FORMATTING_CHANGED", file, "", new.id))
