@@ -1,0 +1,167 @@
+"""Plan output: text for people, JSON for tools, shell (``export`` lines and the two commands)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .plan import LaunchPlan, Rendered
+
+# Table -> heading in the text format.
+HEADINGS: Mapping[str, str] = {
+    "env": "environment",
+    "sglang": "SGLang server arguments",
+    "megatron": "Megatron arguments",
+    "miles": "miles arguments",
+}
+
+
+def _layout_line(plan: LaunchPlan) -> str:
+    lay = plan.layout
+    cp = f" ({plan.cp_comm_type})" if plan.cp_comm_type else ""
+    return (
+        f"train tp={lay.tp} pp={lay.pp} cp={lay.cp}{cp} dp={lay.dp} (world {lay.train_world}); "
+        f"rollout tp={lay.rollout_tp_size} dp={lay.rollout_dp} ({lay.rollout_gpus} GPU"
+        f"{'s' if lay.rollout_gpus > 1 else ''})"
+    )
+
+
+def _vocab_line(plan: LaunchPlan) -> str:
+    v, tp, chunk = plan.model.vocab_size, plan.layout.tp, plan.vocab_chunk
+    per_rank = plan.padded_vocab // tp
+    return (
+        f"{v}, padded by Megatron to {plan.padded_vocab} (multiple of {chunk} x TP {tp}): "
+        f"{per_rank} per rank = {per_rank // chunk} whole {chunk}-wide log-softmax chunks"
+    )
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool | None) else str(value)
+
+
+def _note(row: Rendered) -> str:
+    extra = []
+    if row.note:
+        extra.append(row.note)
+    if row.fork_only:
+        extra.append("true-on-policy fork only")
+    return f" [{'; '.join(extra)}]" if extra else ""
+
+
+def to_text(plan: LaunchPlan) -> str:
+    lines = [
+        f"plan for {plan.contract_id} ({plan.fingerprint[:19]}…) on {plan.model.name}",
+        f"  layout: {_layout_line(plan)}",
+        f"  logprobs: {plan.logprob_contract}",
+        f"  vocab: {_vocab_line(plan)}",
+    ]
+    if plan.newer_contract:
+        lines.append(f"  note: superseded by {plan.newer_contract}")
+    for table, heading in HEADINGS.items():
+        lines += ["", f"{heading}:"]
+        for row in plan.rows:
+            if row.table != table or row.kind not in ("arg", "env") or not row.emitted:
+                continue
+            shown = f"{row.args[0]}={row.args[1]}" if row.kind == "env" else shlex.join(row.args)
+            lines.append(f"  {shown:<48} {row.source}: {row.reason}{_note(row)}")
+    if plan.needs_newer_sglang:
+        lines += ["", f"needs a newer SGLang than {plan.sglang_release}:"]
+        lines += [f"  {flag}: from {where}" for flag, where in plan.needs_newer_sglang]
+    lines += ["", "applied inside the engines once the contract is named (no flag):"]
+    for row in plan.engine_side:
+        lines.append(f"  {row.source} = {_show(row.value)}: {row.reason}")
+    lines += ["", "never pass:"]
+    for row in plan.forbidden:
+        lines.append(f"  {row.args[0]:<48} ({row.table}) {row.source}: {row.reason}")
+    lines += ["", "commands:", f"  {shlex.join(plan.rollout_command)}"]
+    lines.append(f"  {shlex.join(plan.trainer_command)}")
+    return "\n".join(lines) + "\n"
+
+
+def to_json_data(plan: LaunchPlan) -> dict[str, Any]:
+    lay, model = plan.layout, plan.model
+    return {
+        "contract": {
+            "id": plan.contract_id,
+            "fingerprint": plan.fingerprint,
+            "logprob_contract": plan.logprob_contract,
+            "newer_contract": plan.newer_contract,
+        },
+        "model": {
+            "name": model.name,
+            "num_layers": model.num_layers,
+            "num_attention_heads": model.num_attention_heads,
+            "num_kv_heads": model.num_kv_heads,
+            "intermediate_size": model.intermediate_size,
+            "vocab_size": model.vocab_size,
+            "padded_vocab_size": plan.padded_vocab,
+        },
+        "layout": {
+            "train": {
+                "tp": lay.tp,
+                "pp": lay.pp,
+                "cp": lay.cp,
+                "cp_comm_type": plan.cp_comm_type,
+                "dp": lay.dp,
+                "world": lay.train_world,
+            },
+            "rollout": {"tp": lay.rollout_tp_size, "dp": lay.rollout_dp, "gpus": lay.rollout_gpus},
+        },
+        "env": plan.env,
+        "sglang_args": list(plan.args("sglang")),
+        "megatron_args": list(plan.args("megatron")),
+        "miles_args": list(plan.args("miles")),
+        "commands": {
+            "rollout": list(plan.rollout_command),
+            "trainer": list(plan.trainer_command),
+        },
+        "needs_newer_sglang": [
+            {"flag": f, "sglang_release": plan.sglang_release, "from": where}
+            for f, where in plan.needs_newer_sglang
+        ],
+        "never_pass": [
+            {"flag": r.args[0], "table": r.table, "source": r.source, "reason": r.reason}
+            for r in plan.forbidden
+        ],
+        "rows": [
+            {
+                "table": r.table,
+                "source": r.source,
+                "value": r.value,
+                "kind": r.kind,
+                "args": list(r.args),
+                "reason": r.reason,
+                **({"note": r.note} if r.note else {}),
+                **({"fork_only": True} if r.fork_only else {}),
+            }
+            for r in plan.rows
+        ],
+    }
+
+
+def to_json(plan: LaunchPlan) -> str:
+    return json.dumps(to_json_data(plan), indent=2) + "\n"
+
+
+def to_shell(plan: LaunchPlan) -> str:
+    lines = [
+        f"# contractgen plan: {plan.contract_id} {plan.fingerprint} on {plan.model.name}",
+        f"# {_layout_line(plan)}",
+    ]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in plan.env.items()]
+    for flag, where in plan.needs_newer_sglang:
+        lines.append(f"# needs a newer SGLang than {plan.sglang_release}: {flag} (from {where})")
+    for row in plan.forbidden:
+        lines.append(f"# never pass {row.args[0]} ({row.table}): {row.reason}")
+    lines.append(shlex.join(plan.rollout_command))
+    lines.append(shlex.join(plan.trainer_command))
+    return "\n".join(lines) + "\n"
+
+
+FORMATS: Mapping[str, Callable[[LaunchPlan], str]] = {
+    "text": to_text,
+    "json": to_json,
+    "shell": to_shell,
+}

@@ -1,0 +1,414 @@
+"""Layout validation: training (TP, PP, Ulysses CP, DP) and rollout (TP, DP) against a contract.
+
+Every rule reads the contract through the generated ``schema.py`` (``ParallelSupport``,
+``ModelDims``, ``KernelPolicy``). A rule is a small function from a size to a problem (or None),
+listed per axis in ``AXES``; the valid alternatives of an axis are the contract's sizes that pass
+all of that axis's rules with the other sizes held fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from . import generated
+
+REFERENCE_MODEL = "reference"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel sizes of one run. ``rollout_tp`` defaults to the training TP."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    dp: int = 1
+    rollout_tp: int | None = None
+    rollout_dp: int = 1
+    world: int | None = None  # when given, must equal tp * pp * cp * dp
+
+    @property
+    def train_world(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def rollout_tp_size(self) -> int:
+        return self.tp if self.rollout_tp is None else self.rollout_tp
+
+    @property
+    def rollout_gpus(self) -> int:
+        return self.rollout_tp_size * self.rollout_dp
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a layout is checked against: one contract and one checkpoint of its profile."""
+
+    contract_id: str
+    dims: Any  # schema.ModelDims
+    support: Any  # schema.ParallelSupport
+    kernel: Any  # schema.KernelPolicy
+    layout: Layout
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: the flag, its value, what is wrong, and the valid values of that flag."""
+
+    flag: str
+    value: int
+    problem: str
+    valid: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.flag} {self.value}: {self.problem}; {_alternative(self.flag, self.value, self.valid)}"
+
+
+class LayoutError(ValueError):
+    """A layout the contract does not allow; ``violations`` lists every broken rule."""
+
+    def __init__(self, contract_id: str, model: str, violations: list[Violation]) -> None:
+        self.contract_id, self.model, self.violations = contract_id, model, tuple(violations)
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        lines = [f"invalid layout for {self.contract_id} on {self.model}:"]
+        lines += [f"  {v}" for v in self.violations]
+        return "\n".join(lines)
+
+
+class UnknownModelError(KeyError):
+    """A ``--model`` name that is not a checkpoint of the contract's profile."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _alternative(flag: str, value: int, valid: tuple[int, ...]) -> str:
+    if not valid:
+        return f"no {flag} size is valid with the other sizes given"
+    best = min(abs(v - value) for v in valid)
+    nearest = " or ".join(f"{flag} {v}" for v in valid if abs(v - value) == best)
+    return f"valid {flag} here: {', '.join(map(str, valid))} (nearest: {nearest})"
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+# --- model-dimension rules (shared by the training and the rollout TP) --------------------------
+
+
+def _kv_divide(kv: int, t: int) -> str | None:
+    if kv % t == 0:
+        return None
+    return (
+        f"does not divide num_kv_heads {kv} (parallel.kv_heads 'divide': whole KV heads per rank)"
+    )
+
+
+def _kv_replicate(kv: int, t: int) -> str | None:
+    if kv % t == 0 or t % kv == 0:
+        return None
+    return (
+        f"neither divides nor is a multiple of num_kv_heads {kv} "
+        "(parallel.kv_heads 'replicate': whole KV heads per rank, or each head copied to TP/KV ranks)"
+    )
+
+
+# parallel.kv_heads -> rule
+KV_HEAD_RULES: Mapping[str, Callable[[int, int], str | None]] = {
+    "divide": _kv_divide,
+    "replicate": _kv_replicate,
+}
+
+# kernel_policy.matmul_tile_order -> length of the first-level run of K tiles summed in sequence;
+# the runs above it form a binary tree.
+TILE_RUN_LENGTH: Mapping[str, Callable[[int], int]] = {
+    "sglang_first_level": lambda tiles: generated.schema().first_level_block(tiles),
+    "binary": lambda tiles: 1,
+}
+
+
+def _row_parallel_k(dims: Any) -> tuple[tuple[str, int], ...]:
+    """The K (reduction) size of each row-parallel linear: the ones TP splits along K."""
+    return (
+        ("o_proj", dims.num_attention_heads * dims.head_dim),
+        ("down_proj", dims.intermediate_size),
+    )
+
+
+def _tile_split(name: str, k: int, t: int, kernel: Any) -> str | None:
+    """TP must give every rank a whole subtree of the contract's K-tile order."""
+    if t == 1:
+        return None
+    block = kernel.matmul_k_block
+    if k % block:
+        return f"cannot split {name} (K={k} is not a whole number of {block}-wide tiles) exactly"
+    tiles = k // block
+    run = TILE_RUN_LENGTH[kernel.matmul_tile_order](tiles)
+    # A run of one or two tiles is itself a binary node: the whole order is a binary tree over
+    # tiles. Longer runs are summed in sequence and cannot be cut, so ranks split whole runs.
+    leaves = tiles if run <= 2 else tiles // run
+    if leaves % t == 0 and _is_pow2(leaves // t):
+        return None
+    per_rank = f"{tiles // t}" if tiles % t == 0 else f"{tiles}/{t}"
+    return (
+        f"splits {name} K={k} ({tiles} tiles of {block} in {tiles // run} first-level runs of "
+        f"{run}, {kernel.matmul_tile_order} order) into {per_rank} tiles per rank, not a whole "
+        "subtree of the tile order"
+    )
+
+
+def padded_vocab(vocab: int, t: int, chunk: int) -> int:
+    """Megatron's padding rule: round the vocab up to a multiple of make_vocab_size_divisible_by
+    x TP. The plan passes ``--make-vocab-size-divisible-by`` = ``logsoftmax_vocab_block``, so each
+    TP rank holds a whole number of the contract's log-softmax vocab chunks."""
+    step = chunk * t
+    return -(-vocab // step) * step
+
+
+def _model_tp_rules() -> tuple[Callable[[Subject, int], str | None], ...]:
+    def checkpoint_sizes(s: Subject, t: int) -> str | None:
+        sizes = s.dims.tp_sizes
+        if sizes is None or t in sizes:
+            return None
+        return f"not in {s.dims.name}'s tp_sizes {list(sizes)}"
+
+    def heads(s: Subject, t: int) -> str | None:
+        h = s.dims.num_attention_heads
+        return None if h % t == 0 else f"does not divide num_attention_heads {h}"
+
+    def kv_heads(s: Subject, t: int) -> str | None:
+        rule = KV_HEAD_RULES.get(s.support.kv_heads)
+        if rule is None:
+            known = ", ".join(KV_HEAD_RULES)
+            return f"parallel.kv_heads {s.support.kv_heads!r} has no rule here (known: {known})"
+        return rule(s.dims.num_kv_heads, t)
+
+    def ffn(s: Subject, t: int) -> str | None:
+        i = s.dims.intermediate_size
+        return None if i % t == 0 else f"does not divide intermediate_size {i}"
+
+    def tiles(s: Subject, t: int) -> str | None:
+        problems = [_tile_split(n, k, t, s.kernel) for n, k in _row_parallel_k(s.dims)]
+        return "; ".join(p for p in problems if p) or None
+
+    def vocab(s: Subject, t: int) -> str | None:
+        chunk = s.kernel.logsoftmax_vocab_block
+        padded = padded_vocab(s.dims.vocab_size, t, chunk)
+        if padded % t == 0 and (padded // t) % chunk == 0:
+            return None
+        return f"vocab {s.dims.vocab_size} padded to {padded} is not whole {chunk}-chunks per rank"
+
+    return (checkpoint_sizes, heads, kv_heads, ffn, tiles, vocab)
+
+
+def _allowed(attr: str, path: str) -> Callable[[Subject, int], str | None]:
+    def rule(s: Subject, size: int) -> str | None:
+        sizes = getattr(s.support, attr)
+        return None if size in sizes else f"not in the contract's {path} {list(sizes)}"
+
+    return rule
+
+
+def _dp_allowed(attr: str, path: str) -> Callable[[Subject, int], str | None]:
+    def rule(s: Subject, size: int) -> str | None:
+        if size == 1 or getattr(s.support, attr):
+            return None
+        return f"the contract does not allow data parallelism here ({path}: false)"
+
+    return rule
+
+
+def _pp_layers(s: Subject, p: int) -> str | None:
+    n = s.dims.num_layers
+    return None if n % p == 0 else f"does not divide num_layers {n} (no uneven PP split)"
+
+
+@dataclass(frozen=True)
+class CpKind:
+    """How one kind of context parallelism splits the work; ``comm_type`` is Megatron's."""
+
+    comm_type: str
+    rules: tuple[Callable[[Subject, int], str | None], ...]
+
+
+def _ulysses_heads(s: Subject, c: int) -> str | None:
+    t, problems = s.layout.tp, []
+    for name, count in (
+        ("num_attention_heads", s.dims.num_attention_heads),
+        ("num_kv_heads", s.dims.num_kv_heads),
+    ):
+        if count % t == 0 and (count // t) % c:
+            problems.append(
+                f"does not divide the {count // t} {name} per TP rank ({count}/TP {t}) that the "
+                "Ulysses all-to-all spreads over CP ranks"
+            )
+    return "; ".join(problems) or None
+
+
+def _cp_sequence(s: Subject, c: int) -> str | None:
+    n, unit = s.dims.max_position_embeddings, 2 * c
+    if c == 1 or n % unit == 0:
+        return None
+    return f"max_position_embeddings {n} is not a whole number of the 2xCP={unit} sequence chunks"
+
+
+# parallel.training.cp.kind -> its rules
+CP_KINDS: Mapping[str, CpKind] = {
+    "ulysses": CpKind(comm_type="a2a", rules=(_ulysses_heads, _cp_sequence)),
+}
+
+
+def _cp_kind(s: Subject, c: int) -> str | None:
+    if c == 1 or s.support.train_cp_kind in CP_KINDS:
+        return None
+    known = ", ".join(CP_KINDS)
+    return (
+        f"parallel.training.cp.kind {s.support.train_cp_kind!r} has no rules here (known: {known})"
+    )
+
+
+def _cp_kind_rules(s: Subject, c: int) -> str | None:
+    kind = CP_KINDS.get(s.support.train_cp_kind)
+    if kind is None or c == 1:
+        return None
+    problems = [rule(s, c) for rule in kind.rules]
+    return "; ".join(p for p in problems if p) or None
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One flag: where its value is read from, its rules, and the sizes tried as alternatives."""
+
+    flag: str
+    get: Callable[[Layout], int]
+    rules: tuple[Callable[[Subject, int], str | None], ...]
+    candidates: Callable[[Subject], tuple[int, ...]]
+
+
+AXES: tuple[Axis, ...] = (
+    Axis(
+        "--tp",
+        lambda lay: lay.tp,
+        (_allowed("train_tp_sizes", "parallel.training.tp"), *_model_tp_rules()),
+        lambda s: s.support.train_tp_sizes,
+    ),
+    Axis(
+        "--pp",
+        lambda lay: lay.pp,
+        (_allowed("train_pp_sizes", "parallel.training.pp"), _pp_layers),
+        lambda s: s.support.train_pp_sizes,
+    ),
+    Axis(
+        "--cp",
+        lambda lay: lay.cp,
+        (_allowed("train_cp_sizes", "parallel.training.cp.sizes"), _cp_kind, _cp_kind_rules),
+        lambda s: s.support.train_cp_sizes,
+    ),
+    Axis(
+        "--dp",
+        lambda lay: lay.dp,
+        (_dp_allowed("train_dp", "parallel.training.dp"),),
+        lambda s: (1,) if not s.support.train_dp else (),
+    ),
+    Axis(
+        "--rollout-tp",
+        lambda lay: lay.rollout_tp_size,
+        (_allowed("rollout_tp_sizes", "parallel.rollout.tp"), *_model_tp_rules()),
+        lambda s: s.support.rollout_tp_sizes,
+    ),
+    Axis(
+        "--rollout-dp",
+        lambda lay: lay.rollout_dp,
+        (_dp_allowed("rollout_dp", "parallel.rollout.dp"),),
+        lambda s: (1,) if not s.support.rollout_dp else (),
+    ),
+)
+
+# Which Layout attribute each flag sets, to try alternatives with the other sizes held fixed.
+_FLAG_FIELD = {
+    "--tp": "tp",
+    "--pp": "pp",
+    "--cp": "cp",
+    "--dp": "dp",
+    "--rollout-tp": "rollout_tp",
+    "--rollout-dp": "rollout_dp",
+}
+
+
+def _valid_sizes(axis: Axis, s: Subject) -> tuple[int, ...]:
+    valid = []
+    for size in axis.candidates(s):
+        layout = replace(s.layout, **{_FLAG_FIELD[axis.flag]: size})
+        trial = replace(s, layout=layout)
+        if all(rule(trial, size) is None for rule in axis.rules):
+            valid.append(size)
+    return tuple(valid)
+
+
+def select_checkpoint(contract_id: str, model: str | None) -> Any:
+    """The checkpoint ``--model`` names: default the profile's first; ``reference`` its
+    reference model."""
+    profile = generated.schema().model_profile_for(contract_id)
+    by_name = {d.name: d for d in profile.checkpoints}
+    by_name[profile.reference_model.name] = profile.reference_model
+    by_name[REFERENCE_MODEL] = profile.reference_model
+    if model is None:
+        return profile.checkpoints[0]
+    if model not in by_name:
+        known = ", ".join([*(d.name for d in profile.checkpoints), REFERENCE_MODEL])
+        raise UnknownModelError(
+            f"--model {model!r}: not a checkpoint of the {profile.family} profile of "
+            f"{contract_id}; known: {known}"
+        )
+    return by_name[model]
+
+
+def subject_for(contract_id: str, layout: Layout, model: str | None = None) -> Subject:
+    """Resolve the contract's data for a layout (unknown ids raise UnknownContractError)."""
+    schema = generated.schema()
+    return Subject(
+        contract_id=contract_id,
+        dims=select_checkpoint(contract_id, model),
+        support=schema.parallel_support_for(contract_id),
+        kernel=schema.kernel_policy_for(contract_id),
+        layout=layout,
+    )
+
+
+def violations(subject: Subject) -> list[Violation]:
+    """Every rule the layout breaks, in axis order (an empty list: the layout is valid)."""
+    found: list[Violation] = []
+    layout = subject.layout
+    for axis in AXES:
+        value = axis.get(layout)
+        problems = [p for rule in axis.rules if (p := rule(subject, value)) is not None]
+        if problems:
+            valid = _valid_sizes(axis, subject)
+            found += [Violation(axis.flag, value, p, valid) for p in problems]
+    if layout.world is not None and layout.world != layout.train_world:
+        rest = layout.tp * layout.pp * layout.cp
+        valid = (layout.world // rest,) if layout.world % rest == 0 else ()
+        found.append(
+            Violation(
+                "--dp",
+                layout.dp,
+                f"world {layout.world} != TP {layout.tp} x PP {layout.pp} x CP {layout.cp} x "
+                f"DP {layout.dp} = {layout.train_world}",
+                valid,
+            )
+        )
+    return found
+
+
+def validate_layout(contract_id: str, layout: Layout, model: str | None = None) -> Subject:
+    """The checked subject, or LayoutError naming every broken rule and a valid alternative."""
+    subject = subject_for(contract_id, layout, model)
+    found = violations(subject)
+    if found:
+        raise LayoutError(contract_id, subject.dims.name, found)
+    return subject

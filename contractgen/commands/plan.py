@@ -1,0 +1,86 @@
+"""``contractgen plan``: validate a layout against a contract and render the launch."""
+
+from __future__ import annotations
+
+import click
+
+from ..adapters.launcher import FORMATS, Layout, LayoutError, PlanError, build_plan
+from ._common import EXIT_USAGE, fail, handle_errors
+
+_SIZE = click.IntRange(min=1)
+
+
+@click.command("plan")
+@click.option(
+    "--contract", "contract_id", required=True, help="Contract id (see `contractgen list`)."
+)
+@click.option(
+    "--tp", type=_SIZE, default=1, show_default=True, help="Training tensor parallel size."
+)
+@click.option(
+    "--pp", type=_SIZE, default=1, show_default=True, help="Training pipeline parallel size."
+)
+@click.option(
+    "--cp",
+    type=_SIZE,
+    default=1,
+    show_default=True,
+    help="Training (Ulysses) context parallel size.",
+)
+@click.option("--dp", type=_SIZE, default=1, show_default=True, help="Training data parallel size.")
+@click.option(
+    "--rollout-tp", type=_SIZE, default=None, help="Rollout (SGLang) TP size [default: --tp]."
+)
+@click.option(
+    "--rollout-dp", type=_SIZE, default=1, show_default=True, help="Rollout data parallel size."
+)
+@click.option(
+    "--world", type=_SIZE, default=None, help="Training world size; must equal TP x PP x CP x DP."
+)
+@click.option(
+    "--model",
+    default=None,
+    help="Checkpoint of the contract's model profile [default: its first]; `reference` for the reference model.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(sorted(FORMATS)), default="text", show_default=True,
+    help="text for people, json for tools, shell for `export` lines and the two command lines.",
+)  # fmt: skip
+@handle_errors
+def command(
+    contract_id: str,
+    tp: int,
+    pp: int,
+    cp: int,
+    dp: int,
+    rollout_tp: int | None,
+    rollout_dp: int,
+    world: int | None,
+    model: str | None,
+    fmt: str,
+) -> None:
+    """Validate a layout against the contract's model profile and render the launch.
+
+    Prints the SGLang server arguments, the Megatron and miles arguments and the environment,
+    each with the policy field it comes from and why. Exit 2 names every rule the layout breaks
+    and the nearest valid sizes. NCCL_ALGO already set in the environment is kept.
+    """
+    import os
+
+    layout = Layout(
+        tp=tp, pp=pp, cp=cp, dp=dp, rollout_tp=rollout_tp, rollout_dp=rollout_dp, world=world
+    )
+    try:
+        plan = build_plan(contract_id, layout, model, environ=os.environ)
+    except LayoutError as exc:
+        fail(f"error: {exc}", EXIT_USAGE)
+    except PlanError as exc:
+        fail(f"error: {exc}", EXIT_USAGE)
+    except KeyError as exc:  # unknown contract or checkpoint: their str lists the known names
+        fail(f"error: {exc}", EXIT_USAGE)
+    for flag, where in plan.needs_newer_sglang:
+        click.echo(
+            f"warning: {flag} needs a newer SGLang than {plan.sglang_release} (from {where})",
+            err=True,
+        )
+    click.echo(FORMATS[fmt](plan), nl=False)
