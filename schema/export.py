@@ -9,6 +9,11 @@ from .models import Contract
 
 SCHEMA_ID = "https://contractgen.dev/schema/contract.schema.json"
 SCHEMA_FILE = Path(__file__).parent / "contract.schema.json"
+CROSS_FIELD_NOTE = (
+    "Structure only. Rules that relate fields to each other (TP sizes dividing heads, K splitting "
+    "into whole tile subtrees, power-of-two TP under the fixed-tree all-reduce, runtime policy "
+    "agreeing with kernel policy) are beyond JSON Schema: `contractgen check` enforces them."
+)
 
 
 def contract_json_schema() -> dict:
@@ -16,6 +21,7 @@ def contract_json_schema() -> dict:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
+        "$comment": CROSS_FIELD_NOTE,
         **schema,
     }
 
