@@ -10,7 +10,18 @@ import click
 from . import __version__
 
 # verb -> module under contractgen.commands exposing ``command``
-COMMANDS = ("list", "schema", "generate", "check", "sync", "parity", "breaking", "new", "plan")
+COMMANDS = (
+    "list",
+    "schema",
+    "generate",
+    "check",
+    "sync",
+    "parity",
+    "breaking",
+    "new",
+    "plan",
+    "handshake",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
