@@ -28,8 +28,11 @@ _CONTRACT_ID = TypeAdapter(ContractId)
 def command(ctx: click.Context, from_id: str, new_id: str | None, dry_run: bool) -> None:
     """Copy contract OLD_ID to NEW_ID.yaml with the id changed and `supersedes: OLD_ID`.
 
-    Comments and formatting are kept. Refuses (exit 2, nothing written) when NEW_ID exists or is
-    not a valid id, when OLD_ID is already superseded, or when the copy does not validate.
+    A new version keeps the name and bumps _vN (qwen3_dense_true_on_policy_v2 -> _v3) and
+    supersedes OLD_ID; an id with another name starts a new line (e.g. a new architecture copied
+    from the closest contract) and supersedes nothing. Comments and formatting are kept. Refuses
+    (exit 2, nothing written) when NEW_ID exists or is not a valid id, when OLD_ID already has a
+    newer version, or when the copy does not validate.
     """
     project = project_from(ctx)
     old = project.contract(from_id)
@@ -46,8 +49,9 @@ def command(ctx: click.Context, from_id: str, new_id: str | None, dry_run: bool)
         fail(
             f"error: --id {new_id!r}: contract exists; pick a new id (e.g. {next_id(from_id, ids)})"
         )
+    same_line = _line(new_id) == _line(from_id)
     successor = next((lc.id for lc in project.contracts if lc.contract.supersedes == from_id), None)
-    if successor is not None:
+    if same_line and successor is not None:
         latest = newest(from_id, project.contracts)
         fail(
             f"error: --from {from_id!r}: already superseded by {successor!r}; start from the "
@@ -59,14 +63,20 @@ def command(ctx: click.Context, from_id: str, new_id: str | None, dry_run: bool)
     if dest.exists():
         fail(f"error: {shown} exists; pick a new id or remove the file")
     try:
-        content = scaffold(old.source, from_id, new_id, shown)
+        content = scaffold(old.source, new_id, from_id if same_line else None, shown)
     except ScaffoldError as exc:
         fail(f"error: {exc}")
     if dry_run:
         click.echo(content.decode("utf-8"), nl=False)
         return
     atomic_write(dest, content)
-    click.echo(f"new: wrote {shown} (a copy of {from_id} that supersedes it)")
+    if same_line:
+        click.echo(f"new: wrote {shown} (a copy of {from_id} that supersedes it)")
+    else:
+        click.echo(
+            f"new: wrote {shown} (a copy of {from_id}; a new contract line, so it supersedes "
+            "nothing)"
+        )
     click.echo(
         "next:\n"
         f"  1. change the numerics in {shown}, and its header comment and description\n"
@@ -74,6 +84,11 @@ def command(ctx: click.Context, from_id: str, new_id: str | None, dry_run: bool)
         "  3. contractgen breaking --against main   (clean: only a contract was added)\n"
         "  4. contractgen sync --repo sglang=PATH --repo megatron=PATH --repo launcher=PATH"
     )
+
+
+def _line(contract_id: str) -> str:
+    """The name of a contract's line: its id without the ``_v<N>`` suffix."""
+    return contract_id.rpartition("_v")[0]
 
 
 def _display(path: Path, root: Path) -> str:

@@ -70,15 +70,27 @@ def test_new_inserts_supersedes_when_absent(tmp_path: Path) -> None:
     assert f"id: qwen3_dense_true_on_policy_v7\nsupersedes: {V1_ID}\nfamily:" in new
 
 
+def test_new_line_supersedes_nothing(tmp_path: Path) -> None:
+    """Another name is a new line (e.g. a new architecture from the closest contract)."""
+    root = copy_fixture(tmp_path / "project")
+    new_id = "llama3_dense_true_on_policy_v1"
+    check_golden(
+        GOLDENS / "new-line.txt", transcript(root, ["new", "--from", V1_ID, "--id", new_id])
+    )
+    new = (root / f"contracts/{new_id}.yaml").read_text()
+    assert new == (root / V1).read_text().replace(f"id: {V1_ID}", f"id: {new_id}")
+    assert cli(root, "list")[0] == 0
+
+
 def test_scaffold_fills_an_empty_supersedes() -> None:
     source = (HERE / "fixture" / V1).read_bytes().replace(b"supersedes: null", b"supersedes:")
-    out = scaffold(source, V1_ID, V2_ID, "x.yaml")
+    out = scaffold(source, V2_ID, V1_ID, "x.yaml")
     assert b"supersedes: qwen3_dense_true_on_policy_v1\n" in out
 
 
 def test_scaffold_result_is_validated() -> None:
     with pytest.raises(ContractError, match="id: string should match pattern"):
-        scaffold((HERE / "fixture" / V1).read_bytes(), V1_ID, "Not-An-Id_v2", "x.yaml")
+        scaffold((HERE / "fixture" / V1).read_bytes(), "Not-An-Id_v2", V1_ID, "x.yaml")
 
 
 def test_dry_run_prints_and_writes_nothing(tmp_path: Path) -> None:
