@@ -50,6 +50,11 @@ def command(ctx: click.Context, from_id: str, new_id: str | None, dry_run: bool)
             f"error: --id {new_id!r}: contract exists; pick a new id (e.g. {next_id(from_id, ids)})"
         )
     same_line = _line(new_id) == _line(from_id)
+    if same_line and _version(new_id) <= _version(from_id):
+        fail(
+            f"error: --id {new_id!r}: a new version of {from_id} numbers above it "
+            f"(e.g. {next_id(from_id, ids)})"
+        )
     successor = next((lc.id for lc in project.contracts if lc.contract.supersedes == from_id), None)
     if same_line and successor is not None:
         latest = newest(from_id, project.contracts)
@@ -89,6 +94,10 @@ def command(ctx: click.Context, from_id: str, new_id: str | None, dry_run: bool)
 def _line(contract_id: str) -> str:
     """The name of a contract's line: its id without the ``_v<N>`` suffix."""
     return contract_id.rpartition("_v")[0]
+
+
+def _version(contract_id: str) -> int:
+    return int(contract_id.rpartition("_v")[2])
 
 
 def _display(path: Path, root: Path) -> str:

@@ -108,6 +108,7 @@ def test_dry_run_prints_and_writes_nothing(tmp_path: Path) -> None:
         ("bad-id", ["--from", V2_ID, "--id", "Qwen3-v3"]),
         ("no-version", ["--from", V2_ID, "--id", "qwen3_dense_next"]),
         ("superseded", ["--from", V1_ID, "--id", V3_ID]),
+        ("older-version", ["--from", V2_ID, "--id", "qwen3_dense_true_on_policy_v0"]),
         ("unknown-from", ["--from", "qwen3_dense_true_on_policy_v9"]),
     ],
 )
