@@ -4,7 +4,10 @@ usage errors (exit 2). Goldens live in formats/; UPDATE_GOLDENS=1 refreshes them
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -208,3 +211,17 @@ def test_ref_without_contracts_is_an_empty_baseline(tmp_path: Path) -> None:
     assert code == 0, out + err
     assert out.count("[CONTRACT_ADDED]") == 2
     assert err == "breaking: ok against main (2 non-breaking change(s))\n"
+
+
+def test_output_is_the_same_under_any_hash_seed(mixed: Path) -> None:
+    """Findings are sorted, never in set or hash order."""
+    outputs = set()
+    for seed in ("0", "1"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "contractgen", "--root", str(mixed), "breaking",
+             "--against", "HEAD~1", "-v", "--format", "json"],
+            capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 1, proc.stderr
+        outputs.add(proc.stdout)
+    assert len(outputs) == 1
