@@ -43,10 +43,10 @@ def rollout_rescore(contract_id: str, arch, weights, sequences, kp=None) -> list
     return [engine.rescore(s) for s in sequences]
 
 
-def rollout_layer_outputs(contract_id: str, arch, weights, sequence) -> list[torch.Tensor]:
+def rollout_layer_outputs(contract_id: str, arch, weights, sequence, kp=None) -> list[torch.Tensor]:
     """The rollout's residual stream after every layer (``[len, hidden]`` each)."""
     outs: list[torch.Tensor] = []
-    _engine(contract_id, arch, weights).rescore(sequence, layer_outputs=outs)
+    _engine(contract_id, arch, weights, kp).rescore(sequence, layer_outputs=outs)
     return outs
 
 

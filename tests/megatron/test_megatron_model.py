@@ -20,12 +20,23 @@ def _exact(got, want) -> bool:
     return len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+def _forward_exact(result, rollout_logprobs, rollout_layers) -> bool:
+    """Logprobs AND every layer's residual stream equal the rollout's (bf16 logprobs alone can
+    hide a one-ulp change deep in the model; the forward is what must be bit-identical)."""
+    layers_equal = all(
+        torch.equal(dump[f"layer.{i}"], value)
+        for dump, per_seq in zip(result.layer_dumps, rollout_layers, strict=True)
+        for i, value in enumerate(per_seq)
+    )
+    return layers_equal and _exact(result.logprobs, rollout_logprobs)
+
+
 def _rt(**changes) -> TrainerRun:
-    return TrainerRun(fault=TrainerFault(runtime_policy=changes))
+    return TrainerRun(fault=TrainerFault(runtime_policy=changes), dump_layers=True)
 
 
 def _kp(**changes) -> TrainerRun:
-    return TrainerRun(fault=TrainerFault(kernel_policy=changes))
+    return TrainerRun(fault=TrainerFault(kernel_policy=changes), dump_layers=True)
 
 
 # Twins: each flips ONE field on the trainer side only; the forward must stop being exact.
@@ -40,7 +51,6 @@ TP1_TWINS = {
     "attention_backend": _rt(attention_backend="sdpa"),
     "enabled": _rt(enabled=False),
     "matmul_tile_order": _kp(matmul_tile_order="binary"),
-    "attention_kv_chunk": _kp(attention_kv_chunk=48),
     "logsoftmax_dtype": _kp(logsoftmax_dtype="float32"),
     "norm_cast_before_weight": _kp(norm_cast_before_weight=False),
     "rope_dtype": _kp(rope_dtype="bfloat16"),
@@ -53,10 +63,17 @@ def tp1(arch, weights, sequences):
     prompt_lens = (5, 5, 5)
     tree_seqs = [sequences[0][:5] + s for s in (sequences[1], sequences[2][:20])]
     tree_seqs.append(sequences[0])
+    fp32_kv_twin = TrainerRun(
+        dtype_override="float32",
+        fault=TrainerFault(kernel_policy={"attention_kv_chunk": 48}),
+        dump_layers=True,
+    )
     runs = [
         TrainerRun(),
         TrainerRun(dump_layers=True),
         *TP1_TWINS.values(),
+        TrainerRun(dtype_override="float32", dump_layers=True),
+        fp32_kv_twin,
     ]
     results = trainer_logprobs_runs(V1, weights, sequences, (1, 1, 1), runs, arch=arch)
     tree = trainer_logprobs_runs(
@@ -109,11 +126,36 @@ def test_tp1_layer_dumps_match_rollout(tp1, arch, weights, sequences):
             assert torch.equal(dumps[i][f"layer.{layer}"], value), (i, layer)
 
 
+@pytest.fixture(scope="module")
+def rollout_layers(arch, weights, sequences):
+    from megatron_reference import rollout_layer_outputs
+
+    return [rollout_layer_outputs(V1, arch, weights, s) for s in sequences]
+
+
 @pytest.mark.parametrize("name", sorted(TP1_TWINS))
-def test_tp1_twin_breaks_exactness(tp1, rollout_logprobs, name):
+def test_tp1_twin_breaks_exactness(tp1, rollout_logprobs, rollout_layers, name):
     results, _, _ = tp1
+    assert _forward_exact(results[1], rollout_logprobs, rollout_layers)
     index = 2 + list(TP1_TWINS).index(name)
-    assert not _exact(results[index].logprobs, rollout_logprobs), name
+    assert not _forward_exact(results[index], rollout_logprobs, rollout_layers), name
+
+
+def test_tp1_float32_diagnostic_mode_exact_and_kv_chunk_twin(tp1, arch, weights, sequences):
+    """--dtype float32: every contract dtype float32 on both sides; still exact. In float32 a
+    different KV chunk (split-KV tiling) is visible; in bf16 it is mostly rounded away."""
+    from megatron_reference import rollout_layer_outputs, rollout_rescore
+
+    from contractgen.adapters.megatron.policy import float32_kernel_policy, generated
+
+    kp32 = float32_kernel_policy(generated().schema.kernel_policy_for(V1))
+    want_lp = rollout_rescore(V1, arch, weights, sequences, kp=kp32)
+    want_layers = [rollout_layer_outputs(V1, arch, weights, s, kp=kp32) for s in sequences]
+    results, _, _ = tp1
+    exact32, kv_twin = results[-2], results[-1]
+    assert exact32.logprobs[0].dtype == torch.float32
+    assert _forward_exact(exact32, want_lp, want_layers)
+    assert not _forward_exact(kv_twin, want_lp, want_layers)
 
 
 def test_prefix_tree_packing_equals_flat_packing_and_rollout(tp1, arch, weights):
@@ -129,26 +171,28 @@ def test_prefix_tree_packing_equals_flat_packing_and_rollout(tp1, arch, weights)
     ("layout", "twin"),
     [
         ((1, 2, 1), _rt(use_sglang_final_norm=False)),
-        ((1, 1, 2), _kp(attention_kv_chunk=48)),
+        ((1, 1, 2), _rt(cast_qk_after_rope_to_dense_math_dtype=False)),
     ],
     ids=["pp2", "cp2"],
 )
-def test_parallel_layout_exact(arch, weights, sequences, rollout_logprobs, layout, twin):
+def test_parallel_layout_exact(
+    arch, weights, sequences, rollout_logprobs, rollout_layers, layout, twin
+):
     exact, broken = trainer_logprobs_runs(
-        V1, weights, sequences, layout, [TrainerRun(), twin], arch=arch
+        V1, weights, sequences, layout, [TrainerRun(dump_layers=True), twin], arch=arch
     )
-    assert _exact(exact.logprobs, rollout_logprobs)
-    assert not _exact(broken.logprobs, rollout_logprobs)
+    assert _forward_exact(exact, rollout_logprobs, rollout_layers)
+    assert not _forward_exact(broken, rollout_logprobs, rollout_layers)
 
 
-def test_tp2_exact(arch, weights, sequences, rollout_logprobs):
+def test_tp2_exact(arch, weights, sequences, rollout_logprobs, rollout_layers):
     exact, broken = trainer_logprobs_runs(
         V1,
         weights,
         sequences,
         (2, 1, 1),
-        [TrainerRun(), _kp(matmul_tile_order="binary")],
+        [TrainerRun(dump_layers=True), _kp(matmul_tile_order="binary")],
         arch=arch,
     )
-    assert _exact(exact.logprobs, rollout_logprobs)
-    assert not _exact(broken.logprobs, rollout_logprobs)
+    assert _forward_exact(exact, rollout_logprobs, rollout_layers)
+    assert not _forward_exact(broken, rollout_logprobs, rollout_layers)
