@@ -16,8 +16,16 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}:{self.col}"
-        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        where = f"{_printable(self.file)}:{self.line}:{self.col}"
+        path, message = _printable(self.path), _printable(self.message)
+        return f"{where}: {path}: {message}" if path else f"{where}: {message}"
+
+
+def _printable(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters escaped: one problem, one line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)
 
 
 class ContractError(Exception):

@@ -124,13 +124,38 @@ def _to_data(
 _TYPE_TAG = re.compile(r"^[A-Z]|\[|^(bool|str|int|float|none|constrained-str|json-or-python)$")
 
 
-def _data_path(loc: Iterable[str | int]) -> Path_:
-    """Drop pydantic's union-member tags ('bool', 'When', 'literal[...]') from a location."""
-    return tuple(p for p in loc if isinstance(p, int) or not _TYPE_TAG.search(p))
+def _data_path(loc: Iterable[str | int], data: object = None) -> Path_:
+    """Drop pydantic's union-member tags ('bool', 'When', 'literal[...]') from a location.
+
+    With the document's ``data`` the walk is exact: a part is kept when it is a key (or index)
+    of the data at that point, so a user's key such as ``A`` is never mistaken for a tag; a
+    part that is not in the data is kept only as the last one (a missing field's name).
+    """
+    parts = list(loc)
+    if data is None:
+        return tuple(p for p in parts if isinstance(p, int) or not _TYPE_TAG.search(p))
+    out: list[str | int] = []
+    node = data
+    for i, part in enumerate(parts):
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            out.append(part)
+            node = node[part]
+        elif i == len(parts) - 1 and not (isinstance(part, str) and _TYPE_TAG.search(part)):
+            out.append(part)
+    return tuple(out)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _dotted(path: Path_) -> str:
-    return ".".join(str(p) for p in path)
+    """``a.b.0.c``; a key that is empty or holds other characters is written as a JSON string."""
+    return ".".join(
+        str(p) if isinstance(p, int) or _PLAIN_KEY.fullmatch(p) else json.dumps(p) for p in path
+    )
 
 
 def _position(path: Path_, marks: dict[Path_, tuple[int, int]]) -> tuple[int, int]:
@@ -207,10 +232,9 @@ def _describe(annotation) -> str:
     )
 
 
-def _message(err: dict) -> str:
+def _message(err: dict, path: Path_) -> str:
     kind = err["type"]
     got = err.get("input")
-    path = _data_path(err["loc"])
     if kind == "missing":
         field = _field_at(path)
         hint = f" (expected {_describe(field.annotation)})" if field is not None else ""
@@ -219,7 +243,7 @@ def _message(err: dict) -> str:
         import difflib
 
         allowed = _model_fields_at(path[:-1])
-        close = difflib.get_close_matches(str(path[-1]), allowed or [], n=1)
+        close = difflib.get_close_matches(str(path[-1]), allowed or [], n=1) if path else []
         hint = f"did you mean {close[0]!r}? " if close else ""
         hint += f"expected one of: {', '.join(allowed)}" if allowed else ""
         return f"unknown field ({hint})" if hint else "unknown field"
@@ -234,12 +258,12 @@ def _message(err: dict) -> str:
 
 
 def _pydantic_problems(
-    exc: ValidationError, file: str, marks: dict[Path_, tuple[int, int]]
+    exc: ValidationError, file: str, marks: dict[Path_, tuple[int, int]], data: object
 ) -> list[Problem]:
     merged: dict[Path_, list[str]] = {}
     for err in exc.errors():
-        path = _data_path(err["loc"])
-        msg = _message(err)
+        path = _data_path(err["loc"], data)
+        msg = _message(err, path)
         if msg not in merged.setdefault(path, []):
             merged[path].append(msg)
     problems = []
@@ -288,7 +312,7 @@ def parse_contract(source: bytes, file: str) -> Contract:
     try:
         contract = Contract.model_validate_json(payload, strict=True)
     except ValidationError as exc:
-        raise ContractError(_pydantic_problems(exc, file, marks)) from None
+        raise ContractError(_pydantic_problems(exc, file, marks, data)) from None
     findings = check_contract(contract)
     if findings:
         problems = []
