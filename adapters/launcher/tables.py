@@ -368,7 +368,7 @@ NOT_LAUNCH_RELEVANT: Mapping[str, str] = {
 # test proves each entry against the real release's parser, and that nothing else is missing.
 SGLANG_RELEASE = "0.5.23"
 UNRELEASED_SGLANG_FLAGS: Mapping[str, str] = {
-    CONTRACT_FLAG: "the unmerged true-on-policy PR (sgl-project/sglang, branch sglang-miles)",
+    CONTRACT_FLAG: "the unmerged true-on-policy PR of sgl-project/sglang, branch sglang-miles",
 }
 
 # The two command lines.

@@ -1,0 +1,10 @@
+# contractgen plan: qwen3_dense_true_on_policy_v1 sha256:<fingerprint> on Qwen3-4B
+# train tp=4 pp=2 cp=1 dp=1 (world 8); rollout tp=2 dp=2 (4 GPUs)
+export NCCL_ALGO=Ring
+export NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
+export CUBLAS_WORKSPACE_CONFIG=:4096:8
+# needs a newer SGLang than 0.5.23: --true-on-policy-contract (from the unmerged true-on-policy PR of sgl-project/sglang, branch sglang-miles)
+# never pass --enable-flashinfer-allreduce-fusion (sglang): fuses the TP all-reduce with residual add and norm: one rounding instead of the policy's
+# never pass --sequence-parallel (megatron): sequence parallel reduce-scatters in NCCL's order; the fixed-tree TP reduce needs it off
+python -m sglang.launch_server --model-path Qwen3-4B --tp-size 2 --dp-size 2 --enable-deterministic-inference --attention-backend fa3 --dtype bfloat16 --true-on-policy-contract qwen3_dense_true_on_policy_v1 --no-enable-fused-qk-norm-rope --enforce-disable-flashinfer-allreduce-fusion
+python train.py --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --context-parallel-size 1 --true-on-policy-contract qwen3_dense_true_on_policy_v1 --transformer-impl local --use-cpu-initialization --batch-invariant-mode --attention-backend flash --no-bias-swiglu-fusion --no-rope-fusion --bf16 --make-vocab-size-divisible-by 128 --rollout-num-gpus-per-engine 2 --deterministic-mode --true-on-policy-mode --recompute-logprobs-via-prefill

@@ -1,0 +1,227 @@
+"""Layout validation, table-driven over valid and invalid layouts for every shipped contract."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from contractgen.adapters.launcher.layout import (
+    KV_HEAD_RULES,
+    Layout,
+    LayoutError,
+    UnknownModelError,
+    padded_vocab,
+    subject_for,
+    validate_layout,
+    violations,
+)
+from contractgen.vendored import load_target
+
+CONTRACT_IDS = load_target("launcher").schema.CONTRACT_IDS
+
+# (model, layout) pairs every shipped contract allows.
+VALID = [
+    ("Qwen3-0.6B", Layout()),
+    ("Qwen3-0.6B", Layout(tp=2, dp=4)),
+    ("Qwen3-0.6B", Layout(tp=8, rollout_tp=8)),
+    ("Qwen3-0.6B", Layout(tp=2, pp=4, cp=2, dp=2, world=32)),
+    ("Qwen3-0.6B", Layout(cp=4)),
+    ("Qwen3-1.7B", Layout(tp=4, pp=2, rollout_tp=2, rollout_dp=4)),
+    ("Qwen3-4B", Layout(tp=4, pp=2)),
+    ("Qwen3-4B-Instruct-2507", Layout(tp=2, cp=2, rollout_tp=4, rollout_dp=2)),
+    ("Qwen3-8B", Layout(tp=8, cp=1, dp=2)),
+    ("Qwen3-14B", Layout(tp=8, pp=4)),
+    ("Qwen3-32B", Layout(tp=8, pp=4, cp=1)),
+    ("reference", Layout(tp=2, rollout_tp=2)),
+    ("reference", Layout(cp=2, pp=4)),
+    ("qwen3-tiny-random", Layout(tp=1, pp=2, cp=2, dp=2)),
+]
+
+# (model, layout, [(flag, start of the problem)]) every shipped contract rejects.
+INVALID = [
+    ("Qwen3-4B", Layout(tp=8), [
+        ("--tp", "not in Qwen3-4B's tp_sizes [1, 2, 4]"),
+        ("--tp", "splits down_proj K=9728 (76 tiles of 128 in 4 first-level runs of 19"),
+        ("--rollout-tp", "not in Qwen3-4B's tp_sizes [1, 2, 4]"),
+        ("--rollout-tp", "splits down_proj K=9728"),
+    ]),
+    ("Qwen3-0.6B", Layout(tp=3, rollout_tp=1), [
+        ("--tp", "not in the contract's parallel.training.tp [1, 2, 4, 8]"),
+        ("--tp", "does not divide num_attention_heads 16"),
+        ("--tp", "does not divide num_kv_heads 8"),
+        ("--tp", "splits o_proj K=2048"),
+    ]),
+    ("Qwen3-0.6B", Layout(pp=3), [
+        ("--pp", "not in the contract's parallel.training.pp [1, 2, 4]"),
+        ("--pp", "does not divide num_layers 28"),
+    ]),
+    ("Qwen3-0.6B", Layout(cp=8), [("--cp", "not in the contract's parallel.training.cp.sizes")]),
+    ("Qwen3-32B", Layout(tp=8, cp=4), [("--cp", "does not divide the 1 num_kv_heads per TP rank")]),
+    ("reference", Layout(tp=2, cp=4, rollout_tp=1), [
+        ("--cp", "does not divide the 2 num_attention_heads per TP rank (4/TP 2)"),
+    ]),
+    ("Qwen3-0.6B", Layout(tp=2, dp=2, world=8), [("--dp", "world 8 != TP 2 x PP 1 x CP 1 x DP 2 = 4")]),
+    ("Qwen3-0.6B", Layout(rollout_tp=16), [
+        ("--rollout-tp", "not in the contract's parallel.rollout.tp [1, 2, 4, 8]"),
+        ("--rollout-tp", "does not divide num_kv_heads 8"),
+        ("--rollout-tp", "splits down_proj K=3072 (24 tiles of 128 in 8 first-level runs of 3"),
+    ]),
+    ("Qwen3-14B", Layout(tp=1, rollout_tp=16), [
+        ("--rollout-tp", "not in the contract's parallel.rollout.tp"),
+        ("--rollout-tp", "does not divide num_attention_heads 40"),
+        ("--rollout-tp", "does not divide num_kv_heads 8"),
+        ("--rollout-tp", "splits o_proj K=5120"),
+    ]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("contract_id", CONTRACT_IDS)
+@pytest.mark.parametrize(("model", "layout"), VALID, ids=lambda v: str(v))
+def test_valid_layouts(contract_id: str, model: str, layout: Layout) -> None:
+    subject = validate_layout(contract_id, layout, model)
+    assert subject.layout == layout
+
+
+@pytest.mark.parametrize("contract_id", CONTRACT_IDS)
+@pytest.mark.parametrize(("model", "layout", "expected"), INVALID, ids=lambda v: str(v)[:40])
+def test_invalid_layouts(
+    contract_id: str, model: str, layout: Layout, expected: list[tuple[str, str]]
+) -> None:
+    with pytest.raises(LayoutError) as info:
+        validate_layout(contract_id, layout, model)
+    got = [(v.flag, v.problem) for v in info.value.violations]
+    assert len(got) == len(expected), got
+    for (flag, problem), (want_flag, want_start) in zip(got, expected, strict=True):
+        assert flag == want_flag
+        assert problem.startswith(want_start), problem
+
+
+@pytest.mark.parametrize("contract_id", CONTRACT_IDS)
+def test_error_wording_tp8_on_4b(contract_id: str) -> None:
+    with pytest.raises(LayoutError) as info:
+        validate_layout(contract_id, Layout(tp=8, rollout_tp=4), "Qwen3-4B")
+    assert str(info.value) == (
+        f"invalid layout for {contract_id} on Qwen3-4B:\n"
+        "  --tp 8: not in Qwen3-4B's tp_sizes [1, 2, 4]; valid --tp here: 1, 2, 4 (nearest: --tp 4)\n"
+        "  --tp 8: splits down_proj K=9728 (76 tiles of 128 in 4 first-level runs of 19, "
+        "sglang_first_level order) into 76/8 tiles per rank, not a whole subtree of the tile "
+        "order; valid --tp here: 1, 2, 4 (nearest: --tp 4)"
+    )
+
+
+@pytest.mark.parametrize("contract_id", CONTRACT_IDS)
+def test_error_wording_nearest_both_sides(contract_id: str) -> None:
+    with pytest.raises(LayoutError) as info:
+        validate_layout(contract_id, Layout(tp=1, pp=3), "Qwen3-0.6B")
+    assert str(info.value.violations[0]) == (
+        "--pp 3: not in the contract's parallel.training.pp [1, 2, 4]; "
+        "valid --pp here: 1, 2, 4 (nearest: --pp 2 or --pp 4)"
+    )
+
+
+@pytest.mark.parametrize("contract_id", CONTRACT_IDS)
+def test_error_wording_world_names_the_dp_that_fits(contract_id: str) -> None:
+    with pytest.raises(LayoutError) as info:
+        validate_layout(contract_id, Layout(tp=2, dp=2, world=8))
+    assert str(info.value.violations[-1]) == (
+        "--dp 2: world 8 != TP 2 x PP 1 x CP 1 x DP 2 = 4; valid --dp here: 4 (nearest: --dp 4)"
+    )
+
+
+@pytest.mark.parametrize("contract_id", CONTRACT_IDS)
+def test_error_wording_ulysses(contract_id: str) -> None:
+    with pytest.raises(LayoutError) as info:
+        validate_layout(contract_id, Layout(tp=8, cp=4), "Qwen3-32B")
+    assert str(info.value.violations[0]) == (
+        "--cp 4: does not divide the 1 num_kv_heads per TP rank (8/TP 8) that the Ulysses "
+        "all-to-all spreads over CP ranks; valid --cp here: 1 (nearest: --cp 1)"
+    )
+
+
+@pytest.mark.parametrize("contract_id", CONTRACT_IDS)
+def test_smallest_layout_is_valid_for_every_checkpoint(contract_id: str, schema) -> None:
+    profile = schema.model_profile_for(contract_id)
+    for dims in (*profile.checkpoints, profile.reference_model):
+        validate_layout(contract_id, Layout(), dims.name)
+
+
+@pytest.mark.parametrize("contract_id", CONTRACT_IDS)
+def test_every_allowed_size_passes_or_names_a_model_reason(contract_id: str, schema) -> None:
+    """An allowed TP size is only ever refused for a reason of the checkpoint, never 'not allowed'."""
+    support = schema.parallel_support_for(contract_id)
+    for dims in schema.model_profile_for(contract_id).checkpoints:
+        for tp in support.train_tp_sizes:
+            found = violations(subject_for(contract_id, Layout(tp=tp), dims.name))
+            assert not [v for v in found if "parallel.training.tp" in v.problem]
+
+
+def test_model_selection(schema) -> None:
+    cid = CONTRACT_IDS[0]
+    profile = schema.model_profile_for(cid)
+    assert subject_for(cid, Layout()).dims == profile.checkpoints[0]
+    assert subject_for(cid, Layout(), "reference").dims == profile.reference_model
+    with pytest.raises(UnknownModelError) as info:
+        subject_for(cid, Layout(), "Qwen3-7B")
+    assert str(info.value).startswith(
+        f"--model 'Qwen3-7B': not a checkpoint of the qwen3_dense profile of {cid}; known: Qwen3-0.6B,"
+    )
+    assert str(info.value).endswith(", reference")
+
+
+def test_unknown_contract_lists_the_known(schema) -> None:
+    with pytest.raises(KeyError) as info:
+        validate_layout("qwen3_dense_true_on_policy_v9", Layout())
+    assert "known: " + ", ".join(CONTRACT_IDS) in str(info.value)
+
+
+# Rules the shipped contracts do not exercise, checked on a contract with its support replaced.
+
+
+def _subject(layout: Layout, model: str | None = None, **support: object):
+    subject = subject_for(CONTRACT_IDS[0], layout, model)
+    return replace(subject, support=replace(subject.support, **support))
+
+
+def test_dp_not_allowed() -> None:
+    found = violations(_subject(Layout(dp=2, rollout_dp=2), train_dp=False, rollout_dp=False))
+    assert [str(v) for v in found] == [
+        "--dp 2: the contract does not allow data parallelism here (parallel.training.dp: false); "
+        "valid --dp here: 1 (nearest: --dp 1)",
+        "--rollout-dp 2: the contract does not allow data parallelism here (parallel.rollout.dp: "
+        "false); valid --rollout-dp here: 1 (nearest: --rollout-dp 1)",
+    ]
+
+
+def test_kv_heads_replicate_rule() -> None:
+    # reference: 4 heads, 2 KV heads. TP 4 > KV 2: 'divide' refuses, 'replicate' copies each head.
+    big = (1, 2, 4)
+    divide = violations(_subject(Layout(tp=4, rollout_tp=1), "reference", train_tp_sizes=big))
+    assert any("parallel.kv_heads 'divide'" in v.problem for v in divide)
+    replicate = violations(
+        _subject(Layout(tp=4, rollout_tp=1), "reference", train_tp_sizes=big, kv_heads="replicate")
+    )
+    assert not any("kv_heads" in v.problem for v in replicate)
+    assert KV_HEAD_RULES["replicate"](8, 3) is not None
+    unknown = violations(_subject(Layout(tp=2), kv_heads="mystery"))
+    assert (
+        "parallel.kv_heads 'mystery' has no rule here (known: divide, replicate)"
+        in unknown[0].problem
+    )
+
+
+def test_unknown_cp_kind() -> None:
+    found = violations(_subject(Layout(cp=2), train_cp_kind="ring"))
+    assert [v.problem for v in found] == [
+        "parallel.training.cp.kind 'ring' has no rules here (known: ulysses)"
+    ]
+    assert not violations(_subject(Layout(cp=1), train_cp_kind="ring"))
+
+
+@pytest.mark.parametrize(
+    ("vocab", "tp", "padded"),
+    [(151936, 1, 151936), (151936, 2, 152064), (151936, 8, 152576), (1000, 2, 1024)],
+)
+def test_vocab_padding_rule(vocab: int, tp: int, padded: int) -> None:
+    assert padded_vocab(vocab, tp, 128) == padded
+    assert padded % tp == 0 and (padded // tp) % 128 == 0

@@ -1,0 +1,104 @@
+"""Golden files for ``contractgen plan`` in every format (sqlc's testdata/ shape).
+
+``golden/<case>/args.txt`` holds the command line (and ``env.json`` the environment it inherits);
+the expected outputs beside it are ``plan.txt``, ``plan.json``, ``plan.sh`` and ``stderr.txt`` for
+a valid layout, ``stderr.txt`` and ``exit_code.txt`` for a refused one. Fingerprints are written
+as ``sha256:<fingerprint>`` so a contract edit that renders the same launch changes no golden.
+Refresh: ``UPDATE_GOLDENS=1 .venv/bin/python -m pytest tests/launcher``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from contractgen.cli import main
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
+UPDATE = os.environ.get("UPDATE_GOLDENS") == "1"
+REFRESH = "UPDATE_GOLDENS=1 .venv/bin/python -m pytest tests/launcher"
+FORMATS = {"text": "plan.txt", "json": "plan.json", "shell": "plan.sh"}
+FINGERPRINT = re.compile(r"sha256:[0-9a-f]{12,64}")
+
+
+def _normalise(text: str) -> str:
+    return FINGERPRINT.sub("sha256:<fingerprint>", text)
+
+
+def _run(case: Path, fmt: str) -> tuple[int, str, str]:
+    env = (
+        {"NCCL_ALGO": None, **json.loads((case / "env.json").read_text())}
+        if (case / "env.json").is_file()
+        else {"NCCL_ALGO": None}
+    )
+    args = [*shlex.split((case / "args.txt").read_text()), "--format", fmt]
+    result = CliRunner().invoke(main, ["plan", *args], env=env)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, _normalise(result.stdout), _normalise(result.stderr)
+
+
+def _check(path: Path, actual: str) -> None:
+    if UPDATE:
+        path.write_text(actual)
+        return
+    expected = path.read_text() if path.is_file() else ""
+    if expected != actual:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                actual.splitlines(keepends=True),
+                f"{path.parent.name}/{path.name} (golden)",
+                "(actual)",
+            )
+        )
+        pytest.fail(f"{diff}\nIf the change is intended, refresh the goldens with:\n    {REFRESH}")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_plan_golden(case: str) -> None:
+    folder = GOLDEN / case
+    if case.startswith("error_"):
+        code, out, err = _run(folder, "text")
+        assert out == ""
+        _check(folder / "stderr.txt", err)
+        _check(folder / "exit_code.txt", f"{code}\n")
+        for fmt in ("json", "shell"):  # a refusal does not depend on the format
+            assert _run(folder, fmt) == (code, "", err)
+        return
+    for fmt, name in FORMATS.items():
+        code, out, err = _run(folder, fmt)
+        assert code == 0, err
+        _check(folder / name, out)
+        _check(folder / "stderr.txt", err)
+
+
+def test_json_golden_is_json() -> None:
+    for case in CASES:
+        path = GOLDEN / case / "plan.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            assert data["commands"]["rollout"][:3] == ["python", "-m", "sglang.launch_server"]
+
+
+def test_shell_golden_is_shell(tmp_path: Path) -> None:
+    """The shell format is what `bash -n` accepts, with exports before the two commands."""
+    import subprocess
+
+    for case in CASES:
+        path = GOLDEN / case / "plan.sh"
+        if not path.is_file():
+            continue
+        subprocess.run(["bash", "-n", str(path)], check=True)
+        lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+        assert all(line.startswith("export ") for line in lines[:-2])
+        assert lines[-2].startswith("python -m sglang.launch_server ")
+        assert lines[-1].startswith("python train.py ")
