@@ -1,0 +1,447 @@
+"""``contractgen sync`` and ``check --repo`` against temporary git repos laid out like sglang,
+Megatron-LM and miles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from contractgen.codegen.config import load_config
+from contractgen.codegen.sync import repo_lock, sync
+from contractgen.project import open_project
+
+from .helpers import PACKAGES, ROOT, cli, files_under, make_project
+
+# Each sibling repo with a little of its own code, as in the public repositories.
+LAYOUTS = {
+    "sglang": (
+        "sglang",
+        ["python/sglang/__init__.py", "python/sglang/srt/__init__.py", "README.md"],
+    ),
+    "megatron": ("Megatron-LM", ["megatron/__init__.py", "megatron/core/__init__.py", "setup.py"]),
+    "launcher": ("miles", ["miles/__init__.py", "miles/utils/__init__.py", "pyproject.toml"]),
+}
+MEGATRON_PLUGINS = "miles_megatron_plugins/true_on_policy"
+
+
+def _git_repo(path: Path, files: list[str]) -> Path:
+    path.mkdir(parents=True)
+    for rel in files:
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(f"# {rel} of {path.name}\n")
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run(["git", "-C", str(path), "add", "-A"], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(path),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "init",
+        ],
+        check=True,
+    )
+    return path
+
+
+@pytest.fixture
+def repos(tmp_path: Path) -> dict[str, Path]:
+    return {t: _git_repo(tmp_path / "repos" / name, files) for t, (name, files) in LAYOUTS.items()}
+
+
+def _repo_args(
+    repos: dict[str, Path], names: tuple[str, ...] = ("sglang", "megatron", "launcher")
+) -> list[str]:
+    args: list[str] = []
+    for t in names:
+        args += ["--repo", f"{LAYOUTS[t][0]}={repos[t]}"]  # repo names: sglang, Megatron-LM, miles
+    return args
+
+
+def _sync(*args: str | os.PathLike):
+    return cli("--root", ROOT, "sync", *args)
+
+
+def _snapshot(repos: dict[str, Path]) -> dict[str, dict[str, bytes]]:
+    return {
+        t: {k: v for k, v in files_under(r).items() if not k.startswith(".git/")}
+        for t, r in repos.items()
+    }
+
+
+def _generated(target: str) -> dict[str, bytes]:
+    base = ROOT / "generated" / target
+    return files_under(base)
+
+
+def _untracked(repo: Path) -> list[str]:
+    out = subprocess.run(
+        ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=all"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sorted(line[3:] for line in out.splitlines())
+
+
+# --------------------------------------------------------------------------------------------
+# create, idempotence
+
+
+def test_sync_creates_vendored_packages_and_touches_nothing_else(repos) -> None:
+    before = _snapshot(repos)
+    result = _sync(*_repo_args(repos))
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "sync: 9 written, 0 already identical" in result.output
+    after = _snapshot(repos)
+    for target, repo in repos.items():
+        expected = _generated(target)
+        assert {k: after[target][k] for k in expected} == expected
+        # the repo's own files are untouched and only the package is new
+        assert {k: v for k, v in after[target].items() if k not in expected} == before[target]
+        assert _untracked(repo) == sorted(expected)
+        assert all(k.startswith(PACKAGES[target] + "/") for k in expected)
+
+
+def test_sync_is_idempotent(repos) -> None:
+    assert _sync(*_repo_args(repos)).exit_code == 0
+    stats = {p: p.stat().st_mtime_ns for r in repos.values() for p in r.rglob("*.py")}
+    time.sleep(0.01)
+    again = _sync(*_repo_args(repos))
+    assert again.exit_code == 0
+    assert "sync: 0 written, 9 already identical" in again.output
+    assert {p: p.stat().st_mtime_ns for p in stats} == stats
+    dry = _sync(*_repo_args(repos), "--dry-run")
+    assert dry.exit_code == 0
+    assert "0 file(s) would change" in dry.output
+
+
+def test_sync_accepts_target_names_and_repo_names(repos) -> None:
+    result = _sync("--repo", f"launcher={repos['launcher']}", "--repo", f"sglang={repos['sglang']}")
+    assert result.exit_code == 0, result.stderr
+    assert (repos["launcher"] / PACKAGES["launcher"] / "schema.py").is_file()
+
+
+# --------------------------------------------------------------------------------------------
+# refusal, --force
+
+
+def _hand_edit(repo: Path, target: str) -> Path:
+    path = repo / PACKAGES[target] / "runtime_policy.py"
+    path.write_text(path.read_text().replace('("const", True)', '("const", False)', 1))
+    return path
+
+
+def test_refuses_hand_edited_file_and_writes_nothing_anywhere(repos) -> None:
+    assert _sync("--repo", f"megatron={repos['megatron']}").exit_code == 0
+    edited = _hand_edit(repos["megatron"], "megatron")
+    before = _snapshot(repos)
+    result = _sync(*_repo_args(repos))
+    assert result.exit_code == 1
+    assert f"refused: {edited}: edited by hand" in result.stderr
+    assert "sync: nothing written" in result.stderr
+    assert _snapshot(repos) == before  # not even the other two repos
+    assert not (repos["sglang"] / PACKAGES["sglang"]).exists()
+
+
+def test_force_overwrites_a_hand_edit(repos) -> None:
+    assert _sync(*_repo_args(repos)).exit_code == 0
+    edited = _hand_edit(repos["megatron"], "megatron")
+    result = _sync(*_repo_args(repos), "--force")
+    assert result.exit_code == 0, result.stderr
+    assert "sync: 1 written, 8 already identical" in result.output
+    assert (
+        edited.read_bytes() == _generated("megatron")[f"{PACKAGES['megatron']}/runtime_policy.py"]
+    )
+
+
+def test_refuses_a_file_contractgen_did_not_write_unless_forced(repos) -> None:
+    own = repos["launcher"] / PACKAGES["launcher"] / "schema.py"
+    own.parent.mkdir(parents=True)
+    own.write_text('"""miles\' own hand-kept schema."""\n')
+    result = _sync("--repo", f"miles={repos['launcher']}")
+    assert result.exit_code == 1
+    assert (
+        "exists and was not generated by contractgen (use --force to replace it)" in result.stderr
+    )
+    assert own.read_text() == '"""miles\' own hand-kept schema."""\n'
+    assert not (own.parent / "runtime_policy.py").exists()
+    forced = _sync("--repo", f"miles={repos['launcher']}", "--force")
+    assert forced.exit_code == 0
+    assert own.read_bytes() == _generated("launcher")[f"{PACKAGES['launcher']}/schema.py"]
+
+
+# --------------------------------------------------------------------------------------------
+# --dry-run
+
+
+def test_dry_run_shows_a_diff_and_writes_nothing(repos) -> None:
+    before = _snapshot(repos)
+    result = _sync(*_repo_args(repos), "--dry-run")
+    assert result.exit_code == 0
+    assert _snapshot(repos) == before
+    assert f"would create: megatron:{PACKAGES['megatron']}/schema.py" in result.output
+    assert "+++ megatron:megatron/core/true_on_policy/schema.py (rendered)" in result.output
+    assert "+# Generated by contractgen (format 1). DO NOT EDIT." in result.output
+    assert "sync --dry-run: 9 file(s) would change; nothing written" in result.output
+
+
+def test_dry_run_of_an_update_shows_the_changed_lines(repos) -> None:
+    assert _sync(*_repo_args(repos)).exit_code == 0
+    _hand_edit(repos["sglang"], "sglang")
+    before = _snapshot(repos)
+    result = _sync("--repo", f"sglang={repos['sglang']}", "--dry-run", "--force")
+    assert result.exit_code == 0
+    assert _snapshot(repos) == before
+    assert '-        "enabled": ("const", False),' in result.output
+    assert '+        "enabled": ("const", True),' in result.output
+
+
+# --------------------------------------------------------------------------------------------
+# path escape
+
+
+def test_symlinked_package_dir_pointing_outside_is_refused(repos, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = repos["launcher"] / PACKAGES["launcher"]
+    link.symlink_to(outside, target_is_directory=True)
+    result = _sync(*_repo_args(repos))
+    assert result.exit_code == 2
+    assert "outside" in result.stderr and "refusing to write through it" in result.stderr
+    assert list(outside.iterdir()) == []
+    assert not (repos["sglang"] / PACKAGES["sglang"]).exists()  # nothing written anywhere
+
+
+def test_symlinked_parent_dir_pointing_outside_is_refused(repos, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    (outside / "core").mkdir(parents=True)
+    mega = repos["megatron"] / "megatron"
+    for p in sorted(mega.rglob("*"), reverse=True):
+        p.unlink() if p.is_file() else p.rmdir()
+    mega.rmdir()
+    mega.symlink_to(outside, target_is_directory=True)
+    result = _sync("--repo", f"megatron={repos['megatron']}")
+    assert result.exit_code == 2
+    assert not (outside / "core" / "true_on_policy").exists()
+
+
+def test_symlink_inside_the_repo_is_fine_but_a_symlinked_file_is_refused(repos) -> None:
+    pkg = repos["launcher"] / PACKAGES["launcher"]
+    pkg.mkdir(parents=True)
+    (pkg / "schema.py").symlink_to(repos["launcher"] / "pyproject.toml")
+    result = _sync("--repo", f"miles={repos['launcher']}")
+    assert result.exit_code == 1
+    assert "is a directory or symlink" in result.stderr
+    assert (repos["launcher"] / "pyproject.toml").read_text() == "# pyproject.toml of miles\n"
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        "../escape/true_on_policy",
+        "/tmp/true_on_policy",
+        "megatron/../../x",
+        "./megatron/core",
+        "a\\b",
+    ],
+)
+def test_config_package_path_must_stay_inside(package: str, tmp_path: Path) -> None:
+    project = make_project(
+        tmp_path / "p",
+        config=f'[targets.megatron]\npackage = "{package.replace(chr(92), chr(92) * 2)}"\n',
+    )
+    repo = tmp_path / "Megatron-LM"
+    repo.mkdir()
+    result = cli("--root", project, "sync", "--repo", f"megatron={repo}")
+    assert result.exit_code == 2
+    assert "must be a relative path inside the repo" in result.stderr
+    assert list(repo.iterdir()) == []
+    assert not (tmp_path / "escape").exists()
+
+
+def test_safe_destination_rejects_escapes(tmp_path: Path) -> None:
+    from contractgen.codegen.writer import UnsafePathError, safe_destination
+
+    for bad in ["../x.py", "/etc/passwd", "a/../../x.py", "", "a\\..\\x.py"]:
+        with pytest.raises(UnsafePathError):
+            safe_destination(tmp_path, bad)
+    assert safe_destination(tmp_path, "a/b.py") == tmp_path / "a" / "b.py"
+
+
+# --------------------------------------------------------------------------------------------
+# lock: two syncs cannot interleave
+
+
+def test_a_sync_waits_for_the_repo_lock(repos) -> None:
+    """While another sync holds a repo's lock, a second sync process neither plans nor writes."""
+    repo = repos["launcher"]
+    with repo_lock(repo):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "contractgen",
+                "--root",
+                str(ROOT),
+                "sync",
+                "--repo",
+                f"miles={repo}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1.5)
+        assert proc.poll() is None, "sync finished while the lock was held"
+        assert not (repo / PACKAGES["launcher"]).exists()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (repo / PACKAGES["launcher"] / "schema.py").is_file()
+
+
+def test_concurrent_syncs_in_threads_leave_a_consistent_result(repos) -> None:
+    project = open_project(ROOT)
+    targets = [(t, repos[t]) for t in ("sglang", "megatron", "launcher")]
+    results: list[object] = []
+
+    def run() -> None:
+        try:
+            plan, written = sync(project.rendered, targets, project.config)
+            results.append(len(written))
+        except Exception as exc:  # pragma: no cover - reported below
+            results.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == [0, 0, 0, 9], results  # one wrote everything, the rest nothing
+    for target, repo in repos.items():
+        expected = _generated(target)
+        got = {k: v for k, v in files_under(repo).items() if k in expected}
+        assert got == expected
+        leftovers = [p for p in (repo / PACKAGES[target]).iterdir() if p.name.endswith(".tmp")]
+        assert leftovers == []
+
+
+# --------------------------------------------------------------------------------------------
+# check --repo, orphans, --json
+
+
+def test_check_repo_reports_missing_then_ok_then_stale(repos) -> None:
+    missing = cli("--root", ROOT, "check", "--repo", f"sglang={repos['sglang']}")
+    assert missing.exit_code == 1
+    assert (
+        f"missing: sglang:{repos['sglang'].as_posix()}/{PACKAGES['sglang']}/schema.py"
+        in missing.output
+    )
+    assert _sync(*_repo_args(repos)).exit_code == 0
+    ok = cli("--root", ROOT, "check", *_repo_args(repos))
+    assert ok.exit_code == 0, ok.output
+    assert "check: ok (9 files, 4 location(s))" in ok.output
+    _hand_edit(repos["megatron"], "megatron")
+    stale = cli("--root", ROOT, "check", *_repo_args(repos))
+    assert stale.exit_code == 1
+    assert (
+        f"stale: megatron:{repos['megatron'].as_posix()}/{PACKAGES['megatron']}/runtime_policy.py"
+        in stale.output
+    )
+    assert "--- megatron:" in stale.output and "+++ megatron:" in stale.output
+    assert "check: 1 file(s) differ" in stale.stderr
+
+
+def test_check_reports_orphaned_and_stale_files_in_generated(project: Path) -> None:
+    assert cli("--root", project, "generate").exit_code == 0
+    assert cli("--root", project, "check").exit_code == 0
+    orphan = project / "generated" / "sglang" / PACKAGES["sglang"] / "contracts.py"
+    orphan.write_text("x = 1\n")
+    stale = project / "generated" / "launcher" / PACKAGES["launcher"] / "__init__.py"
+    stale.write_text(stale.read_text() + "\n")
+    result = cli("--root", project, "check")
+    assert result.exit_code == 1
+    assert f"orphaned: generated/sglang/{PACKAGES['sglang']}/contracts.py" in result.output
+    assert f"stale: generated/launcher/{PACKAGES['launcher']}/__init__.py" in result.output
+    regenerated = cli("--root", project, "generate")
+    assert regenerated.exit_code == 0
+    assert "removed generated/sglang" in regenerated.output
+    assert not orphan.exists()
+    assert cli("--root", project, "check").exit_code == 0
+
+
+def test_check_json_shape(project: Path, repos) -> None:
+    assert cli("--root", project, "generate").exit_code == 0
+    (project / "generated" / "orphan.py").write_text("")
+    result = cli("--root", project, "check", "--json", "--repo", f"miles={repos['launcher']}")
+    assert result.exit_code == 1
+    report = json.loads(result.output)
+    assert set(report) == {"ok", "contracts", "files", "drift"}
+    assert report["ok"] is False
+    assert report["contracts"] == ["qwen3_dense_true_on_policy_v1", "qwen3_dense_true_on_policy_v2"]
+    assert report["files"] == 9
+    kinds = sorted((d["kind"], d["where"]) for d in report["drift"])
+    assert kinds == [("missing", "launcher")] * 3 + [("orphaned", "generated")]
+    for d in report["drift"]:
+        assert set(d) == {"kind", "where", "path", "rel", "diff"}
+    ok = cli("--root", ROOT, "check", "--json")
+    assert ok.exit_code == 0 and json.loads(ok.output)["drift"] == []
+
+
+def test_list_json_shape() -> None:
+    result = cli("--root", ROOT, "list", "--json")
+    assert result.exit_code == 0
+    rows = json.loads(result.output)
+    assert [r["id"] for r in rows] == [
+        "qwen3_dense_true_on_policy_v1",
+        "qwen3_dense_true_on_policy_v2",
+    ]
+    for r in rows:
+        assert set(r) == {"id", "family", "logprob_contract", "supersedes", "fingerprint", "file"}
+        assert r["fingerprint"].startswith("sha256:") and len(r["fingerprint"]) == 71
+
+
+# --------------------------------------------------------------------------------------------
+# config: the public fork's Megatron package path
+
+
+def test_custom_megatron_package_path(tmp_path: Path) -> None:
+    project = make_project(
+        tmp_path / "p", config=f'[targets.megatron]\npackage = "{MEGATRON_PLUGINS}"\n'
+    )
+    assert load_config(project).package("megatron") == MEGATRON_PLUGINS
+    gen = cli("--root", project, "generate")
+    assert gen.exit_code == 0, gen.stderr
+    assert (project / "generated" / "megatron" / MEGATRON_PLUGINS / "schema.py").is_file()
+    repo = _git_repo(
+        tmp_path / "Megatron-LM",
+        ["megatron/core/__init__.py", "miles_megatron_plugins/__init__.py"],
+    )
+    result = cli("--root", project, "sync", "--repo", f"Megatron-LM={repo}")
+    assert result.exit_code == 0, result.stderr
+    assert not (repo / "megatron" / "core" / "true_on_policy").exists()
+    assert _untracked(repo) == [
+        f"{MEGATRON_PLUGINS}/{f}" for f in ("__init__.py", "runtime_policy.py", "schema.py")
+    ]
+    probe = subprocess.run(
+        [sys.executable, "-S", "-I", "-c",
+         f"import sys; sys.path.insert(0, {str(repo)!r}); "
+         "from miles_megatron_plugins.true_on_policy import runtime_policy as rp; "
+         "print(rp.policy_for('qwen3_dense_true_on_policy_v1').attention_backend)"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "fa3_varlen"
+    assert cli("--root", project, "check", "--repo", f"megatron={repo}").exit_code == 0
