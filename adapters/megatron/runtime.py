@@ -176,3 +176,47 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     if not first:
         return None, per_seq
     return TrainerResult(logprobs=logprobs), per_seq
+
+
+def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
+    """One backward (CP/TP aware, PP=1): see ``TrainerRun.grads``."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    from .grads import finalize_grads
+    from .trainer import TrainerResult
+
+    if job.layout.pp != 1:
+        raise NotImplementedError("stage_grads drives PP=1 only (CPU forward-only pipeline loop)")
+    model, config, padded = build_stage(job, run)
+    model.train()
+    policy = policy_for(config)
+    cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
+    pack = pack_sequences(job.sequences, pad_to_multiple=cp)
+    params = pack.seq_params()
+    targets = torch.zeros_like(pack.token_ids)
+    mask = torch.zeros(pack.token_ids.shape, dtype=torch.bool)
+    for path in pack.paths:
+        targets[path[:-1]] = pack.token_ids[path[1:]]
+        mask[path[:-1]] = True
+    local = pack.token_ids.numel() // cp
+    sl = slice(cp_rank * local, (cp_rank + 1) * local)
+    logits = model(
+        input_ids=pack.token_ids[sl][None],
+        position_ids=pack.positions[sl][None],
+        attention_mask=None,
+        packed_seq_params=params,
+    )  # [1, T/cp, V/tp]
+    ce = vocab_parallel_cross_entropy(logits[0].float(), targets[sl])
+    loss = (ce * mask[sl]).sum()
+    loss.backward()
+    finalize_grads(
+        model,
+        policy,
+        group=ps.get_data_parallel_group(with_context_parallel=True),
+        dp=ps.get_data_parallel_world_size(),
+        cp=cp,
+    )
+    if dist.get_rank() != 0:
+        return None, None
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return TrainerResult(logprobs=[], grads=grads), None

@@ -37,8 +37,9 @@ class TrainerResult:
 
     logprobs: list[torch.Tensor]
     layer_dumps: list[dict[str, torch.Tensor]] | None = None
-    """Per sequence: ``{"embedding", "layer.<i>", "final_norm"}`` -> ``[len, hidden]`` where a
-    layer's value is its output with the residual added (comparable with any rollout dump)."""
+    """Per sequence: ``{"layer.<i>": [len, hidden]}``, the residual stream after layer ``i``
+    (output + residual), comparable with the rollout's ``layer_outputs``."""
+    grads: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class TrainerRun:
     prefix_tree: bool = False
     prompt_lens: tuple[int, ...] | None = None
     dump_layers: bool = False
+    grads: bool = False
+    """Training step instead: loss = summed next-token cross-entropy (megatron-core's
+    ``vocab_parallel_cross_entropy``) of each rank's tokens, backward, ``grads.finalize_grads``;
+    the result's ``grads`` holds global rank 0's parameter gradients (first stage, TP/CP rank 0)."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +182,8 @@ def _worker(rank: int, job: _Job) -> None:
     try:
         results = []
         for i, run in enumerate(job.runs):
-            result, dumps = runtime.stage_logprobs(job, run)
+            step = runtime.stage_grads if run.grads else runtime.stage_logprobs
+            result, dumps = step(job, run)
             results.append(result)
             if dumps is not None:
                 torch.save(dumps, Path(job.out_dir) / f"dumps-{i}-pp{runtime.pp_rank()}.pt")

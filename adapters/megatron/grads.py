@@ -1,0 +1,40 @@
+"""Gradient finalisation under Ulysses context parallelism.
+
+Each CP rank's loss covers only its own token shard, so the full-sequence gradient is the *sum*
+over CP ranks. ``defer_ulysses_cp_loss_scaling_to_grad_sum`` (public fork: DDP's gradient
+scaling) scales the DP×CP gradient sum by ``cp / dp_cp`` (= ``1 / dp``: CP ranks add up to one
+sample) instead of megatron's default ``1 / dp_cp`` (which would also average over CP and so
+shrink the gradient by ``cp``). With CP=1 both are ``1 / dp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+GRAD_SCALE_BY_DEFER_ULYSSES_CP_LOSS_SCALING: dict[bool, Callable[[int, int], float]] = {
+    True: lambda dp, cp: cp / (dp * cp),
+    False: lambda dp, cp: 1.0 / (dp * cp),
+}
+
+
+def grad_scale(policy: Any, *, dp: int, cp: int) -> float:
+    """The factor applied to gradients summed over the DP×CP group."""
+    return GRAD_SCALE_BY_DEFER_ULYSSES_CP_LOSS_SCALING[
+        bool(policy.defer_ulysses_cp_loss_scaling_to_grad_sum)
+    ](dp, cp)
+
+
+def finalize_grads(model: torch.nn.Module, policy: Any, *, group: Any, dp: int, cp: int) -> None:
+    """Sum ``.grad`` over ``group`` (DP×CP; a training-path reduction, not a scored one) and scale
+    by ``grad_scale``. megatron-core's DDP does this with its grad buffers on GPU."""
+    scale = grad_scale(policy, dp=dp, cp=cp)
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(p.grad, group=group)
+        p.grad.mul_(scale)
