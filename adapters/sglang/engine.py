@@ -63,6 +63,7 @@ class _Progress:
 
 
 def _sample(lp_V: torch.Tensor, req: Request, gen: torch.Generator | None) -> int:
+    lp_V = lp_V.cpu()
     if req.temperature <= 0:
         return int(torch.argmax(lp_V))
     u = torch.rand(lp_V.shape, generator=gen, dtype=torch.float64)
@@ -108,7 +109,9 @@ class RolloutEngine:
                 tok = _sample(lp[row], r, gen)
                 c.tokens.append(tok)
                 c.logprobs.append(
-                    token_logprobs(logits[row : row + 1], torch.tensor([tok]), self.kp, V)[0]
+                    token_logprobs(
+                        logits[row : row + 1], torch.tensor([tok], device=logits.device), self.kp, V
+                    )[0]
                 )
                 if len(c.tokens) >= r.max_new_tokens or tok in r.stop_token_ids:
                     c.finish_step = step
@@ -124,7 +127,7 @@ class RolloutEngine:
         self, sequence: Sequence[int], *, layer_outputs: list | None = None
     ) -> torch.Tensor:
         """Logprob of ``sequence[t+1]`` given ``sequence[:t+1]`` for every t, from ONE prefill."""
-        ids = torch.tensor(list(sequence))
+        ids = torch.tensor(list(sequence), device=self.model.embed.device)
         logits = self.model.forward(
             ids, [KVCache()], [len(ids)], all_logits=True, layer_outputs=layer_outputs
         )

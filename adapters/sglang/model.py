@@ -193,8 +193,12 @@ class _Layer:
 class ReferenceModel:
     """The rollout model on one TP rank (``group`` of size 1 or unset: the whole model)."""
 
-    def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], kp, rp, *, group=None):
+    def __init__(
+        self, arch: ModelArch, weights: dict[str, torch.Tensor], kp, rp, *, group=None, device=None
+    ):
         check_weights(arch, weights)
+        if device is not None:
+            weights = {k: v.to(device) for k, v in weights.items()}
         self.arch, self.kp, self.rp, self.group = arch, kp, rp, group
         self.tp = world_size(group)
         self.rank = dist.get_rank(group) if self.tp > 1 else 0
@@ -271,10 +275,12 @@ class ReferenceModel:
         ``[T, hidden]`` after every layer, for first-divergence reports."""
         a, kp, ops, eps = self.arch, self.kp, self.ops, self.arch.norm_eps
         dense = dtype_of(kp.dense_math_dtype)
+        dev = self.embed.device
+        input_ids = input_ids.to(dev)
         T, D = input_ids.shape[0], a.head_dim
         starts = [c.length for c in caches]
         positions = torch.cat(
-            [torch.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)]
+            [torch.arange(s, s + n, device=dev) for s, n in zip(starts, lengths, strict=True)]
         )
         cu_q = torch.tensor([0, *torch.tensor(list(lengths)).cumsum(0).tolist()])
         cu_k = torch.tensor(
@@ -316,6 +322,7 @@ class ReferenceModel:
             if layer_outputs is not None:
                 layer_outputs.append(h)
         rows = torch.arange(T) if all_logits else cu_q[1:] - 1
+        rows = rows.to(dev)
         hf = rms_norm(h[rows], self.final_norm, eps, kp)
         logits = ops.lm_head(hf, self.lm_head, kp)
         if self.tp > 1:

@@ -77,6 +77,7 @@ def tp_worker(rank, world, kp_d, rollouts):
     t = _data(10 + rank, 4, 333)
     out["tree"] = tree_all_reduce(t)
     out["ring"] = stock.ring_all_reduce(t)
+    out["backend_all_reduce"] = stock.nccl_all_reduce(t)
     kp = _policy(kp_d, torch.bfloat16)
     logits, ids = (
         _data(20, 6, 1024, dtype=torch.float32) * 3,
@@ -188,6 +189,7 @@ def test_tp4_equals_tp1(profile, kp, runtime_policy):
     assert torch.equal(results[0]["tree"], (ts[0] + ts[1]) + (ts[2] + ts[3]))
     # twin: an NCCL-ring-like order is not the fixed tree
     assert not torch.equal(results[0]["ring"], results[0]["tree"])
+    assert not torch.equal(results[0]["backend_all_reduce"], results[0]["tree"])
     tp1 = _tp1(arch4, kp, runtime_policy(1))
     _assert_same(tp1, results[0]["rollouts"]["tp4"], "tp4")
     assert not torch.equal(results[0]["rollouts"]["twin"]["rescores"][0], tp1["rescores"][0])

@@ -73,12 +73,15 @@ def tree_all_reduce(t: torch.Tensor, group=None) -> torch.Tensor:
 
 
 def nccl_all_reduce(t: torch.Tensor, group=None) -> torch.Tensor:
-    """Stock ``torch.distributed.all_reduce`` (backend-chosen order). Never under a contract."""
+    """Stock ``torch.distributed.all_reduce`` (backend-chosen order). Never under a contract.
+
+    gloo cannot reduce 16-bit floats: there the sum runs in float32 and is rounded once."""
     if world_size(group) == 1:
         return t
-    out = t.detach().clone()
+    low = t.dtype in (torch.bfloat16, torch.float16) and dist.get_backend(group) == "gloo"
+    out = t.detach().to(torch.float32) if low else t.detach().clone()
     dist.all_reduce(out, group=group)
-    return out
+    return out.to(t.dtype)
 
 
 ALL_REDUCES: dict[str, Callable[..., torch.Tensor]] = {

@@ -44,10 +44,12 @@ def _attend_one(
     k_HSD = k_SKD.to(sd).repeat_interleave(rep, dim=1).permute(1, 0, 2)
     v_HDS = v_SKD.to(sd).repeat_interleave(rep, dim=1).permute(1, 2, 0)
     q_LH1D = q_LHD.to(sd)[:, :, None, :]
-    m_LH = torch.full((L, H), -math.inf, dtype=sd)
-    l_LH = torch.zeros((L, H), dtype=sd)
-    acc_LHD = torch.zeros((L, H, D), dtype=sd)
-    offs = torch.arange(chunk)
+    dev = q_LHD.device
+    pos_L = pos_L.to(dev)
+    m_LH = torch.full((L, H), -math.inf, dtype=sd, device=dev)
+    l_LH = torch.zeros((L, H), dtype=sd, device=dev)
+    acc_LHD = torch.zeros((L, H, D), dtype=sd, device=dev)
+    offs = torch.arange(chunk, device=dev)
     for c in range(n_chunks):
         lo = c * chunk
         kc_HCD = k_HSD[:, lo : lo + chunk, :].contiguous()

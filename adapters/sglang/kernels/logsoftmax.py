@@ -65,6 +65,43 @@ def token_logprobs(
     return ((tok - m) - torch.log(s)).to(ld)
 
 
+class _VocabParallelLogprob(torch.autograd.Function):
+    """Forward: fixed-order global max / sum-exp over vocab shards. Backward: the local part of
+    ``onehot - softmax`` (no communication), as Megatron's vocab-parallel cross entropy."""
+
+    @staticmethod
+    def forward(ctx, x_TVr, ids_T, vocab_start, vocab_size, block, width, group):
+        T, real = x_TVr.shape
+        cd, dev = x_TVr.dtype, x_TVr.device
+        gathered = world_size(group) > 1
+        m_local = x_TVr.amax(-1) if real else torch.full((T,), -math.inf, dtype=cd, device=dev)
+        m = torch.stack(all_gather_exact(m_local, group) if gathered else [m_local]).amax(0)
+        sums = torch.zeros(T, math.ceil(width / block), dtype=cd, device=dev)
+        if real:
+            cs = _chunk_sums(x_TVr, m, block)
+            sums[:, : cs.shape[1]] = cs
+        parts = all_gather_exact(sums, group) if gathered else [sums]
+        s = _pairwise_over_chunks(torch.cat(parts, dim=1)[:, : math.ceil(vocab_size / block)])
+        local_idx = (ids_T - vocab_start).clamp(0, max(real - 1, 0))
+        owned = (ids_T >= vocab_start) & (ids_T < vocab_start + real)
+        tok_local = x_TVr.gather(-1, local_idx[:, None])[:, 0] if real else torch.zeros_like(m)
+        tok_local = torch.where(owned, tok_local, torch.zeros_like(tok_local))
+        toks = all_gather_exact(tok_local, group) if gathered else [tok_local]
+        owners = all_gather_exact(owned.to(torch.uint8), group) if gathered else [owned]
+        tok = sum_select(toks, owners)
+        ctx.save_for_backward(x_TVr, m, s, local_idx, owned)
+        return (tok - m) - torch.log(s)
+
+    @staticmethod
+    def backward(ctx, g_T):
+        x, m, s, local_idx, owned = ctx.saved_tensors
+        grad = -g_T[:, None] * (torch.exp(x - m[:, None]) / s[:, None])
+        if x.shape[1]:
+            onehot = torch.zeros_like(grad).scatter_(1, local_idx[:, None], 1.0)
+            grad = grad + g_T[:, None] * onehot * owned[:, None].to(grad.dtype)
+        return grad, None, None, None, None, None, None
+
+
 def vocab_parallel_token_logprobs(
     local_logits_TVl: torch.Tensor,
     token_ids_T: torch.Tensor,
@@ -76,38 +113,21 @@ def vocab_parallel_token_logprobs(
     """``token_logprobs`` over a vocab shard per rank (columns ``vocab_start ..``), same bits.
 
     Shards must start on multiples of ``kp.logsoftmax_vocab_block`` and have equal width (Megatron
-    pads the vocab so). Columns at or past ``vocab_size`` are padding and are dropped. Forward only.
+    pads the vocab so). Columns at or past ``vocab_size`` are padding and are dropped.
+    Differentiable with respect to ``local_logits`` (local backward, no communication).
     """
     block = kp.logsoftmax_vocab_block
     if vocab_start % block:
         raise ValueError(f"vocab shard start {vocab_start} is not a multiple of the block {block}")
     ld = dtype_of(kp.logsoftmax_dtype)
-    cd = _compute_dtype(ld)
-    T, Vl = local_logits_TVl.shape
+    Vl = local_logits_TVl.shape[1]
     if world_size(group) > 1 and Vl % block:
         raise ValueError(f"vocab shard width {Vl} is not a multiple of the block {block}")
     real = max(0, min(Vl, vocab_size - vocab_start))
-    x = local_logits_TVl[:, :real].to(ld).to(cd)
-    m_local = x.amax(-1) if real else torch.full((T,), -math.inf, dtype=cd)
-    maxes = all_gather_exact(m_local, group) if world_size(group) > 1 else [m_local]
-    m = torch.stack(maxes).amax(0)
-    c_local = math.ceil(Vl / block)
-    sums = torch.zeros(T, c_local, dtype=cd)
-    if real:
-        cs = _chunk_sums(x, m, block)
-        sums[:, : cs.shape[1]] = cs
-    parts = all_gather_exact(sums, group) if world_size(group) > 1 else [sums]
-    s_TC = torch.cat(parts, dim=1)[:, : math.ceil(vocab_size / block)]
-    s = _pairwise_over_chunks(s_TC)
-    ids = token_ids_T.long()
-    local_idx = (ids - vocab_start).clamp(0, max(real - 1, 0))
-    owned = (ids >= vocab_start) & (ids < vocab_start + real)
-    tok_local = x.gather(-1, local_idx[:, None])[:, 0] if real else torch.zeros(T, dtype=cd)
-    tok_local = torch.where(owned, tok_local, torch.zeros_like(tok_local))
-    toks = all_gather_exact(tok_local, group) if world_size(group) > 1 else [tok_local]
-    owners = all_gather_exact(owned.to(torch.int32), group) if world_size(group) > 1 else [owned]
-    tok = sum_select(toks, owners)
-    return ((tok - m) - torch.log(s)).to(ld)
+    x = local_logits_TVl[:, :real].to(ld).to(_compute_dtype(ld))
+    ids = token_ids_T.long().to(x.device)
+    lp = _VocabParallelLogprob.apply(x, ids, vocab_start, vocab_size, block, Vl, group)
+    return lp.to(ld)
 
 
 def sum_select(values: list[torch.Tensor], owners: list[torch.Tensor]) -> torch.Tensor:

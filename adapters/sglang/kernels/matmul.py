@@ -3,8 +3,9 @@
 How the invariances are obtained (CPU and CUDA alike, pure PyTorch):
 
 * K is cut into tiles of ``kp.matmul_k_block``. Each tile partial is one float32 dot product
-  (operands upcast to float32, so bf16 products are exact) rounded once to
-  ``kp.matmul_accumulation_dtype``; tiles are combined in ``kp.matmul_tile_order``.
+  (operands upcast to float32, so bf16 products are exact; float64 stays float64 for gradient
+  checks) rounded once to ``kp.matmul_accumulation_dtype``; tiles are combined in
+  ``kp.matmul_tile_order``.
 * Batch invariance: the underlying GEMM is always called on fixed ``M_TILE x k_block x N_TILE``
   blocks (rows and columns zero-padded), so a row's bits never depend on how many rows, or which
   other rows, are in the call (plain ``torch.matmul`` changes kernels with M: M=1 is a GEMV).
@@ -79,8 +80,13 @@ def combine_tiles(parts: Sequence[torch.Tensor], order: str) -> torch.Tensor:
     return combine(parts)
 
 
+def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for 16-bit and float32 operands; float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _weight_tiles(w_NK: torch.Tensor, k_block: int, T: int) -> torch.Tensor:
-    """``w`` as float32 GEMM operands ``[T, nN, k_block, N_TILE]`` (zero padded).
+    """``w`` as GEMM operands (float32, or float64) ``[T, nN, k_block, N_TILE]`` (zero padded).
 
     Cached per weight tensor (and its version) when no gradient flows into it: decode steps call
     the same weights over and over."""
@@ -92,7 +98,7 @@ def _weight_tiles(w_NK: torch.Tensor, k_block: int, T: int) -> torch.Tensor:
             return hit[1]
     N, K = w_NK.shape
     Np = math.ceil(N / N_TILE) * N_TILE
-    w32 = F.pad(w_NK.to(torch.float32), (0, T * k_block - K, 0, Np - N))
+    w32 = F.pad(w_NK.to(_gemm_dtype(w_NK.dtype)), (0, T * k_block - K, 0, Np - N))
     tiles = w32.view(Np // N_TILE, N_TILE, T, k_block).permute(2, 0, 3, 1).contiguous()
     if cacheable:
         w_NK._contractgen_tiles = (key, tiles)
@@ -112,7 +118,7 @@ def tile_partials(
     T = max(1, math.ceil(K / k_block))
     Mp = math.ceil(M / M_TILE) * M_TILE
     w_T_n_kb_Nt = _weight_tiles(w_NK, k_block, T)
-    x32 = F.pad(x_MK.to(torch.float32), (0, T * k_block - K, 0, Mp - M))
+    x32 = F.pad(x_MK.to(w_T_n_kb_Nt.dtype), (0, T * k_block - K, 0, Mp - M))
     nM, nN = Mp // M_TILE, w_T_n_kb_Nt.shape[1]
     x_T_m_Mt_kb = x32.view(nM, M_TILE, T, k_block).permute(2, 0, 1, 3)
     # bmm over every (tile, row block, column block): each GEMM is M_TILE x k_block x N_TILE

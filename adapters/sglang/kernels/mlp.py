@@ -12,6 +12,6 @@ def silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
     ``torch.sigmoid``/``F.silu`` are not used: on CPU their vector body and scalar tail differ in
     the last bit, so a value's bits would depend on its position in the tensor (batch shape).
     """
-    g32 = gate.to(torch.float32)
+    g32 = gate.to(torch.promote_types(gate.dtype, torch.float32))  # float64 stays float64
     act = g32 / (1.0 + torch.exp(-g32))
     return act.to(gate.dtype) * up.to(gate.dtype)

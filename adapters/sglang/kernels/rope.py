@@ -110,7 +110,7 @@ def rope_cos_sin(
             f"unsupported rope_scaling type {kind!r}; supported: {sorted(ROPE_TYPES)}"
         ) from None
     inv_freq, attention_factor = init(head_dim, float(theta), params, max_position)
-    freqs_LD2 = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    freqs_LD2 = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
     emb_LD = torch.cat([freqs_LD2, freqs_LD2], dim=-1)
     rd = dtype_of(kp.rope_dtype)
     cos, sin = emb_LD.cos(), emb_LD.sin()

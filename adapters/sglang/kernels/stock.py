@@ -103,7 +103,7 @@ def sdpa_attention(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw) -> torch.Tensor:
     q = q_LHD.transpose(0, 1)
     k = k_SKD.repeat_interleave(rep, dim=1).transpose(0, 1).to(q.dtype)
     v = v_SKD.repeat_interleave(rep, dim=1).transpose(0, 1).to(q.dtype)
-    mask = torch.arange(k.shape[1])[None, :] <= q_positions[:, None]
+    mask = torch.arange(k.shape[1], device=q.device)[None, :] <= q_positions.to(q.device)[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(0, 1)
 
 
