@@ -1,0 +1,170 @@
+"""The rollout/trainer handshake on vendored copies written by ``contractgen sync`` into tmp repos.
+
+The three refusals the launcher must make: a different contract, a different version of the
+contract (naming the newer one), a hand-edited copy; plus a stale copy and a copy that does not
+know the contract.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from contractgen.adapters.launcher.handshake import (
+    HandshakeError,
+    HandshakeReport,
+    check_handshake,
+    handshake_report,
+)
+from contractgen.cli import main
+from contractgen.vendored import load_target
+
+CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
+V1, V2 = "qwen3_dense_true_on_policy_v1", "qwen3_dense_true_on_policy_v2"
+SGLANG_PKG = "python/sglang/srt/true_on_policy"
+MEGATRON_PKG = "megatron/core/true_on_policy"
+
+
+def _sync(repo: Path, target: str, contracts: Path | None = None) -> None:
+    repo.mkdir(parents=True, exist_ok=True)
+    args = ["--contracts", str(contracts)] if contracts else []
+    result = CliRunner().invoke(main, [*args, "sync", "--repo", f"{target}={repo}"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture
+def repos(tmp_path: Path) -> tuple[Path, Path]:
+    """A freshly synced SGLang repo and Megatron-LM repo."""
+    rollout, trainer = tmp_path / "sglang", tmp_path / "Megatron-LM"
+    _sync(rollout, "sglang")
+    _sync(trainer, "megatron")
+    return rollout / SGLANG_PKG, trainer / MEGATRON_PKG
+
+
+def _contracts_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "contracts"
+    shutil.copytree(CONTRACTS, copy)
+    return copy
+
+
+def _refusal(rollout: HandshakeReport, trainer: HandshakeReport) -> HandshakeError:
+    with pytest.raises(HandshakeError) as info:
+        check_handshake(rollout, trainer)
+    return info.value
+
+
+@pytest.mark.parametrize("contract_id", load_target("launcher").schema.CONTRACT_IDS)
+def test_same_contract_same_copy_starts(repos: tuple[Path, Path], contract_id: str) -> None:
+    rollout, trainer = repos
+    agreed = check_handshake(
+        handshake_report(rollout, contract_id, "rollout"),
+        handshake_report(trainer, contract_id, "trainer"),
+    )
+    assert agreed == f"{contract_id} {load_target('launcher').schema.FINGERPRINTS[contract_id]}"
+
+
+def test_different_version_names_the_newer(repos: tuple[Path, Path]) -> None:
+    rollout, trainer = repos
+    error = _refusal(
+        handshake_report(rollout, V1, "rollout"), handshake_report(trainer, V2, "trainer")
+    )
+    assert error.kind == "different_version"
+    assert str(error) == (
+        f"refusing to start: different versions of the contract: the rollout runs {V1}, the "
+        f"trainer runs {V2}; {V1} is superseded by {V2}: run both sides with "
+        f"--true-on-policy-contract {V2}"
+    )
+
+
+def test_different_contract(tmp_path: Path, repos: tuple[Path, Path]) -> None:
+    contracts = _contracts_copy(tmp_path)
+    other = "qwen3_dense_experimental_v1"
+    text = (contracts / f"{V1}.yaml").read_text().replace(f"id: {V1}", f"id: {other}")
+    (contracts / f"{other}.yaml").write_text(text)
+    rollout_repo = tmp_path / "sglang-experimental"
+    _sync(rollout_repo, "sglang", contracts)
+    _, trainer = repos
+    error = _refusal(
+        handshake_report(rollout_repo / SGLANG_PKG, other, "rollout"),
+        handshake_report(trainer, V1, "trainer"),
+    )
+    assert error.kind == "different_contract"
+    assert str(error) == (
+        f"refusing to start: different contracts: the rollout runs {other}, the trainer runs "
+        f"{V1}; their logprobs are not comparable: run both sides with the same contract"
+    )
+
+
+def test_hand_edited_copy(repos: tuple[Path, Path]) -> None:
+    rollout, trainer = repos
+    schema = trainer / "schema.py"
+    schema.write_text(
+        schema.read_text().replace('"attention_kv_chunk": 64', '"attention_kv_chunk": 32')
+    )
+    error = _refusal(
+        handshake_report(rollout, V1, "rollout"), handshake_report(trainer, V1, "trainer")
+    )
+    assert error.kind == "hand_edited"
+    assert str(error) == (
+        f"refusing to start: the trainer's vendored {schema} was edited by hand (its body no "
+        "longer matches the sha256 in its header); regenerate it with `contractgen sync --force`"
+    )
+
+
+def test_one_blank_line_is_a_hand_edit(repos: tuple[Path, Path]) -> None:
+    """The public stack's drift: the copies differed by one blank line and nothing noticed."""
+    rollout, trainer = repos
+    (rollout / "schema.py").write_text((rollout / "schema.py").read_text() + "\n")
+    assert not handshake_report(rollout, V1, "rollout").intact
+
+
+def test_stale_copy_of_the_same_contract(tmp_path: Path, repos: tuple[Path, Path]) -> None:
+    """Same id, different data: one side was synced from an older edit of the contract."""
+    contracts = _contracts_copy(tmp_path)
+    path = contracts / f"{V1}.yaml"
+    path.write_text(path.read_text().replace("attention_kv_chunk: 64", "attention_kv_chunk: 32"))
+    stale_repo = tmp_path / "Megatron-LM-stale"
+    _sync(stale_repo, "megatron", contracts)
+    rollout, _ = repos
+    stale = handshake_report(stale_repo / MEGATRON_PKG, V1, "trainer")
+    assert stale.intact  # a faithful copy of different data: not a hand edit
+    error = _refusal(handshake_report(rollout, V1, "rollout"), stale)
+    assert error.kind == "stale_copy"
+    assert str(error).startswith(
+        f"refusing to start: both sides run {V1} but their vendored copies disagree"
+    )
+
+
+def test_copy_that_does_not_know_the_contract(tmp_path: Path, repos: tuple[Path, Path]) -> None:
+    contracts = _contracts_copy(tmp_path)
+    (contracts / f"{V2}.yaml").unlink()
+    old_repo = tmp_path / "sglang-old"
+    _sync(old_repo, "sglang", contracts)
+    _, trainer = repos
+    error = _refusal(
+        handshake_report(old_repo / SGLANG_PKG, V2, "rollout"),
+        handshake_report(trainer, V2, "trainer"),
+    )
+    assert error.kind == "unknown_contract"
+    assert f"does not define {V2} (it knows: {V1})" in str(error)
+
+
+def test_missing_copy(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="rollout: no vendored schema.py at"):
+        handshake_report(tmp_path, V1, "rollout")
+
+
+def test_handshake_cli_exit_codes(repos: tuple[Path, Path]) -> None:
+    rollout, trainer = repos
+    runner = CliRunner()
+    ok = runner.invoke(main, ["handshake", "--rollout", str(rollout.parents[3]), "--trainer", str(trainer.parents[2]), "--contract", V1])  # fmt: skip
+    assert ok.exit_code == 0, ok.output
+    assert ok.stdout.startswith(f"handshake ok: {V1} sha256:")
+    mismatch = runner.invoke(main, ["handshake", "--rollout", str(rollout), "--trainer", str(trainer), "--rollout-contract", V1, "--trainer-contract", V2])  # fmt: skip
+    assert mismatch.exit_code == 1
+    assert "different versions of the contract" in mismatch.stderr
+    usage = runner.invoke(main, ["handshake", "--rollout", str(rollout), "--trainer", str(trainer)])
+    assert usage.exit_code == 2

@@ -1,0 +1,58 @@
+"""``contractgen plan`` as a command: exit codes, streams and flags (the surface users rely on)."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from contractgen.cli import main
+
+V1 = "qwen3_dense_true_on_policy_v1"
+
+
+def _plan(*args: str, env: dict | None = None):
+    return CliRunner().invoke(main, ["plan", *args], env={"NCCL_ALGO": None, **(env or {})})
+
+
+def test_valid_layout_exits_0_and_warns_about_the_unreleased_flag() -> None:
+    result = _plan("--contract", V1, "--tp", "2", "--format", "json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["layout"]["train"]["world"] == 2
+    assert result.stderr == (
+        "warning: --true-on-policy-contract needs a newer SGLang than 0.5.23 (from the unmerged "
+        "true-on-policy PR of sgl-project/sglang, branch sglang-miles)\n"
+    )
+
+
+def test_invalid_layout_exits_2_on_stderr_only() -> None:
+    result = _plan("--contract", V1, "--pp", "3")
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"error: invalid layout for {V1} on Qwen3-0.6B:\n  --pp 3: ")
+
+
+def test_usage_errors_exit_2() -> None:
+    assert _plan("--tp", "2").exit_code == 2  # no --contract
+    assert _plan("--contract", V1, "--tp", "0").exit_code == 2
+    assert _plan("--contract", V1, "--format", "yaml").exit_code == 2
+    unknown = _plan("--contract", "nope")
+    assert unknown.exit_code == 2
+    assert unknown.stderr.startswith("error: unknown true-on-policy contract 'nope'; known: ")
+
+
+def test_environment_nccl_algo_is_kept() -> None:
+    result = _plan("--contract", V1, "--format", "shell", env={"NCCL_ALGO": "Tree"})
+    assert "export NCCL_ALGO=Tree\n" in result.stdout
+
+
+def test_flags_are_frozen() -> None:
+    """The public flags of `plan` (DESIGN.md's command line, plus --rollout-dp/--world/--model)."""
+    from contractgen.commands.plan import command
+
+    flags = sorted(opt for p in command.params for opt in p.opts)
+    assert flags == [
+        "--contract", "--cp", "--dp", "--format", "--model", "--pp", "--rollout-dp",
+        "--rollout-tp", "--tp", "--world",
+    ]  # fmt: skip
