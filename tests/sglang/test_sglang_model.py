@@ -148,9 +148,9 @@ def test_weights_of_wrong_shape_are_refused(profile, kp, runtime_policy):
 # ---- rollout invariances on the contract's reference model (bf16, the public v1) ---------------
 MIX = [
     Request("a", tuple(range(1, 6)), 7),
-    Request("b", tuple(range(20, 90)), 5, temperature=1.0, seed=3, arrival_step=2),
+    Request("b", tuple(range(20, 60)), 5, temperature=1.0, seed=3, arrival_step=2),
     Request("c", (7,), 9, arrival_step=1),
-    Request("d", tuple(range(200, 330)), 4, temperature=0.7, seed=11, arrival_step=0),
+    Request("d", tuple(range(200, 270)), 4, temperature=0.7, seed=11, arrival_step=0),
     Request("e", tuple(range(400, 433)), 6, arrival_step=5),
 ]
 
