@@ -1,1 +1,38 @@
-"""contractgen.adapters.megatron"""
+"""contractgen.adapters.megatron: SGLang numerics on real megatron-core, and the trainer forward.
+
+Public API (see README.md in this folder):
+
+- ``trainer_logprobs`` / ``trainer_logprobs_runs`` (``trainer.py``): what the parity gate calls.
+- ``SGLangSpecProvider``, ``get_sglang_block_spec`` (``provider.py``) and the layer classes
+  (``layers.py``, ``attention.py``, ``transformer_layer.py``) for building a model yourself.
+- ``TrueOnPolicyTransformerConfig``, ``policy_for``, ``kernel_policy_for`` (``policy.py``).
+
+Submodules import torch and megatron-core; this package file imports nothing heavy.
+"""
+
+__all__ = [
+    "Layout",
+    "TrainerFault",
+    "TrainerResult",
+    "TrainerRun",
+    "trainer_logprobs",
+    "trainer_logprobs_runs",
+]
+
+
+def __getattr__(name: str):
+    if name in (
+        "TrainerFault",
+        "TrainerResult",
+        "TrainerRun",
+        "trainer_logprobs",
+        "trainer_logprobs_runs",
+    ):
+        from . import trainer
+
+        return getattr(trainer, name)
+    if name == "Layout":
+        from .model import Layout
+
+        return Layout
+    raise AttributeError(name)

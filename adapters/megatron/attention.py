@@ -243,6 +243,10 @@ class SGLangCoreAttention(MegatronModule):
 
     def _forward(self, query, key, value, params: SGLangPackedSeqParams) -> torch.Tensor:
         kp = self.kernel_policy
+        cp = self.cp_group.size()
+        if key.shape[1] < cp:  # fewer local KV heads than CP ranks: replicate (GQA order kept)
+            key = key.repeat_interleave(cp // key.shape[1], dim=1)
+            value = value.repeat_interleave(cp // value.shape[1], dim=1)
         q = self._to_full_seq(query, self.cp_group)
         k = self._to_full_seq(key, self.cp_group)
         v = self._to_full_seq(value, self.cp_group)
