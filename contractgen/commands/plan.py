@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..adapters.launcher import FORMATS, Layout, LayoutError, PlanError, build_plan
@@ -65,8 +67,6 @@ def command(
     each with the policy field it comes from and why. Exit 2 names every rule the layout breaks
     and the nearest valid sizes. NCCL_ALGO already set in the environment is kept.
     """
-    import os
-
     layout = Layout(
         tp=tp, pp=pp, cp=cp, dp=dp, rollout_tp=rollout_tp, rollout_dp=rollout_dp, world=world
     )
