@@ -37,7 +37,12 @@ def sglang_probe() -> Callable[[list[list[str]], list[str]], dict[str, Any]]:
             [sys.executable, str(HERE / "sglang_probe.py")],
             input=request, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-4000:]
+        assert done.returncode == 0, (
+            "sglang is installed but its argument parser could not be built; the light modules "
+            "sglang.srt.server_args imports come from the sglang-args extra (orjson psutil "
+            "pybase64 requests pillow starlette msgspec pyzmq IPython aiohttp):\n"
+            + done.stderr[-3000:]
+        )
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     return probe
