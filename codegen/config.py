@@ -30,9 +30,15 @@ class ProjectConfig:
     contracts_dir: Path
     generated_dir: Path
     packages: dict[str, str] = field(default_factory=dict)  # target -> vendored package path
+    # Targets whose sibling repo keeps its own __init__.py (``init = false``): contractgen then
+    # vendors only schema.py and runtime_policy.py into that package.
+    no_init: frozenset[str] = frozenset()
 
     def package(self, target: str) -> str:
         return self.packages[get_target(target).name]
+
+    def vendors_init(self, target: str) -> bool:
+        return get_target(target).name not in self.no_init
 
 
 def validate_package_path(value: str, where: str) -> str:
@@ -66,13 +72,21 @@ def load_config(root: Path) -> ProjectConfig:
             f"{path}: unknown keys {sorted(unknown)} (expected contracts, generated, targets)"
         )
     packages = {name: t.default_package for name, t in TARGETS.items()}
+    no_init: set[str] = set()
     for name, entry in (data.get("targets") or {}).items():
         if name not in TARGETS:
             raise ConfigError(
                 f"{path}: [targets.{name}]: unknown target (known: {', '.join(sorted(TARGETS))})"
             )
-        if not isinstance(entry, dict) or set(entry) - {"package"}:
-            raise ConfigError(f"{path}: [targets.{name}]: only 'package' may be set")
+        if not isinstance(entry, dict) or set(entry) - {"package", "init"}:
+            raise ConfigError(f"{path}: [targets.{name}]: only 'package' and 'init' may be set")
+        if "init" in entry:
+            if not isinstance(entry["init"], bool):
+                raise ConfigError(
+                    f"{path}: targets.{name}.init: must be true or false (got {entry['init']!r})"
+                )
+            if not entry["init"]:
+                no_init.add(name)
         if "package" in entry:
             packages[name] = validate_package_path(
                 str(entry["package"]), f"{path}: targets.{name}.package"
@@ -82,6 +96,7 @@ def load_config(root: Path) -> ProjectConfig:
         contracts_dir=root / str(data.get("contracts", "contracts")),
         generated_dir=root / str(data.get("generated", "generated")),
         packages=packages,
+        no_init=frozenset(no_init),
     )
 
 

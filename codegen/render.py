@@ -244,6 +244,8 @@ def render(contracts: list[LoadedContract], config: ProjectConfig) -> dict[str, 
             "__init__.py": env.get_template(f"{name}/__init__.py.j2").render(**ctx),
         }
         for file in FILES:
+            if file == "__init__.py" and not config.vendors_init(name):
+                continue  # the sibling repo keeps its own package __init__.py
             path = str(base / file)
             out[path] = _stamp(bodies[file], sources, fingerprints, path, parsed)
     return dict(sorted(out.items()))

@@ -30,4 +30,5 @@ def builtin_config() -> ProjectConfig:
         contracts_dir=contracts or config.contracts_dir,
         generated_dir=generated or config.generated_dir,
         packages=config.packages,
+        no_init=config.no_init,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -37,5 +38,5 @@ def open_project(root: Path | None = None, contracts_dir: Path | None = None) ->
     else:
         config = load_config(root)
     if contracts_dir is not None:
-        config = ProjectConfig(config.root, contracts_dir, config.generated_dir, config.packages)
+        config = dataclasses.replace(config, contracts_dir=contracts_dir)
     return Project(config, load_contracts(config.contracts_dir, config.root))

@@ -28,15 +28,16 @@ def command(ctx: click.Context, repos: tuple[str, ...], dry_run: bool, force: bo
     project = project_from(ctx)
     targets = parse_repo_options(repos)
     plan, written = sync(project.rendered, targets, project.config, force=force, dry_run=dry_run)
+    if dry_run:  # the diff of every change, refused ones included, so a migration can be read
+        for f in plan.changes:
+            click.echo(f"would {f.action}{' (refused)' if f.problem else ''}: {f.target}:{f.rel}")
+            click.echo(f.diff, nl=not f.diff.endswith("\n"))
     for f in plan.refused:
         click.echo(f"refused: {f.problem}", err=True)
     if plan.refused:
         click.echo("sync: nothing written", err=True)
         sys.exit(EXIT_DRIFT)
     if dry_run:
-        for f in plan.changes:
-            click.echo(f"would {f.action}: {f.target}:{f.rel}")
-            click.echo(f.diff, nl=not f.diff.endswith("\n"))
         click.echo(f"sync --dry-run: {len(plan.changes)} file(s) would change; nothing written")
         sys.exit(EXIT_OK)
     for f in written:

@@ -445,3 +445,54 @@ def test_custom_megatron_package_path(tmp_path: Path) -> None:
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "fa3_varlen"
     assert cli("--root", project, "check", "--repo", f"megatron={repo}").exit_code == 0
+
+
+def test_init_false_keeps_the_repos_own_package_init(tmp_path: Path) -> None:
+    """miles' true_on_policy/__init__.py re-exports its launcher helpers: with ``init = false``
+    contractgen vendors schema.py and runtime_policy.py beside it and leaves it alone."""
+    project = make_project(tmp_path / "p", config="[targets.launcher]\ninit = false\n")
+    repo = _git_repo(tmp_path / "miles", ["miles/__init__.py"])
+    pkg = repo / PACKAGES["launcher"]
+    pkg.mkdir()
+    own_init = "from .config import LAUNCH_HELPER\n"
+    (pkg / "__init__.py").write_text(own_init)
+    (pkg / "config.py").write_text(
+        "from .runtime_policy import policy_for\nLAUNCH_HELPER = policy_for\n"
+    )
+    assert cli("--root", project, "generate").exit_code == 0
+    assert not (project / "generated" / "launcher" / PACKAGES["launcher"] / "__init__.py").exists()
+    assert (project / "generated" / "sglang" / PACKAGES["sglang"] / "__init__.py").exists()
+    result = cli("--root", project, "sync", "--repo", f"miles={repo}")
+    assert result.exit_code == 0, result.stderr
+    assert "sync: 2 written, 0 already identical" in result.output
+    assert (pkg / "__init__.py").read_text() == own_init
+    probe = subprocess.run(
+        [sys.executable, "-S", "-I", "-c",
+         f"import sys; sys.path.insert(0, {str(repo)!r}); import miles.true_on_policy as p; "
+         "print(p.LAUNCH_HELPER('qwen3_dense_true_on_policy_v1').transformer_impl)"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "local"
+    assert cli("--root", project, "check", "--repo", f"miles={repo}").exit_code == 0
+
+
+def test_init_must_be_a_boolean(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "p", config='[targets.launcher]\ninit = "no"\n')
+    result = cli("--root", project, "check")
+    assert result.exit_code == 2
+    assert "targets.launcher.init: must be true or false (got 'no')" in result.stderr
+
+
+def test_dry_run_with_a_refusal_shows_every_diff_and_exits_1(repos) -> None:
+    own = repos["launcher"] / PACKAGES["launcher"] / "schema.py"
+    own.parent.mkdir(parents=True)
+    own.write_text("HAND_KEPT = True\n")
+    before = _snapshot(repos)
+    result = _sync("--repo", f"miles={repos['launcher']}", "--dry-run")
+    assert result.exit_code == 1
+    assert f"would update (refused): launcher:{PACKAGES['launcher']}/schema.py" in result.output
+    assert "-HAND_KEPT = True" in result.output
+    assert f"would create: launcher:{PACKAGES['launcher']}/runtime_policy.py" in result.output
+    assert "sync: nothing written" in result.stderr
+    assert _snapshot(repos) == before
