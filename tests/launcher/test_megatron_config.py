@@ -106,3 +106,24 @@ def test_rendered_args_build_a_real_transformer_config(
     assert config.batch_invariant_mode and config.deterministic_mode
     assert config.transformer_impl == "local" and config.use_cpu_initialization
     assert not config.apply_rope_fusion and not config.bias_activation_fusion
+
+
+# Megatron-LM's own hand-written flags among ours (checked against megatron/training/arguments.py
+# at tag core_v0.16.1); every other flag there is generated from a TransformerConfig field by
+# ArgumentGroupFactory as ``--<field-with-dashes>``.
+HAND_WRITTEN_FLAGS = {
+    "--no-rope-fusion": "apply_rope_fusion",
+    "--no-bias-swiglu-fusion": "bias_activation_fusion",
+    "--bf16": "bf16",
+}
+
+
+def test_flag_names_follow_megatron_lm() -> None:
+    """A flag that sets a TransformerConfig field is that field's generated Megatron-LM name."""
+    for row in (*MEGATRON, *MILES):
+        flag, config = getattr(row, "flag", None), getattr(row, "config", ())
+        if flag is None or not config or getattr(row, "fork_only", False):
+            continue
+        field = config[0][0]
+        expected = HAND_WRITTEN_FLAGS.get(flag) == field or flag == "--" + field.replace("_", "-")
+        assert expected, f"{row.source}: {flag} does not set {field} in Megatron-LM"
