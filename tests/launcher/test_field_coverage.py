@@ -121,3 +121,35 @@ def test_unreleased_flags_are_reported_not_hidden() -> None:
     plan = build_plan(CONTRACT_IDS[0], Layout())
     assert [flag for flag, _ in plan.needs_newer_sglang] == ["--true-on-policy-contract"]
     assert to_json_data(plan)["needs_newer_sglang"][0]["sglang_release"] == "0.5.23"
+
+
+def test_a_value_no_row_knows_is_refused() -> None:
+    from contractgen.adapters.launcher.plan import PlanError, render_row
+    from contractgen.adapters.launcher.tables import MEGATRON, Choice
+
+    row = next(
+        r for r in MEGATRON if isinstance(r, Choice) and r.source == "kernel.dense_math_dtype"
+    )
+    values = {"kernel": type("K", (), {"dense_math_dtype": "int8"})()}
+    with pytest.raises(
+        PlanError,
+        match=r"kernel.dense_math_dtype = 'int8': no rendering for this value \(known: 'bfloat16', 'float16', 'float32'\)",
+    ):
+        render_row("megatron", row, values, {})
+
+
+def test_a_contract_that_disables_the_launcher_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contractgen.adapters.launcher import PlanError, plan
+
+    real = plan.generated.runtime_policy
+
+    def disabled(target: str):
+        module = real(target)
+        if target != "launcher":
+            return module
+        off = dataclasses.replace(module.policy_for(CONTRACT_IDS[0]), enabled=False)
+        return type("M", (), {"policy_for": staticmethod(lambda cid, config=None: off)})
+
+    monkeypatch.setattr(plan.generated, "runtime_policy", disabled)
+    with pytest.raises(PlanError, match="the contract does not enable the launcher"):
+        build_plan(CONTRACT_IDS[0], Layout())
