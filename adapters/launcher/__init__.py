@@ -7,11 +7,14 @@ rendered launch plan (``plan``, ``formats``) and the rollout/trainer fingerprint
 """
 
 from .formats import FORMATS, to_json, to_json_data, to_shell, to_text
+from .handshake import HandshakeError, HandshakeReport, check_handshake, handshake_report
 from .layout import Layout, LayoutError, UnknownModelError, Violation, validate_layout
 from .plan import LaunchPlan, PlanError, build_plan
 
 __all__ = [
     "FORMATS",
+    "HandshakeError",
+    "HandshakeReport",
     "LaunchPlan",
     "Layout",
     "LayoutError",
@@ -19,6 +22,8 @@ __all__ = [
     "UnknownModelError",
     "Violation",
     "build_plan",
+    "check_handshake",
+    "handshake_report",
     "to_json",
     "to_json_data",
     "to_shell",
