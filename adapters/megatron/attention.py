@@ -67,12 +67,25 @@ def _heads_to_seq(x_THD: torch.Tensor, group: Any) -> torch.Tensor:
     return y
 
 
-def _identity(x: torch.Tensor, group: Any) -> torch.Tensor:
-    return x
+def _gather_seq(x_LHD: torch.Tensor, group: Any) -> torch.Tensor:
+    """All-gather CP layout: every rank gets the whole sequence, all heads (differentiable)."""
+    if group.size() == 1:
+        return x_LHD
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x_LHD.contiguous(), group=group), dim=0)
 
 
+def _local_seq(x_THD: torch.Tensor, group: Any) -> torch.Tensor:
+    """Inverse of ``_gather_seq``: this rank's contiguous sequence shard."""
+    n = x_THD.shape[0] // group.size()
+    return x_THD[group.rank() * n : (group.rank() + 1) * n]
+
+
+# cp_layout -> (to full sequence, back to this rank's shard). Without a layout (no contract, or
+# CP=1) the all-gather layout runs: at CP=1 both functions are the identity.
 CP_LAYOUTS: dict[str | None, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = {
-    None: (_identity, _identity),
+    None: (_gather_seq, _local_seq),
     "ulysses_a2a": (_seq_to_heads, _heads_to_seq),
 }
 
@@ -206,11 +219,6 @@ class SGLangCoreAttention(MegatronModule):
         self.rope_scaling = getattr(config, "true_on_policy_rope_scaling", None)
         self.max_position = int(getattr(config, "true_on_policy_max_position_embeddings", 0))
         self._to_full_seq, self._to_local_seq = CP_LAYOUTS[self.runtime_policy.cp_layout]
-        if self.cp_group.size() > 1 and self.runtime_policy.cp_layout is None:
-            raise ValueError(
-                f"context_parallel_size={self.cp_group.size()} needs a CP layout; the runtime "
-                "policy has cp_layout=None (set cp_comm_type='a2a' for Ulysses)"
-            )
         rope_table = ROPE_BY_CAST_QK_AFTER_ROPE
         if not self.runtime_policy.disable_rope_fusion:
             rope_table = {True: _megatron_rope, False: _megatron_rope}
@@ -243,8 +251,8 @@ class SGLangCoreAttention(MegatronModule):
 
     def _forward(self, query, key, value, params: SGLangPackedSeqParams) -> torch.Tensor:
         kp = self.kernel_policy
-        cp = self.cp_group.size()
-        if key.shape[1] < cp:  # fewer local KV heads than CP ranks: replicate (GQA order kept)
+        cp = self.cp_group.size() if self._to_full_seq is _seq_to_heads else 1
+        if key.shape[1] < cp:  # Ulysses with fewer local KV heads than CP ranks: replicate them
             key = key.repeat_interleave(cp // key.shape[1], dim=1)
             value = value.repeat_interleave(cp // value.shape[1], dim=1)
         q = self._to_full_seq(query, self.cp_group)

@@ -162,7 +162,16 @@ def build_model(
     padded_vocab_size: int,
     max_sequence_length: int = 4096,
 ) -> SGLangGPTModel:
-    """One pipeline stage of the model (megatron-core decides which layers it holds)."""
+    """One pipeline stage of the model (megatron-core decides which layers it holds).
+
+    Tied embeddings split over pipeline stages: megatron-core syncs the last stage's copy with a
+    ``.cuda()`` all-reduce, so on CPU such a model is built untied and both copies are loaded from
+    the same HF tensor (identical forward; a CPU *training* run would also need the
+    embedding-group gradient all-reduce).
+    """
+    tied = arch.tie_word_embeddings and (
+        config.pipeline_model_parallel_size == 1 or torch.cuda.is_available()
+    )
     return SGLangGPTModel(
         config,
         vocab_size=padded_vocab_size,
@@ -170,5 +179,5 @@ def build_model(
         pre_process=pre_process,
         post_process=post_process,
         parallel_output=True,
-        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        share_embeddings_and_output_weights=tied,
     )

@@ -178,11 +178,14 @@ def test_prefix_tree_packing_equals_flat_packing_and_rollout(tp1, arch, weights)
 def test_parallel_layout_exact(
     arch, weights, sequences, rollout_logprobs, rollout_layers, layout, twin
 ):
-    exact, broken = trainer_logprobs_runs(
-        V1, weights, sequences, layout, [TrainerRun(dump_layers=True), twin], arch=arch
-    )
+    runs = [TrainerRun(dump_layers=True), twin]
+    if layout[2] > 1:  # the all-gather CP layout computes the same per-query function
+        runs.append(_rt(cp_layout=None))
+    exact, broken, *other = trainer_logprobs_runs(V1, weights, sequences, layout, runs, arch=arch)
     assert _forward_exact(exact, rollout_logprobs, rollout_layers)
     assert not _forward_exact(broken, rollout_logprobs, rollout_layers)
+    for same in other:
+        assert _forward_exact(same, rollout_logprobs, rollout_layers)
 
 
 def test_tp2_exact(arch, weights, sequences, rollout_logprobs, rollout_layers):
@@ -199,3 +202,17 @@ def test_tp2_exact(arch, weights, sequences, rollout_logprobs, rollout_layers):
     )
     assert _forward_exact(exact, rollout_logprobs, rollout_layers)
     assert not _forward_exact(broken, rollout_logprobs, rollout_layers)
+
+
+def test_tied_embeddings_pp2_exact(arch, sequences):
+    """Tied input/output embeddings: at PP=2 the LM head lives on the last stage as megatron's
+    shared-embedding copy; still exact."""
+    import dataclasses
+
+    from megatron_reference import rollout_rescore, weights_for
+
+    tied = dataclasses.replace(arch, tie_word_embeddings=True)
+    weights = weights_for(tied, seed=5)
+    assert "lm_head.weight" not in weights
+    (res,) = trainer_logprobs_runs(V1, weights, sequences, (1, 2, 1), [TrainerRun()], arch=tied)
+    assert _exact(res.logprobs, rollout_rescore(V1, tied, weights, sequences))
