@@ -6,7 +6,8 @@ order; every chunk is reduced over its full width (keys past the end are zero-pa
 the reduction length never changes); chunks wholly after ``p`` leave the state untouched
 (``torch.where``, not arithmetic). Scores, running max/sum and the output accumulator are in
 ``kp.attention_softmax_dtype``. q·k and p·v are elementwise products reduced over a contiguous last
-dim of fixed length (no GEMM whose order could depend on the batch shape). Hence the same bits in a
+dim of fixed length with ``fixed_sum`` (no GEMM or ``torch.sum`` whose order could depend on the
+batch shape or the device). Hence the same bits in a
 full-sequence forward, a prefill of another length, or one decode step against a KV cache.
 
 Packed sequences: pass ``cu_seqlens_q`` / ``cu_seqlens_k`` (cumulative lengths, ``[0, ..., total]``);
@@ -21,6 +22,7 @@ import math
 import torch
 
 from ._dtypes import dtype_of
+from .reduce import fixed_sum
 
 
 def _attend_one(
@@ -54,14 +56,14 @@ def _attend_one(
         lo = c * chunk
         kc_HCD = k_HSD[:, lo : lo + chunk, :].contiguous()
         vc_HDC = v_HDS[:, :, lo : lo + chunk].contiguous()
-        s_LHC = (q_LH1D * kc_HCD[None]).sum(-1) * scale
+        s_LHC = fixed_sum(q_LH1D * kc_HCD[None]) * scale
         valid_LC = (lo + offs)[None, :] <= pos_L[:, None]
         s_LHC = torch.where(valid_LC[:, None, :], s_LHC, -math.inf)
         m_new = torch.maximum(m_LH, s_LHC.amax(-1))
         alpha = torch.exp(m_LH - m_new)
         p_LHC = torch.exp(s_LHC - m_new[..., None])
-        l_new = l_LH * alpha + p_LHC.sum(-1)
-        acc_new = acc_LHD * alpha[..., None] + (p_LHC[:, :, None, :] * vc_HDC[None]).sum(-1)
+        l_new = l_LH * alpha + fixed_sum(p_LHC)
+        acc_new = acc_LHD * alpha[..., None] + fixed_sum(p_LHC[:, :, None, :] * vc_HDC[None])
         active_L = pos_L >= lo
         m_LH = torch.where(active_L[:, None], m_new, m_LH)
         l_LH = torch.where(active_L[:, None], l_new, l_LH)

@@ -3,7 +3,7 @@
 ``token_logprobs``: padded vocab columns are trimmed, logits are cast to ``kp.logsoftmax_dtype``
 (that cast is the contract's rounding: bf16 in the public v1), then computed in float32 (as torch's
 ``log_softmax`` does for bf16 inputs): ``m = max`` (exact, order free), ``exp(x - m)`` summed per
-``kp.logsoftmax_vocab_block`` chunk (fixed length, the last chunk padded with -inf), chunk sums
+``kp.logsoftmax_vocab_block`` chunk (``fixed_sum``) (fixed length, the last chunk padded with -inf), chunk sums
 combined by adjacent pairwise sums over chunks in vocab order; ``lp = (x_tok - m) - log(s)``,
 returned in ``kp.logsoftmax_dtype``.
 
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ._dtypes import dtype_of
 from .all_reduce import all_gather_exact, world_size
+from .reduce import fixed_sum
 
 
 def _compute_dtype(ld: torch.dtype) -> torch.dtype:
@@ -32,7 +33,7 @@ def _chunk_sums(x_TV: torch.Tensor, m_T: torch.Tensor, block: int) -> torch.Tens
     C = math.ceil(V / block)
     x_p = F.pad(x_TV, (0, C * block - V), value=-math.inf)
     e = torch.exp(x_p - m_T[:, None])
-    return e.view(T, C, block).sum(-1)
+    return fixed_sum(e.view(T, C, block))
 
 
 def _pairwise_over_chunks(s_TC: torch.Tensor) -> torch.Tensor:
