@@ -237,16 +237,20 @@ class CpKind:
 
 
 def _ulysses_heads(s: Subject, c: int) -> str | None:
+    """Ulysses moves whole heads: the query heads of a TP rank split over the CP ranks; its KV
+    heads split too, or (fewer KV heads than CP ranks) are replicated to every CP rank."""
     t, problems = s.layout.tp, []
-    for name, count in (
-        ("num_attention_heads", s.dims.num_attention_heads),
-        ("num_kv_heads", s.dims.num_kv_heads),
-    ):
-        if count % t == 0 and (count // t) % c:
-            problems.append(
-                f"does not divide the {count // t} {name} per TP rank ({count}/TP {t}) that the "
-                "Ulysses all-to-all spreads over CP ranks"
-            )
+    heads, kv = s.dims.num_attention_heads, s.dims.num_kv_heads
+    if heads % t == 0 and (heads // t) % c:
+        problems.append(
+            f"does not divide the {heads // t} num_attention_heads per TP rank ({heads}/TP {t}) "
+            "that the Ulysses all-to-all spreads over CP ranks"
+        )
+    if kv % t == 0 and (kv // t) % c and c % (kv // t):
+        problems.append(
+            f"neither divides nor is a multiple of the {kv // t} num_kv_heads per TP rank "
+            f"({kv}/TP {t}): Ulysses splits KV heads over CP ranks or replicates them"
+        )
     return "; ".join(problems) or None
 
 

@@ -33,6 +33,8 @@ VALID = [
     ("Qwen3-8B", Layout(tp=8, cp=1, dp=2)),
     ("Qwen3-14B", Layout(tp=8, pp=4)),
     ("Qwen3-32B", Layout(tp=8, pp=4, cp=1)),
+    ("Qwen3-32B", Layout(tp=8, cp=4)),  # 1 KV head per TP rank, replicated to the 4 CP ranks
+    ("reference", Layout(tp=2, cp=2)),
     ("reference", Layout(tp=2, rollout_tp=2)),
     ("reference", Layout(cp=2, pp=4)),
     ("qwen3-tiny-random", Layout(tp=1, pp=2, cp=2, dp=2)),
@@ -57,7 +59,6 @@ INVALID = [
         ("--pp", "does not divide num_layers 28"),
     ]),
     ("Qwen3-0.6B", Layout(cp=8), [("--cp", "not in the contract's parallel.training.cp.sizes")]),
-    ("Qwen3-32B", Layout(tp=8, cp=4), [("--cp", "does not divide the 1 num_kv_heads per TP rank")]),
     ("reference", Layout(tp=2, cp=4, rollout_tp=1), [
         ("--cp", "does not divide the 2 num_attention_heads per TP rank (4/TP 2)"),
     ]),
@@ -132,10 +133,10 @@ def test_error_wording_world_names_the_dp_that_fits(contract_id: str) -> None:
 @pytest.mark.parametrize("contract_id", CONTRACT_IDS)
 def test_error_wording_ulysses(contract_id: str) -> None:
     with pytest.raises(LayoutError) as info:
-        validate_layout(contract_id, Layout(tp=8, cp=4), "Qwen3-32B")
+        validate_layout(contract_id, Layout(tp=2, cp=4, rollout_tp=1), "reference")
     assert str(info.value.violations[0]) == (
-        "--cp 4: does not divide the 1 num_kv_heads per TP rank (8/TP 8) that the Ulysses "
-        "all-to-all spreads over CP ranks; valid --cp here: 1 (nearest: --cp 1)"
+        "--cp 4: does not divide the 2 num_attention_heads per TP rank (4/TP 2) that the Ulysses "
+        "all-to-all spreads over CP ranks; valid --cp here: 1, 2 (nearest: --cp 2)"
     )
 
 
@@ -208,6 +209,15 @@ def test_kv_heads_replicate_rule() -> None:
         "parallel.kv_heads 'mystery' has no rule here (known: divide, replicate)"
         in unknown[0].problem
     )
+
+
+def test_ulysses_kv_heads_split_or_replicated() -> None:
+    subject = _subject(Layout(tp=2, cp=2), "Qwen3-0.6B")
+    six_kv = replace(subject, dims=replace(subject.dims, num_kv_heads=6))  # 3 per TP rank
+    assert [v.problem for v in violations(six_kv) if v.flag == "--cp"] == [
+        "neither divides nor is a multiple of the 3 num_kv_heads per TP rank (6/TP 2): Ulysses "
+        "splits KV heads over CP ranks or replicates them"
+    ]
 
 
 def test_unknown_cp_kind() -> None:

@@ -48,6 +48,8 @@ LAYOUTS = [
     ("Qwen3-32B", Layout(tp=8, pp=4, cp=1)),
     ("reference", Layout(cp=2, pp=2)),
     ("reference", Layout(tp=2)),
+    ("reference", Layout(tp=2, cp=2)),  # KV heads replicated over the CP ranks
+    ("Qwen3-32B", Layout(tp=8, cp=4)),
 ]
 
 
