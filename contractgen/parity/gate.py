@@ -47,7 +47,7 @@ def run_gate(config: GateConfig) -> dict:
     faults = (
         run_faults(run)
         if config.inject_faults
-        else {"injected": 0, "detected": 0, "undetected": [], "details": {}}
+        else {"injected": 0, "detected": 0, "undetected": [], "errors": {}, "details": {}}
     )
     reference, reference_note = None, None
     if isinstance(config.weights, (str, Path)):
@@ -84,7 +84,9 @@ def run_gate(config: GateConfig) -> dict:
 
 
 def passed(report: dict) -> bool:
-    return all(lay["exact"] for lay in report["layouts"]) and not report["faults"]["undetected"]
+    faults = report["faults"]
+    exact = all(lay["exact"] for lay in report["layouts"])
+    return exact and not faults["undetected"] and not faults.get("errors")
 
 
 def table(report: dict) -> str:
@@ -113,6 +115,7 @@ def table(report: dict) -> str:
     if f["injected"]:
         lines += ["", f"faults    {f['detected']}/{f['injected']} detected"]
         lines += [f"          undetected: {name}" for name in f["undetected"]]
+        lines += [f"          error: {name}: {how}" for name, how in f.get("errors", {}).items()]
     ref = report["reference"]
     lines.append("")
     lines.append(

@@ -213,8 +213,8 @@ def _policies_at(run: GateRun, layout: ParityLayout):
     return kp, sg, mg
 
 
-def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[bool, str]:
-    """(detected, how) for one fault at one layout."""
+def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[str, str]:
+    """("detected" | "undetected" | "error", how) for one fault at one layout."""
     from ..adapters.megatron.trainer import TrainerFault
 
     kp, sg, mg = _policies_at(run, layout)
@@ -235,37 +235,40 @@ def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[bool, 
             )
             rollout = run.scored_rollout(run.rollout(layout.tp))
             trainer, _ = run.trainer(layout, fault=tf)
-    except Exception as exc:  # the faulted side refusing to run also stops the gate
-        return (
-            True,
-            f"{layout.name}: raised {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}",
-        )
+    except Exception as exc:  # reported, never counted as a detection
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        return "error", f"{layout.name}: {type(exc).__name__}: {lines[-1][:160] if lines else ''}"
     cmp = compare(rollout, trainer)
     if cmp.exact:
-        return False, ""
-    return True, f"{layout.name}: max |diff| {cmp.max_abs_diff:.3g}"
+        return "undetected", ""
+    return "detected", f"{layout.name}: max |diff| {cmp.max_abs_diff:.3g}"
 
 
 def run_faults(run: GateRun) -> dict:
+    """Flip each field on one side; try layouts from the cheapest until one differs."""
     layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, lay.name))
     kp, sg, mg = _policies_at(run, layouts[0])
     faults = catalogue(kp, sg, mg)
-    detected, undetected, details = [], [], {}
+    detected, undetected, errors, details = [], [], {}, {}
     for i, fault in enumerate(faults):
-        found, how = False, ""
+        outcome, how = "undetected", ""
         for layout in layouts:
-            found, how = _try_fault(run, fault, layout)
-            if found:
+            outcome, how = _try_fault(run, fault, layout)
+            if outcome != "undetected":
                 break
-        (detected if found else undetected).append(fault.name)
-        details[fault.name] = how or "no layout differs"
+        if outcome == "detected":
+            detected.append(fault.name)
+        elif outcome == "error":
+            errors[fault.name] = how
+        else:
+            undetected.append(fault.name)
+        details[fault.name] = how or f"no layout of {[lay.name for lay in layouts]} differs"
         if run.config.progress:
-            _say(
-                f"fault {i + 1}/{len(faults)} {fault.name}: {'detected (' + how + ')' if found else 'UNDETECTED'}"
-            )
+            _say(f"fault {i + 1}/{len(faults)} {fault.name}: {outcome} {how}".rstrip())
     return {
         "injected": len(faults),
         "detected": len(detected),
         "undetected": undetected,
+        "errors": errors,
         "details": details,
     }
