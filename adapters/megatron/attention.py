@@ -142,10 +142,11 @@ def _kernel_attention(q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, kp, sc
 
 def visibility_mask(params: SGLangPackedSeqParams, total: int) -> torch.Tensor:
     """``[T, T]`` bool: row ``i`` (query) may attend column ``j`` (key)."""
-    mask = torch.zeros(total, total, dtype=torch.bool)
+    device = params.positions.device
+    mask = torch.zeros(total, total, dtype=torch.bool, device=device)
     for path, owned in zip(params.paths, params.owned, strict=True):
         n = path.numel()
-        causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=device))
         rows = path[owned]
         mask[rows[:, None], path[None, :]] = causal[owned]
     return mask

@@ -11,6 +11,7 @@ tree-packed and unpacked forwards agree exactly.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +28,17 @@ class SGLangPackedSeqParams(PackedSeqParams):
     paths: list[torch.Tensor] = field(default_factory=list)
     owned: list[torch.Tensor] = field(default_factory=list)
     """``owned[i]``: indices into ``paths[i]`` of the tokens whose query that path computes."""
+
+    def to(self, device: str | torch.device) -> SGLangPackedSeqParams:
+        """The same params with every index tensor on ``device``."""
+        return dataclasses.replace(
+            self,
+            cu_seqlens_q=self.cu_seqlens_q.to(device),
+            cu_seqlens_kv=self.cu_seqlens_kv.to(device),
+            positions=self.positions.to(device),
+            paths=[p.to(device) for p in self.paths],
+            owned=[o.to(device) for o in self.owned],
+        )
 
 
 @dataclass(frozen=True)

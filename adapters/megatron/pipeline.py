@@ -23,20 +23,22 @@ _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
 def send_tensor(t: torch.Tensor, dst: int) -> None:
     """Header (ndim, shape..., dtype code) then the tensor, to global rank ``dst``."""
-    header = torch.tensor([t.dim(), *t.shape, _DTYPES.index(t.dtype)], dtype=torch.long)
-    dist.send(torch.tensor([header.numel()], dtype=torch.long), dst)
+    header = torch.tensor(
+        [t.dim(), *t.shape, _DTYPES.index(t.dtype)], dtype=torch.long, device=t.device
+    )
+    dist.send(torch.tensor([header.numel()], dtype=torch.long, device=t.device), dst)
     dist.send(header, dst)
     dist.send(t.detach().contiguous(), dst)
 
 
-def recv_tensor(src: int) -> torch.Tensor:
-    n = torch.empty(1, dtype=torch.long)
+def recv_tensor(src: int, device: torch.device) -> torch.Tensor:
+    n = torch.empty(1, dtype=torch.long, device=device)
     dist.recv(n, src)
-    header = torch.empty(int(n), dtype=torch.long)
+    header = torch.empty(int(n), dtype=torch.long, device=device)
     dist.recv(header, src)
     ndim = int(header[0])
     shape = [int(s) for s in header[1 : 1 + ndim]]
-    out = torch.empty(shape, dtype=_DTYPES[int(header[1 + ndim])])
+    out = torch.empty(shape, dtype=_DTYPES[int(header[1 + ndim])], device=device)
     dist.recv(out, src)
     return out
 
@@ -44,7 +46,8 @@ def recv_tensor(src: int) -> torch.Tensor:
 def pipeline_forward(model: Any, **forward_kwargs: Any) -> torch.Tensor | None:
     """Run this rank's stage; returns the last stage's output, ``None`` on other stages."""
     if not ps.is_pipeline_first_stage():
-        model.set_input_tensor(recv_tensor(ps.get_pipeline_model_parallel_prev_rank()))
+        device = next(model.parameters()).device
+        model.set_input_tensor(recv_tensor(ps.get_pipeline_model_parallel_prev_rank(), device))
     out = model(**forward_kwargs)
     if not ps.is_pipeline_last_stage():
         send_tensor(out, ps.get_pipeline_model_parallel_next_rank())

@@ -26,11 +26,16 @@ from .packing import pack_sequences
 from .policy import float32_kernel_policy, generated, policy_for
 
 
-def init_distributed(rank: int, layout: Layout, port: int) -> None:
-    """gloo process group on localhost, then megatron-core's model-parallel groups."""
+def init_distributed(rank: int, layout: Layout, port: int, device: str = "cpu") -> None:
+    """Process group on localhost (gloo on CPU, NCCL on CUDA: one GPU per rank), then
+    megatron-core's model-parallel groups."""
+    from .trainer import BACKENDS
+
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=layout.world_size)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(BACKENDS[device], rank=rank, world_size=layout.world_size)
     ps.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
@@ -82,7 +87,7 @@ def build_stage(job: Any, run: Any) -> tuple[Any, Any, int]:
         pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(),
         padded_vocab_size=padded,
-    )
+    ).to(job.device)
     load_into(
         model,
         job.weights,
@@ -132,7 +137,8 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
         prefix_tree=run.prefix_tree,
         pad_to_multiple=cp,
     )
-    params = pack.seq_params()
+    params = pack.seq_params().to(job.device)
+    token_ids, positions = pack.token_ids.to(job.device), pack.positions.to(job.device)
     local = pack.token_ids.numel() // cp
     sl = slice(cp_rank * local, (cp_rank + 1) * local)
     cp_group = ps.get_context_parallel_group()
@@ -143,15 +149,15 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
         def record(name: str, carrier: torch.Tensor) -> None:
             out, residual = split_carrier(carrier[:, 0], config.hidden_size)
             stream = out if residual is None else residual_add(out, residual, kp_dump)
-            dumps[name] = _all_gather_cat(stream, cp_group, dim=0)
+            dumps[name] = _all_gather_cat(stream, cp_group, dim=0).cpu()
 
         for layer in model.decoder.layers:
             layer.dump = record
     with torch.no_grad():
         out = pipeline_forward(
             model,
-            input_ids=pack.token_ids[sl][None],
-            position_ids=pack.positions[sl][None],
+            input_ids=token_ids[sl][None],
+            position_ids=positions[sl][None],
             attention_mask=None,
             packed_seq_params=params,
         )
@@ -171,8 +177,8 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     lp_fn = kernel_module("logsoftmax").vocab_parallel_token_logprobs
     logprobs = []
     for path in pack.paths:
-        rows, targets = path[:-1], pack.token_ids[path[1:]]
-        logprobs.append(lp_fn(logits[rows], targets, vocab_start, vocab, kp, tp_group))
+        rows, targets = path[:-1].to(job.device), token_ids[path[1:].to(job.device)]
+        logprobs.append(lp_fn(logits[rows], targets, vocab_start, vocab, kp, tp_group).cpu())
     if not first:
         return None, per_seq
     return TrainerResult(logprobs=logprobs), per_seq
@@ -192,7 +198,7 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     policy = policy_for(config)
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
     pack = pack_sequences(job.sequences, pad_to_multiple=cp)
-    params = pack.seq_params()
+    params = pack.seq_params().to(job.device)
     targets = torch.zeros_like(pack.token_ids)
     mask = torch.zeros(pack.token_ids.shape, dtype=torch.bool)
     for path in pack.paths:
@@ -201,13 +207,13 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     local = pack.token_ids.numel() // cp
     sl = slice(cp_rank * local, (cp_rank + 1) * local)
     logits = model(
-        input_ids=pack.token_ids[sl][None],
-        position_ids=pack.positions[sl][None],
+        input_ids=pack.token_ids[sl][None].to(job.device),
+        position_ids=pack.positions[sl][None].to(job.device),
         attention_mask=None,
         packed_seq_params=params,
     )  # [1, T/cp, V/tp]
-    ce = vocab_parallel_cross_entropy(logits[0].float(), targets[sl])
-    loss = (ce * mask[sl]).sum()
+    ce = vocab_parallel_cross_entropy(logits[0].float(), targets[sl].to(job.device))
+    loss = (ce * mask[sl].to(job.device)).sum()
     loss.backward()
     finalize_grads(
         model,
@@ -218,5 +224,5 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     )
     if dist.get_rank() != 0:
         return None, None
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
     return TrainerResult(logprobs=[], grads=grads), None

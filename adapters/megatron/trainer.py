@@ -22,6 +22,9 @@ import torch
 
 from .model import Layout, arch_for, load_checkpoint
 
+# device -> torch.distributed backend of the spawned processes.
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+
 
 @dataclass(frozen=True)
 class TrainerFault:
@@ -65,6 +68,7 @@ class _Job:
     layout: Layout
     arch: Any  # contractgen.adapters.sglang.model.ModelArch
     runs: tuple[TrainerRun, ...]
+    device: str
     port: int
     out_dir: str
 
@@ -122,13 +126,15 @@ def trainer_logprobs_runs(
 ) -> list[TrainerResult]:
     """Like ``trainer_logprobs`` for several variants (e.g. every injected fault) in one set of
     spawned processes: one ``TrainerResult`` per run, in order."""
-    if device != "cpu":
-        raise NotImplementedError(
-            f"device={device!r}: this driver runs gloo on CPU; on CUDA drive the same "
-            "SGLangGPTModel stages with megatron-core's get_forward_backward_func"
-        )
     if not isinstance(layout, Layout):
         layout = Layout(*layout)
+    if device not in BACKENDS:
+        raise ValueError(f"device={device!r}: expected one of {sorted(BACKENDS)}")
+    if device == "cuda" and torch.cuda.device_count() < layout.world_size:
+        raise RuntimeError(
+            f"layout {layout.name} needs {layout.world_size} CUDA devices, "
+            f"{torch.cuda.device_count()} visible"
+        )
     if isinstance(weights_or_checkpoint, str | os.PathLike):
         arch, weights = load_checkpoint(contract_id, weights_or_checkpoint)
     else:
@@ -142,6 +148,7 @@ def trainer_logprobs_runs(
             layout=layout,
             arch=arch,
             runs=tuple(runs),
+            device=device,
             port=_free_port(),
             out_dir=out_dir,
         )
@@ -178,7 +185,7 @@ def _worker(rank: int, job: _Job) -> None:
     from . import runtime
 
     torch.set_num_threads(1)
-    runtime.init_distributed(rank, job.layout, job.port)
+    runtime.init_distributed(rank, job.layout, job.port, job.device)
     try:
         results = []
         for i, run in enumerate(job.runs):
