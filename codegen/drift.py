@@ -28,7 +28,11 @@ class Drift:
 def unified_diff(old: bytes, new: bytes, path: str) -> str:
     a = old.decode("utf-8", errors="replace").splitlines(keepends=True)
     b = new.decode("utf-8", errors="replace").splitlines(keepends=True)
-    return "".join(difflib.unified_diff(a, b, f"{path} (on disk)", f"{path} (rendered)"))
+    lines = difflib.unified_diff(a, b, f"{path} (on disk)", f"{path} (rendered)")
+    # as diff(1) does: a last line without a newline is marked, so every line ends in one
+    return "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
+    )
 
 
 def _compare(expected: dict[str, bytes], root: Path, where: str, shown: str) -> list[Drift]:
@@ -37,7 +41,7 @@ def _compare(expected: dict[str, bytes], root: Path, where: str, shown: str) -> 
         path = root / rel
         label = f"{shown}/{rel}"
         if not path.is_file():
-            found.append(Drift("missing", where, label, rel))
+            found.append(Drift("missing", where, label, rel, unified_diff(b"", content, label)))
             continue
         actual = path.read_bytes()
         if actual != content:
@@ -57,7 +61,9 @@ def check_generated(rendered: dict[str, bytes], config: ProjectConfig) -> list[D
         for path in sorted(p for p in gen.rglob("*") if p.is_file()):
             rel = path.relative_to(gen).as_posix()
             if rel not in rendered and "__pycache__" not in path.parts:
-                found.append(Drift("orphaned", "generated", f"{shown}/{rel}", rel))
+                label = f"{shown}/{rel}"
+                diff = unified_diff(path.read_bytes(), b"", label)
+                found.append(Drift("orphaned", "generated", label, rel, diff))
     return found
 
 
