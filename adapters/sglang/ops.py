@@ -69,13 +69,24 @@ def _stock_lm_head(h: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
     return stock.fp32_linear(h, w, kp, out_dtype=torch.float32)
 
 
+# The contract's all-reduce is the one the kernel policy names (``all_reduce_for(kp)``).
+KERNEL_POLICY_ALL_REDUCE = None
+
 # switch -> (op name, contract op, stock op)
 SWITCHES: dict[str, tuple[str, Callable, Callable]] = {
     "force_bfloat16_dense_tensor_math": ("column_linear", _column_linear, _stock_column_linear),
     "force_bfloat16_lm_head": ("lm_head", _lm_head, _stock_lm_head),
     "tp_invariant_row_linear": ("row_partial", _row_partial, _stock_row_partial),
-    "deterministic_tree_all_reduce": ("all_reduce", None, stock.nccl_all_reduce),
-    "disable_reduce_scatter": ("mlp_all_reduce", None, stock.reduce_scatter_all_gather),
+    "deterministic_tree_all_reduce": (
+        "all_reduce",
+        KERNEL_POLICY_ALL_REDUCE,
+        stock.nccl_all_reduce,
+    ),
+    "disable_reduce_scatter": (
+        "mlp_all_reduce",
+        KERNEL_POLICY_ALL_REDUCE,
+        stock.reduce_scatter_all_gather,
+    ),
     "disable_flashinfer_allreduce_fusion": (
         "attn_reduce_residual",
         _reduce_then_residual,
