@@ -36,6 +36,7 @@ HOSTILE = [
     "\\",
     "'",
     '"',
+    "\x85",
     "x" * 500,
 ]
 
@@ -47,7 +48,12 @@ def _contract_yaml(description: str, checkpoint_name: str) -> bytes:
     data["description"] = description
     data["model_profile"]["checkpoints"][0]["name"] = checkpoint_name
     data["model_profile"]["reference_model"]["name"] = checkpoint_name
-    return yaml.safe_dump(data, allow_unicode=True, sort_keys=False).encode("utf-8")
+    # allow_unicode=False: PyYAML escapes every non-ASCII character. With allow_unicode=True it
+    # writes U+0085 raw, which YAML reads as a line break (folded to a space): the test input
+    # would not hold the string under test.
+    text = yaml.safe_dump(data, allow_unicode=False, sort_keys=False)
+    assert yaml.safe_load(text)["description"] == description
+    return text.encode("utf-8")
 
 
 def _render(source: bytes) -> tuple[dict[str, bytes], LoadedContract]:
