@@ -216,3 +216,20 @@ def test_tied_embeddings_pp2_exact(arch, sequences):
     assert "lm_head.weight" not in weights
     (res,) = trainer_logprobs_runs(V1, weights, sequences, (1, 2, 1), [TrainerRun()], arch=tied)
     assert _exact(res.logprobs, rollout_rescore(V1, tied, weights, sequences))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2)])
+def test_cuda_layout_exact_vs_cuda_rollout(arch, weights, sequences, layout):
+    """device='cuda' (NCCL, one GPU per rank): the same modules, exact against the rollout's
+    reference model on CUDA (checked on 2x H200: TP1, TP2, PP2, CP2 all exact)."""
+    from megatron_reference import rollout_rescore
+
+    if torch.cuda.device_count() < layout[0] * layout[1] * layout[2]:
+        pytest.skip("not enough GPUs")
+    want = rollout_rescore(V1, arch, {k: v.cuda() for k, v in weights.items()}, sequences)
+    (res,) = trainer_logprobs_runs(
+        V1, weights, sequences, layout, [TrainerRun()], device="cuda", arch=arch
+    )
+    assert _exact(res.logprobs, [w.cpu() for w in want])
