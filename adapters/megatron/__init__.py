@@ -2,7 +2,8 @@
 
 Public API (see README.md in this folder):
 
-- ``trainer_logprobs`` / ``trainer_logprobs_runs`` (``trainer.py``): what the parity gate calls.
+- ``trainer_logprobs`` / ``trainer_logprobs_runs`` / ``TrainerSession`` (``trainer.py``): what
+  the parity gate calls.
 - ``SGLangSpecProvider``, ``get_sglang_block_spec`` (``provider.py``) and the layer classes
   (``layers.py``, ``attention.py``, ``transformer_layer.py``) for building a model yourself.
 - ``TrueOnPolicyTransformerConfig``, ``policy_for``, ``kernel_policy_for`` (``policy.py``).
@@ -15,6 +16,7 @@ __all__ = [
     "TrainerFault",
     "TrainerResult",
     "TrainerRun",
+    "TrainerSession",
     "trainer_logprobs",
     "trainer_logprobs_runs",
 ]
@@ -22,6 +24,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name in (
+        "TrainerSession",
         "TrainerFault",
         "TrainerResult",
         "TrainerRun",

@@ -12,10 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,10 +65,8 @@ class _Job:
     sequences: list[list[int]]
     layout: Layout
     arch: Any  # contractgen.adapters.sglang.model.ModelArch
-    runs: tuple[TrainerRun, ...]
     device: str
     port: int
-    out_dir: str
 
 
 def _free_port() -> int:
@@ -126,76 +122,151 @@ def trainer_logprobs_runs(
 ) -> list[TrainerResult]:
     """Like ``trainer_logprobs`` for several variants (e.g. every injected fault) in one set of
     spawned processes: one ``TrainerResult`` per run, in order."""
-    if not isinstance(layout, Layout):
-        layout = Layout(*layout)
-    if device not in BACKENDS:
-        raise ValueError(f"device={device!r}: expected one of {sorted(BACKENDS)}")
-    if device == "cuda" and torch.cuda.device_count() < layout.world_size:
-        raise RuntimeError(
-            f"layout {layout.name} needs {layout.world_size} CUDA devices, "
-            f"{torch.cuda.device_count()} visible"
-        )
-    if isinstance(weights_or_checkpoint, str | os.PathLike):
-        arch, weights = load_checkpoint(contract_id, weights_or_checkpoint)
-    else:
-        arch = arch if arch is not None else arch_for(contract_id)
-        weights = {k: v.detach().cpu() for k, v in weights_or_checkpoint.items()}
-    with tempfile.TemporaryDirectory(prefix="contractgen-megatron-") as out_dir:
-        job = _Job(
+    with TrainerSession(contract_id, weights_or_checkpoint, layout, device=device, arch=arch) as s:
+        return [s.logprobs(sequences, run) for run in runs]
+
+
+class TrainerSession:
+    """Spawned trainer processes kept alive across calls (spawning and importing megatron-core
+    costs seconds per call; building a tiny model costs milliseconds).
+
+    ``with TrainerSession(contract, weights, (tp, pp, cp)) as s: s.logprobs(seqs, TrainerRun())``.
+    Each call builds the stage afresh under the run's policies, so runs never leak into each other.
+    """
+
+    def __init__(
+        self,
+        contract_id: str,
+        weights_or_checkpoint: Mapping[str, torch.Tensor] | str | os.PathLike[str],
+        layout: Layout | tuple[int, int, int] = (1, 1, 1),
+        *,
+        device: str = "cpu",
+        arch: Any = None,
+        timeout_s: float = 900.0,
+    ) -> None:
+        if not isinstance(layout, Layout):
+            layout = Layout(*layout)
+        if device not in BACKENDS:
+            raise ValueError(f"device={device!r}: expected one of {sorted(BACKENDS)}")
+        if device == "cuda" and torch.cuda.device_count() < layout.world_size:
+            raise RuntimeError(
+                f"layout {layout.name} needs {layout.world_size} CUDA devices, "
+                f"{torch.cuda.device_count()} visible"
+            )
+        if isinstance(weights_or_checkpoint, str | os.PathLike):
+            arch, weights = load_checkpoint(contract_id, weights_or_checkpoint)
+        else:
+            arch = arch if arch is not None else arch_for(contract_id)
+            weights = {k: v.detach().cpu() for k, v in weights_or_checkpoint.items()}
+        self.layout, self.timeout_s = layout, timeout_s
+        self._job = _Job(
             contract_id=contract_id,
             weights=weights,
-            sequences=[[int(t) for t in s] for s in sequences],
+            sequences=[],
             layout=layout,
             arch=arch,
-            runs=tuple(runs),
             device=device,
             port=_free_port(),
-            out_dir=out_dir,
         )
-        run_spawned(job)
-        results: list[TrainerResult] = torch.load(Path(out_dir) / "result.pt", weights_only=False)
-        for i, res in enumerate(results):
-            if job.runs[i].dump_layers:
-                res.layer_dumps = _merge_dumps(Path(out_dir), i, layout.pp)
-        return results
+        self._procs: list[Any] = []
+        self._commands: list[Any] = []
+        self._results: Any = None
+
+    def __enter__(self) -> TrainerSession:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        for rank in range(self.layout.world_size):
+            commands = ctx.Queue()
+            proc = ctx.Process(
+                target=_session_worker,
+                args=(rank, self._job, commands, self._results),
+                daemon=True,
+            )
+            proc.start()
+            self._procs.append(proc)
+            self._commands.append(commands)
+
+    def logprobs(self, sequences: Sequence[Sequence[int]], run: TrainerRun | None = None):
+        """One forward (or, with ``run.grads``, one backward) of ``sequences``."""
+        import queue
+        import time
+
+        run = run or TrainerRun()
+        seqs = [[int(t) for t in seq] for seq in sequences]
+        for commands in self._commands:
+            commands.put((seqs, run))
+        replies: dict[int, tuple] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(replies) < self.layout.world_size:
+            try:
+                rank, status, *payload = self._results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    self.close()
+                    why = f"rank(s) {dead} exited" if dead else f"no reply in {self.timeout_s} s"
+                    raise RuntimeError(f"trainer session ({self.layout.name}): {why}") from None
+                continue
+            replies[rank] = (status, *payload)
+        errors = [f"rank {r}:\n{p[1]}" for r, p in sorted(replies.items()) if p[0] == "err"]
+        if errors:
+            raise RuntimeError("trainer forward failed\n" + "\n".join(errors))
+        results = [p[1] for _, p in sorted(replies.items()) if p[1] is not None]
+        result: TrainerResult = results[0]
+        if run.dump_layers:
+            merged: list[dict[str, torch.Tensor]] = []
+            for _, p in sorted(replies.items(), key=lambda kv: (kv[1][3] or 0)):
+                dumps = p[2]
+                if dumps is None:
+                    continue
+                if not merged:
+                    merged = [dict(d) for d in dumps]
+                else:
+                    for a, b in zip(merged, dumps, strict=True):
+                        a.update(b)
+            result.layer_dumps = merged
+        return result
+
+    def close(self) -> None:
+        for commands in self._commands:
+            commands.put(None)
+        for proc in self._procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self._procs, self._commands = [], []
 
 
-def _merge_dumps(out_dir: Path, run: int, pp: int) -> list[dict[str, torch.Tensor]]:
-    merged: list[dict[str, torch.Tensor]] | None = None
-    for stage in range(pp):
-        part = torch.load(out_dir / f"dumps-{run}-pp{stage}.pt", weights_only=False)
-        if merged is None:
-            merged = part
-        else:
-            for a, b in zip(merged, part, strict=True):
-                a.update(b)
-    return merged or []
+def _session_worker(rank: int, job: _Job, commands: Any, results: Any) -> None:
+    import traceback
 
-
-def run_spawned(job: _Job) -> None:
-    """Run ``_worker`` in ``world_size`` spawned processes (gloo); raises if any fails."""
-    import torch.multiprocessing as mp
-
-    mp.start_processes(
-        _worker, args=(job,), nprocs=job.layout.world_size, join=True, start_method="spawn"
-    )
-
-
-def _worker(rank: int, job: _Job) -> None:
     from . import runtime
 
     torch.set_num_threads(1)
-    runtime.init_distributed(rank, job.layout, job.port, job.device)
     try:
-        results = []
-        for i, run in enumerate(job.runs):
-            step = runtime.stage_grads if run.grads else runtime.stage_logprobs
-            result, dumps = step(job, run)
-            results.append(result)
-            if dumps is not None:
-                torch.save(dumps, Path(job.out_dir) / f"dumps-{i}-pp{runtime.pp_rank()}.pt")
-        if results[0] is not None:
-            torch.save(results, Path(job.out_dir) / "result.pt")
+        runtime.init_distributed(rank, job.layout, job.port, job.device)
+    except Exception:
+        results.put((rank, "err", traceback.format_exc(), None, None))
+        return
+    try:
+        while (command := commands.get()) is not None:
+            sequences, run = command
+            try:
+                step = runtime.stage_grads if run.grads else runtime.stage_logprobs
+                result, dumps = step(dataclasses.replace(job, sequences=sequences), run)
+                results.put((rank, "ok", result, dumps, runtime.pp_rank()))
+            except Exception:
+                results.put((rank, "err", traceback.format_exc(), None, None))
     finally:
         runtime.shutdown()
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contractgen.adapters.megatron.trainer import TrainerFault, TrainerRun, trainer_logprobs_runs
+from contractgen.adapters.megatron.trainer import (
+    TrainerFault,
+    TrainerRun,
+    TrainerSession,
+    trainer_logprobs_runs,
+)
 
 V1 = "qwen3_dense_true_on_policy_v1"
 
@@ -75,15 +80,16 @@ def tp1(arch, weights, sequences):
         TrainerRun(dtype_override="float32", dump_layers=True),
         fp32_kv_twin,
     ]
-    results = trainer_logprobs_runs(V1, weights, sequences, (1, 1, 1), runs, arch=arch)
-    tree = trainer_logprobs_runs(
-        V1,
-        weights,
-        tree_seqs,
-        (1, 1, 1),
-        [TrainerRun(), TrainerRun(prefix_tree=True, prompt_lens=prompt_lens)],
-        arch=arch,
-    )
+    # One session (one spawn) serves every run and both sequence sets.
+    with TrainerSession(V1, weights, (1, 1, 1), arch=arch) as session:
+        results = [session.logprobs(sequences, run) for run in runs]
+        tree = [
+            session.logprobs(tree_seqs, TrainerRun()),
+            session.logprobs(tree_seqs, TrainerRun(prefix_tree=True, prompt_lens=prompt_lens)),
+        ]
+        with pytest.raises(RuntimeError, match="has no field"):
+            session.logprobs(sequences, _rt(no_such_field=True))
+        results.append(session.logprobs(sequences, TrainerRun()))  # still alive after an error
     return results, tree, tree_seqs
 
 
@@ -113,6 +119,7 @@ def test_model_is_megatron_core_gpt_model(arch):
 def test_tp1_exact(tp1, rollout_logprobs):
     results, _, _ = tp1
     assert _exact(results[0].logprobs, rollout_logprobs)
+    assert _exact(results[-1].logprobs, rollout_logprobs)  # the session survived a failed run
 
 
 def test_tp1_layer_dumps_match_rollout(tp1, arch, weights, sequences):
@@ -152,7 +159,7 @@ def test_tp1_float32_diagnostic_mode_exact_and_kv_chunk_twin(tp1, arch, weights,
     want_lp = rollout_rescore(V1, arch, weights, sequences, kp=kp32)
     want_layers = [rollout_layer_outputs(V1, arch, weights, s, kp=kp32) for s in sequences]
     results, _, _ = tp1
-    exact32, kv_twin = results[-2], results[-1]
+    exact32, kv_twin = results[-3], results[-2]
     assert exact32.logprobs[0].dtype == torch.float32
     assert _forward_exact(exact32, want_lp, want_layers)
     assert not _forward_exact(kv_twin, want_lp, want_layers)
