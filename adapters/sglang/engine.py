@@ -82,6 +82,7 @@ class RolloutEngine:
     def generate(self, requests: Sequence[Request]) -> dict[str, Completion]:
         """Run all requests to completion; returns completions by request id."""
         V = self.model.arch.vocab_size
+        self._check(requests)
         pending = sorted(requests, key=lambda r: (r.arrival_step, r.rid))
         done: dict[str, Completion] = {}
         running: list[tuple[Request, Completion, KVCache, torch.Generator]] = []
@@ -122,6 +123,29 @@ class RolloutEngine:
             step += 1
             prog(f"step {step}, {len(running)} running, {len(pending)} waiting, {len(done)} done")
         return done
+
+    def _check(self, requests: Sequence[Request]) -> None:
+        """Refuse requests the model cannot serve, naming the request and the limit."""
+        arch = self.model.arch
+        seen: set[str] = set()
+        for r in requests:
+            if r.rid in seen:
+                raise ValueError(f"request id {r.rid!r} is used twice")
+            seen.add(r.rid)
+            if not r.prompt or r.max_new_tokens < 1:
+                raise ValueError(
+                    f"request {r.rid!r}: needs a non-empty prompt and max_new_tokens >= 1"
+                )
+            if bad := [t for t in r.prompt if not 0 <= t < arch.vocab_size]:
+                raise ValueError(
+                    f"request {r.rid!r}: token ids {bad[:3]} outside [0, {arch.vocab_size})"
+                )
+            total = len(r.prompt) + r.max_new_tokens
+            if arch.max_position_embeddings and total > arch.max_position_embeddings:
+                raise ValueError(
+                    f"request {r.rid!r}: prompt {len(r.prompt)} + max_new_tokens {r.max_new_tokens} "
+                    f"exceeds max_position_embeddings={arch.max_position_embeddings} of {arch.name}"
+                )
 
     def rescore(
         self, sequence: Sequence[int], *, layer_outputs: list | None = None

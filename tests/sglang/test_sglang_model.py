@@ -240,3 +240,14 @@ def test_layer_outputs_and_progress_line(ref_model, kp, runtime_policy, capsys, 
 def _eager_progress_init(self, label, enabled=True, after=0.0, every=0.0):
     self.label, self.enabled, self.after, self.every = label, enabled, 0.0, 0.0
     self.t0 = self.last = 0.0
+
+
+def test_requests_the_model_cannot_serve_are_refused(ref_model, kp, runtime_policy):
+    eng = _engine(*ref_model, kp, runtime_policy(1))
+    limit = ref_model[0].max_position_embeddings
+    with pytest.raises(ValueError, match="request 'x': prompt 3 \\+ max_new_tokens .* exceeds"):
+        eng.generate([Request("x", (1, 2, 3), limit)])
+    with pytest.raises(ValueError, match=r"token ids \[5000\] outside \[0, 1000\)"):
+        eng.generate([Request("y", (5000,), 1)])
+    with pytest.raises(ValueError, match="used twice"):
+        eng.generate([Request("z", (1,), 1), Request("z", (2,), 1)])
