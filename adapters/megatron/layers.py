@@ -18,10 +18,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from megatron.core.tensor_parallel.mappings import (
-    copy_to_tensor_model_parallel_region,
-    reduce_from_tensor_model_parallel_region,
-)
+from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 from megatron.core.transformer.mlp import MLP
 
 from .autograd import straight_through
@@ -355,7 +352,6 @@ __all__ = [
     "SGLangOutputLayer",
     "SGLangQKRMSNorm",
     "SGLangRowParallelLinear",
-    "copy_to_tensor_model_parallel_region",
     "join_carrier",
     "residual_add",
     "split_carrier",

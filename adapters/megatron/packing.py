@@ -88,8 +88,9 @@ def pack_sequences(
 ) -> Pack:
     """Pack ``sequences`` into one row.
 
-    ``prefix_tree=True`` with ``prompt_lens`` stores a prompt shared by consecutive... any
-    sequences once (sequences with an identical prompt prefix share its row indices).
+    ``prefix_tree=True`` with ``prompt_lens`` stores each distinct prompt once: sequences whose
+    first ``prompt_lens[i]`` tokens are identical share those rows (a prefix tree of depth one).
+    ``pad_to_multiple`` pads the row (CP shards must be equal); padding tokens get their own path.
     """
     tokens: list[int] = []
     positions: list[int] = []

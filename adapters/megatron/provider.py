@@ -112,6 +112,7 @@ def get_sglang_layer_spec(config: Any) -> ModuleSpec:
             pre_mlp_layernorm=norm,
             mlp=ModuleSpec(
                 module=SGLangMLP,
+                params={"ffn_hidden_size": config.ffn_hidden_size},
                 submodules=MLPSubmodules(
                     linear_fc1=backend.column_parallel_linear(),
                     linear_fc2=backend.row_parallel_linear(),

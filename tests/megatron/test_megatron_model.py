@@ -188,11 +188,15 @@ def test_parallel_layout_exact(
     runs = [TrainerRun(dump_layers=True), twin]
     if layout[2] > 1:  # the all-gather CP layout computes the same per-query function
         runs.append(_rt(cp_layout=None))
-    exact, broken, *other = trainer_logprobs_runs(V1, weights, sequences, layout, runs, arch=arch)
+    with TrainerSession(V1, weights, layout, arch=arch) as session:
+        exact, broken, *other = [session.logprobs(sequences, run) for run in runs]
+        # 79 tokens: odd, so under CP the row is padded (the padding gets its own path).
+        odd = session.logprobs(sequences[:2])
     assert _forward_exact(exact, rollout_logprobs, rollout_layers)
     assert not _forward_exact(broken, rollout_logprobs, rollout_layers)
     for same in other:
         assert _forward_exact(same, rollout_logprobs, rollout_layers)
+    assert _exact(odd.logprobs, rollout_logprobs[:2])
 
 
 def test_tp2_exact(arch, weights, sequences, rollout_logprobs, rollout_layers):
