@@ -351,3 +351,16 @@ def test_runtime_policies_are_frozen(sglang) -> None:
     policy = rp.policy_for(V1_ID, SimpleNamespace(tp_size=2))
     with pytest.raises(dataclasses.FrozenInstanceError):
         policy.enabled = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("target", sorted(PACKAGES))
+def test_validate_takes_an_id_or_a_config(target: str) -> None:
+    """Megatron's public validate takes the id, SGLang's takes server_args: both work."""
+    _, rp = _load(target)
+    rp.validate_true_on_policy_contract(V1_ID)
+    rp.validate_true_on_policy_contract(None)
+    rp.validate_true_on_policy_contract(SimpleNamespace(true_on_policy_contract=V1_ID))
+    rp.validate_true_on_policy_contract(SimpleNamespace(true_on_policy_contract=None))
+    rp.validate_true_on_policy_contract(SimpleNamespace())
+    with pytest.raises(ValueError, match="'nope_v1'"):
+        rp.validate_true_on_policy_contract(SimpleNamespace(true_on_policy_contract="nope_v1"))

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:f3bc99ab4d325606829ca2e9d2bca0c5e0091de23ab95adef0d240a77fc8dd8b
-# sha256: faf328b5147ea7dff17a3f64ba824d06e3467ec6fd498c7d970c43c6da90e021
+# sha256: 67f0fb778ff59ef3088897b23dd4de62060d5035e1fd1b31004dadb8727980a8
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -193,9 +193,17 @@ def get_true_on_policy_contract(contract_name: str) -> LauncherTrueOnPolicyContr
         raise UnknownContractError(contract_name) from None
 
 
-def validate_true_on_policy_contract(contract_name: str | None) -> None:
-    if contract_name is not None:
-        get_true_on_policy_contract(contract_name)
+def validate_true_on_policy_contract(contract_name_or_config: Any) -> None:
+    """Raise UnknownContractError for an unknown id; None (no contract) is fine.
+
+    Takes the id, as the public Megatron module does, or a config object whose
+    ``true_on_policy_contract`` names it, as the public SGLang module does (server_args).
+    """
+    value = contract_name_or_config
+    if value is not None and not isinstance(value, str):
+        value = getattr(value, "true_on_policy_contract", None)
+    if value is not None:
+        get_true_on_policy_contract(value)
 
 
 def policy_for(contract_id: str, config: Any = None) -> LauncherTrueOnPolicyRuntimePolicy:

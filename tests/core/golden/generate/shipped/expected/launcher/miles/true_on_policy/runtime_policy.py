@@ -6,7 +6,7 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
 #   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
-# sha256: 7f67582ccb165971d5552288b12fac21b15e590e337b19569f24682f6d77a9ce
+# sha256: 9869235ceefa6f87196a6b29e6c04cefe486af33cd0b4cbbbdb4278f2cc92211
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -216,9 +216,17 @@ def get_true_on_policy_contract(contract_name: str) -> LauncherTrueOnPolicyContr
         raise UnknownContractError(contract_name) from None
 
 
-def validate_true_on_policy_contract(contract_name: str | None) -> None:
-    if contract_name is not None:
-        get_true_on_policy_contract(contract_name)
+def validate_true_on_policy_contract(contract_name_or_config: Any) -> None:
+    """Raise UnknownContractError for an unknown id; None (no contract) is fine.
+
+    Takes the id, as the public Megatron module does, or a config object whose
+    ``true_on_policy_contract`` names it, as the public SGLang module does (server_args).
+    """
+    value = contract_name_or_config
+    if value is not None and not isinstance(value, str):
+        value = getattr(value, "true_on_policy_contract", None)
+    if value is not None:
+        get_true_on_policy_contract(value)
 
 
 def policy_for(contract_id: str, config: Any = None) -> LauncherTrueOnPolicyRuntimePolicy:

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:f3bc99ab4d325606829ca2e9d2bca0c5e0091de23ab95adef0d240a77fc8dd8b
-# sha256: 103e42715d1f05ec71440e8d623d8c6f0330ef45d15b9706c3bf86e5f8e0f842
+# sha256: 77491ce7e4a020c33c12e0e3fae7b585f801030f359bdd79887a52e654145497
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -207,9 +207,17 @@ def get_true_on_policy_contract(contract_name: str) -> MegatronTrueOnPolicyContr
         raise UnknownContractError(contract_name) from None
 
 
-def validate_true_on_policy_contract(contract_name: str | None) -> None:
-    if contract_name is not None:
-        get_true_on_policy_contract(contract_name)
+def validate_true_on_policy_contract(contract_name_or_config: Any) -> None:
+    """Raise UnknownContractError for an unknown id; None (no contract) is fine.
+
+    Takes the id, as the public Megatron module does, or a config object whose
+    ``true_on_policy_contract`` names it, as the public SGLang module does (server_args).
+    """
+    value = contract_name_or_config
+    if value is not None and not isinstance(value, str):
+        value = getattr(value, "true_on_policy_contract", None)
+    if value is not None:
+        get_true_on_policy_contract(value)
 
 
 def policy_for(contract_id: str, config: Any = None) -> MegatronTrueOnPolicyRuntimePolicy:

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:f3bc99ab4d325606829ca2e9d2bca0c5e0091de23ab95adef0d240a77fc8dd8b
-# sha256: 269e266d4f70033dda5441c93e39b12ee17afa6e3554af7e8b22e73d001f98c4
+# sha256: 484db0586a7b2a8ff4ca689ea366068d66a7de71b4a2050b1662d0e8074e0274
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -174,9 +174,17 @@ def get_true_on_policy_contract(contract_name: str) -> SGLangTrueOnPolicyContrac
         raise UnknownContractError(contract_name) from None
 
 
-def validate_true_on_policy_contract(contract_name: str | None) -> None:
-    if contract_name is not None:
-        get_true_on_policy_contract(contract_name)
+def validate_true_on_policy_contract(contract_name_or_config: Any) -> None:
+    """Raise UnknownContractError for an unknown id; None (no contract) is fine.
+
+    Takes the id, as the public Megatron module does, or a config object whose
+    ``true_on_policy_contract`` names it, as the public SGLang module does (server_args).
+    """
+    value = contract_name_or_config
+    if value is not None and not isinstance(value, str):
+        value = getattr(value, "true_on_policy_contract", None)
+    if value is not None:
+        get_true_on_policy_contract(value)
 
 
 def policy_for(contract_id: str, config: Any = None) -> SGLangTrueOnPolicyRuntimePolicy:

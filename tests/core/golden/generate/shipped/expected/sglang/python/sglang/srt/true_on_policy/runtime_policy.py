@@ -6,7 +6,7 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
 #   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
-# sha256: a38277aca5b88d493e02b3f8c683c9966f63c8d8024f3a131144c96c2dc6355c
+# sha256: c238425f9ae309a2c80748817cb2d2bf75197daade14c3220620453251f8220f
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -193,9 +193,17 @@ def get_true_on_policy_contract(contract_name: str) -> SGLangTrueOnPolicyContrac
         raise UnknownContractError(contract_name) from None
 
 
-def validate_true_on_policy_contract(contract_name: str | None) -> None:
-    if contract_name is not None:
-        get_true_on_policy_contract(contract_name)
+def validate_true_on_policy_contract(contract_name_or_config: Any) -> None:
+    """Raise UnknownContractError for an unknown id; None (no contract) is fine.
+
+    Takes the id, as the public Megatron module does, or a config object whose
+    ``true_on_policy_contract`` names it, as the public SGLang module does (server_args).
+    """
+    value = contract_name_or_config
+    if value is not None and not isinstance(value, str):
+        value = getattr(value, "true_on_policy_contract", None)
+    if value is not None:
+        get_true_on_policy_contract(value)
 
 
 def policy_for(contract_id: str, config: Any = None) -> SGLangTrueOnPolicyRuntimePolicy:
