@@ -244,3 +244,11 @@ def test_cuda_layout_exact_vs_cuda_rollout(arch, weights, sequences, layout):
         V1, weights, sequences, layout, [TrainerRun()], device="cuda", arch=arch
     )
     assert _exact(res.logprobs, [w.cpu() for w in want])
+
+
+def test_tp2pp2_exact(arch, weights, sequences, rollout_logprobs, rollout_layers):
+    """Four ranks: TP=2 inside each of two pipeline stages."""
+    (res,) = trainer_logprobs_runs(
+        V1, weights, sequences, (2, 2, 1), [TrainerRun(dump_layers=True)], arch=arch
+    )
+    assert _forward_exact(res, rollout_logprobs, rollout_layers)
