@@ -63,6 +63,18 @@ TP1_TWINS = {
 }
 
 
+# A residual stream wider than the dense dtype (on both sides): the casts that are no-ops under
+# v1/v2 (bf16 everywhere) become visible, and megatron's bias-dropout-add (which casts the residual
+# to the output's dtype) no longer matches SGLang's separately carried residual.
+WIDE_RESIDUAL = {"residual_dtype": "float32"}
+WIDE_RESIDUAL_TWINS = {
+    "contract": {},
+    "cast_attention_input_to_dense_math_dtype": {"cast_attention_input_to_dense_math_dtype": False},
+    "cast_lm_head_input_to_weight_dtype": {"cast_lm_head_input_to_weight_dtype": False},
+    "use_sglang_residual_pair": {"use_sglang_residual_pair": False},
+}
+
+
 @pytest.fixture(scope="module")
 def tp1(arch, weights, sequences):
     prompt_lens = (5, 5, 5)
@@ -90,7 +102,17 @@ def tp1(arch, weights, sequences):
         with pytest.raises(RuntimeError, match="has no field"):
             session.logprobs(sequences, _rt(no_such_field=True))
         results.append(session.logprobs(sequences, TrainerRun()))  # still alive after an error
-    return results, tree, tree_seqs
+        wide = {
+            name: session.logprobs(
+                sequences,
+                TrainerRun(
+                    dump_layers=True,
+                    fault=TrainerFault(kernel_policy=WIDE_RESIDUAL, runtime_policy=change),
+                ),
+            )
+            for name, change in WIDE_RESIDUAL_TWINS.items()
+        }
+    return results, tree, tree_seqs, wide
 
 
 def test_model_is_megatron_core_gpt_model(arch):
@@ -117,7 +139,7 @@ def test_model_is_megatron_core_gpt_model(arch):
 
 
 def test_tp1_exact(tp1, rollout_logprobs):
-    results, _, _ = tp1
+    results, *_ = tp1
     assert _exact(results[0].logprobs, rollout_logprobs)
     assert _exact(results[-1].logprobs, rollout_logprobs)  # the session survived a failed run
 
@@ -125,7 +147,7 @@ def test_tp1_exact(tp1, rollout_logprobs):
 def test_tp1_layer_dumps_match_rollout(tp1, arch, weights, sequences):
     from megatron_reference import rollout_layer_outputs
 
-    results, _, _ = tp1
+    results, *_ = tp1
     dumps = results[1].layer_dumps
     for i, seq in enumerate(sequences):
         want = rollout_layer_outputs(V1, arch, weights, seq)
@@ -142,7 +164,7 @@ def rollout_layers(arch, weights, sequences):
 
 @pytest.mark.parametrize("name", sorted(TP1_TWINS))
 def test_tp1_twin_breaks_exactness(tp1, rollout_logprobs, rollout_layers, name):
-    results, _, _ = tp1
+    results, *_ = tp1
     assert _forward_exact(results[1], rollout_logprobs, rollout_layers)
     index = 2 + list(TP1_TWINS).index(name)
     assert not _forward_exact(results[index], rollout_logprobs, rollout_layers), name
@@ -158,17 +180,33 @@ def test_tp1_float32_diagnostic_mode_exact_and_kv_chunk_twin(tp1, arch, weights,
     kp32 = float32_kernel_policy(generated().schema.kernel_policy_for(V1))
     want_lp = rollout_rescore(V1, arch, weights, sequences, kp=kp32)
     want_layers = [rollout_layer_outputs(V1, arch, weights, s, kp=kp32) for s in sequences]
-    results, _, _ = tp1
+    results, *_ = tp1
     exact32, kv_twin = results[-3], results[-2]
     assert exact32.logprobs[0].dtype == torch.float32
     assert _forward_exact(exact32, want_lp, want_layers)
     assert not _forward_exact(kv_twin, want_lp, want_layers)
 
 
+@pytest.mark.parametrize("name", sorted(WIDE_RESIDUAL_TWINS))
+def test_wide_residual_makes_cast_fields_load_bearing(tp1, arch, weights, sequences, name):
+    import dataclasses
+
+    from megatron_reference import rollout_layer_outputs, rollout_rescore
+
+    from contractgen.adapters.megatron.policy import generated
+
+    kp = dataclasses.replace(generated().schema.kernel_policy_for(V1), **WIDE_RESIDUAL)
+    want_lp = rollout_rescore(V1, arch, weights, sequences, kp=kp)
+    want_layers = [rollout_layer_outputs(V1, arch, weights, s, kp=kp) for s in sequences]
+    *_, wide = tp1
+    exact = _forward_exact(wide[name], want_lp, want_layers)
+    assert exact == (name == "contract"), name
+
+
 def test_prefix_tree_packing_equals_flat_packing_and_rollout(tp1, arch, weights):
     from megatron_reference import rollout_rescore
 
-    _, tree, tree_seqs = tp1
+    _, tree, tree_seqs, _ = tp1
     flat, packed_tree = tree
     assert _exact(packed_tree.logprobs, flat.logprobs)
     assert _exact(flat.logprobs, rollout_rescore(V1, arch, weights, tree_seqs))
