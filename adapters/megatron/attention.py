@@ -115,9 +115,10 @@ def _megatron_rope(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
     return x * c + _rotate_half(x, False) * s
 
 
-ROPE_BY_CAST_QK_AFTER_ROPE: dict[bool, Callable[..., torch.Tensor]] = {
-    True: _rope_then_dense,
-    False: _rope_keep_rope_dtype,
+# disable_rope_fusion -> cast_qk_after_rope_to_dense_math_dtype -> RoPE implementation.
+ROPE: dict[bool, dict[bool, Callable[..., torch.Tensor]]] = {
+    True: {True: _rope_then_dense, False: _rope_keep_rope_dtype},
+    False: {True: _megatron_rope, False: _megatron_rope},
 }
 
 
@@ -220,10 +221,9 @@ class SGLangCoreAttention(MegatronModule):
         self.rope_scaling = getattr(config, "true_on_policy_rope_scaling", None)
         self.max_position = int(getattr(config, "true_on_policy_max_position_embeddings", 0))
         self._to_full_seq, self._to_local_seq = CP_LAYOUTS[self.runtime_policy.cp_layout]
-        rope_table = ROPE_BY_CAST_QK_AFTER_ROPE
-        if not self.runtime_policy.disable_rope_fusion:
-            rope_table = {True: _megatron_rope, False: _megatron_rope}
-        self._rope = rope_table[bool(self.runtime_policy.cast_qk_after_rope_to_dense_math_dtype)]
+        self._rope = ROPE[bool(self.runtime_policy.disable_rope_fusion)][
+            bool(self.runtime_policy.cast_qk_after_rope_to_dense_math_dtype)
+        ]
         self._attention = ATTENTION_BACKENDS[self.runtime_policy.attention_backend]
         self._recompute = bool(self.runtime_policy.use_ulysses_cp_recompute_fallback)
 
