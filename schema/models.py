@@ -363,6 +363,18 @@ class Contract(_Model):
     parallel: ParallelSupport
     kernel_policy: KernelPolicy
     runtime_policy: RuntimePolicies
+    unobservable: dict[
+        Annotated[str, Field(pattern=r"^(kernel_policy|runtime_policy\.[a-z]+)\.[a-z0-9_]+$")],
+        Annotated[str, Field(min_length=1)],
+    ] = Field(
+        default_factory=dict,
+        description=(
+            "Policy fields whose flip cannot change any forward logprob under this contract's "
+            "numerics, keyed by field path, each with why the field exists and where it is "
+            "tested instead. The parity gate reports these faults as explained instead of "
+            "undetected, and fails if one of them is detected after all."
+        ),
+    )
 
 
 TARGET_POLICY_MODELS: dict[str, type[_Model]] = {

@@ -213,6 +213,18 @@ def check_policy_consistency(c: Contract) -> Iterator[Finding]:
         )
 
 
+def check_unobservable_paths(c: Contract) -> Iterator[Finding]:
+    """Every ``unobservable`` key names a real kernel- or runtime-policy field."""
+    for path in c.unobservable:
+        parts = path.split(".")
+        owner = c.kernel_policy if parts[0] == "kernel_policy" else None
+        if parts[0] == "runtime_policy":
+            owner = getattr(c.runtime_policy, parts[1], None)
+        if owner is None or parts[-1] not in type(owner).model_fields:
+            known = "kernel_policy.<field> or runtime_policy.<sglang|megatron|launcher>.<field>"
+            yield f"unobservable.{path}", f"names no policy field (expected {known})"
+
+
 RULES: tuple[Callable[[Contract], Iterator[Finding]], ...] = (
     check_unique_sizes,
     check_tree_needs_power_of_two,
@@ -220,6 +232,7 @@ RULES: tuple[Callable[[Contract], Iterator[Finding]], ...] = (
     check_vocab_block,
     check_layers_vs_pp,
     check_policy_consistency,
+    check_unobservable_paths,
 )
 
 

@@ -52,6 +52,11 @@ RULES: dict[str, Rule] = {
         Rule("CHECKPOINT_ADDED", False, "a new known checkpoint under an existing id"),
         Rule("CHECKPOINTS_REORDERED", False, "known checkpoints listed in another order"),
         Rule("DESCRIPTION_CHANGED", False, "description edited (documentation only)"),
+        Rule(
+            "UNOBSERVABLE_NOTES_CHANGED",
+            False,
+            "notes on fields the gate cannot observe changed (documentation of the fault gate)",
+        ),
         Rule("SUPERSEDES_CHANGED", False, "supersession link changed (metadata, not numerics)"),
         Rule(
             "FORMATTING_CHANGED", False, "comments or formatting only; the contract data is equal"
@@ -73,6 +78,7 @@ FIELD_RULES: dict[str, str] = {
     "parallel": "PARALLEL_CHANGED",
     "kernel_policy": "KERNEL_POLICY_CHANGED",
     "runtime_policy": "RUNTIME_POLICY_CHANGED",
+    "unobservable": "UNOBSERVABLE_NOTES_CHANGED",
 }
 
 

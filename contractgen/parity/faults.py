@@ -21,7 +21,7 @@ KERNEL_ALTERNATIVES: dict[str, dict[Any, Any]] = {
 
 # runtime-policy string fields: what the stock engine would run instead
 STRING_ALTERNATIVES: dict[str, dict[Any, Any]] = {
-    "attention_backend": {"fa3_varlen": "default", "default": "fa3_varlen"},
+    "attention_backend": {"fa3_varlen": "sdpa", "sdpa": "fa3_varlen", None: "fa3_varlen"},
     "cp_layout": {"ulysses_a2a": None, None: "ulysses_a2a"},
 }
 
@@ -32,14 +32,23 @@ SKIPPED_FIELDS = ("contract_name",)  # identity, not behaviour
 class Fault:
     """One field flipped on one side."""
 
-    side: str  # "rollout" (SGLang runtime policy) or "trainer" (Megatron runtime / kernel policy)
-    kind: str  # "runtime" or "kernel"
+    side: str  # "rollout" or "trainer"
+    kind: str  # "runtime" (that side's runtime policy) or "kernel" (the shared KernelPolicy)
     field: str
 
     @property
     def name(self) -> str:
-        owner = {"rollout": "sglang", "trainer": "megatron"}[self.side]
-        return f"kernel.{self.field}" if self.kind == "kernel" else f"{owner}.{self.field}"
+        """``sglang.F`` / ``megatron.F`` for runtime fields, ``kernel.F@rollout|trainer``."""
+        if self.kind == "kernel":
+            return f"kernel.{self.field}@{self.side}"
+        return f"{ {'rollout': 'sglang', 'trainer': 'megatron'}[self.side]}.{self.field}"
+
+    @property
+    def contract_path(self) -> str:
+        """The field's path in a contract file (the key of its ``unobservable`` notes)."""
+        if self.kind == "kernel":
+            return f"kernel_policy.{self.field}"
+        return f"runtime_policy.{ {'rollout': 'sglang', 'trainer': 'megatron'}[self.side]}.{self.field}"
 
 
 def flipped(field: str, value: Any, kind: str) -> Any:
@@ -60,7 +69,8 @@ def flipped(field: str, value: Any, kind: str) -> Any:
 
 
 def catalogue(kernel_policy: Any, sglang_policy: Any, megatron_policy: Any) -> list[Fault]:
-    """Every fault: SGLang fields on the rollout, Megatron fields and kernel choices on the trainer."""
+    """Every fault: each side's runtime fields on that side, every kernel choice on both sides
+    (both engines implement the same numerics, so each must read every kernel field)."""
     faults = [
         Fault("rollout", "runtime", f.name)
         for f in dataclasses.fields(sglang_policy)
@@ -71,5 +81,9 @@ def catalogue(kernel_policy: Any, sglang_policy: Any, megatron_policy: Any) -> l
         for f in dataclasses.fields(megatron_policy)
         if f.name not in SKIPPED_FIELDS
     ]
-    faults += [Fault("trainer", "kernel", f.name) for f in dataclasses.fields(kernel_policy)]
+    faults += [
+        Fault(side, "kernel", f.name)
+        for f in dataclasses.fields(kernel_policy)
+        for side in ("rollout", "trainer")
+    ]
     return faults

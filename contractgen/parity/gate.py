@@ -42,12 +42,25 @@ def run_gate(config: GateConfig) -> dict:
 
     t0 = time.perf_counter()
     schema = load_target("sglang").schema
-    run = GateRun(config)
+    with GateRun(config) as run:
+        return _run_gate(run, schema, t0)
+
+
+def _run_gate(run: GateRun, schema, t0: float) -> dict:
+    config = run.config
     layouts = run_layouts(run)
     faults = (
         run_faults(run)
         if config.inject_faults
-        else {"injected": 0, "detected": 0, "undetected": [], "errors": {}, "details": {}}
+        else {
+            "injected": 0,
+            "detected": 0,
+            "undetected": [],
+            "explained": {},
+            "contradicted": [],
+            "errors": {},
+            "details": {},
+        }
     )
     reference, reference_note = None, None
     if isinstance(config.weights, (str, Path)):
@@ -86,7 +99,9 @@ def run_gate(config: GateConfig) -> dict:
 def passed(report: dict) -> bool:
     faults = report["faults"]
     exact = all(lay["exact"] for lay in report["layouts"])
-    return exact and not faults["undetected"] and not faults.get("errors")
+    return exact and not (
+        faults["undetected"] or faults.get("errors") or faults.get("contradicted")
+    )
 
 
 def table(report: dict) -> str:
@@ -116,6 +131,14 @@ def table(report: dict) -> str:
         lines += ["", f"faults    {f['detected']}/{f['injected']} detected"]
         lines += [f"          undetected: {name}" for name in f["undetected"]]
         lines += [f"          error: {name}: {how}" for name, how in f.get("errors", {}).items()]
+        lines += [
+            f"          listed unobservable but detected: {n}" for n in f.get("contradicted", [])
+        ]
+        if f.get("explained"):
+            lines.append(
+                f"          {len(f['explained'])} unobservable by the contract's own notes:"
+            )
+            lines += [f"            {name}" for name in f["explained"]]
     ref = report["reference"]
     lines.append("")
     lines.append(

@@ -20,7 +20,7 @@ import torch
 
 from .faults import Fault, catalogue, flipped
 from .layouts import ParityLayout
-from .rollout import RolloutResult, run_rollout
+from .rollout import RolloutJob, RolloutResult, RolloutSession
 
 # Which rollout logprobs the trainer must equal, by the contract's logprob contract.
 ROLLOUT_LOGPROBS: dict[str, Callable[[RolloutResult], list[torch.Tensor]]] = {
@@ -73,50 +73,70 @@ class GateConfig:
 
 @dataclass
 class GateRun:
-    """Cached baseline runs, so each fault re-runs only the faulted side."""
+    """Cached baseline runs and live process sessions, so each fault re-runs only its side."""
 
     config: GateConfig
     rollouts: dict[int, RolloutResult] = field(default_factory=dict)
     trainers: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    _rollout_sessions: dict[int, RolloutSession] = field(default_factory=dict)
+    _trainer_sessions: dict[str, Any] = field(default_factory=dict)
+
+    def __enter__(self) -> GateRun:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for session in [*self._rollout_sessions.values(), *self._trainer_sessions.values()]:
+            session.close()
+        self._rollout_sessions.clear()
+        self._trainer_sessions.clear()
 
     @property
     def logprob_contract(self) -> str:
         from ..vendored import load_target
 
-        return (
-            load_target("sglang")
-            .schema.get_contract_schema(self.config.contract_id)
-            .logprob_contract
-        )
+        schema = load_target("sglang").schema
+        return schema.get_contract_schema(self.config.contract_id).logprob_contract
 
     def rollout(self, tp: int, **changes: Any) -> RolloutResult:
         if not changes and tp in self.rollouts:
             return self.rollouts[tp]
-        result = run_rollout(
+        if tp not in self._rollout_sessions:
+            self._rollout_sessions[tp] = RolloutSession(tp, self.config.device)
+        job = RolloutJob(
             self.config.contract_id, self.config.weights, tp,
-            dtype_override=self.config.dtype_override, **changes,
+            dtype_override=self.config.dtype_override, device=self.config.device, **changes,
         )  # fmt: skip
+        result = self._rollout_sessions[tp].run(job)
         if not changes:
             self.rollouts[tp] = result
         return result
 
-    def trainer(self, layout: ParityLayout, fault=None, dump_layers: bool = False):
-        from ..adapters.megatron.trainer import trainer_logprobs
+    def _trainer_session(self, layout: ParityLayout):
+        from ..adapters.megatron.trainer import TrainerSession
 
-        cached = layout.name in self.trainers and fault is None and not dump_layers
-        if cached:
+        if layout.name not in self._trainer_sessions:
+            session = TrainerSession(
+                self.config.contract_id, self.config.weights, (layout.tp, layout.pp, layout.cp),
+                device=self.config.device,
+            )  # fmt: skip
+            session.start()
+            self._trainer_sessions[layout.name] = session
+        return self._trainer_sessions[layout.name]
+
+    def trainer(self, layout: ParityLayout, fault=None, dump_layers: bool = False):
+        """(scored logprobs per sequence, layer dumps or None) of the trainer at ``layout``."""
+        from ..adapters.megatron.trainer import TrainerRun
+
+        if layout.name in self.trainers and fault is None and not dump_layers:
             return self.trainers[layout.name], None
         base = self.rollout(layout.tp)
-        result = trainer_logprobs(
-            self.config.contract_id,
-            self.config.weights,
-            base.sequences,
-            (layout.tp, layout.pp, layout.cp),
-            dtype_override=self.config.dtype_override,
-            device=self.config.device,
-            fault=fault,
-            dump_layers=dump_layers,
+        run = TrainerRun(
+            dtype_override=self.config.dtype_override, fault=fault, dump_layers=dump_layers
         )
+        result = self._trainer_session(layout).logprobs(base.sequences, run)
         scored = [lp[p - 1 :] for lp, p in zip(result.logprobs, base.prompt_lens, strict=True)]
         if fault is None and not dump_layers:
             self.trainers[layout.name] = scored
@@ -218,21 +238,15 @@ def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[str, s
     from ..adapters.megatron.trainer import TrainerFault
 
     kp, sg, mg = _policies_at(run, layout)
-    current = {"kernel": kp, "rollout": sg, "trainer": mg}[
-        fault.kind if fault.kind == "kernel" else fault.side
-    ]
-    value = flipped(fault.field, getattr(current, fault.field), fault.kind)
-    change = {fault.field: value}
+    owner = kp if fault.kind == "kernel" else {"rollout": sg, "trainer": mg}[fault.side]
+    change = {fault.field: flipped(fault.field, getattr(owner, fault.field), fault.kind)}
     try:
         if fault.side == "rollout":
-            rollout = run.scored_rollout(run.rollout(layout.tp, runtime_changes=change))
+            changes = {f"{fault.kind}_changes": change}
+            rollout = run.scored_rollout(run.rollout(layout.tp, **changes))
             trainer, _ = run.trainer(layout)
         else:
-            tf = (
-                TrainerFault(kernel_policy=change)
-                if fault.kind == "kernel"
-                else TrainerFault(runtime_policy=change)
-            )
+            tf = TrainerFault(**{f"{fault.kind}_policy": change})
             rollout = run.scored_rollout(run.rollout(layout.tp))
             trainer, _ = run.trainer(layout, fault=tf)
     except Exception as exc:  # reported, never counted as a detection
@@ -244,22 +258,41 @@ def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[str, s
     return "detected", f"{layout.name}: max |diff| {cmp.max_abs_diff:.3g}"
 
 
+def unobservable_notes(contract_id: str) -> dict[str, str]:
+    """The contract's notes on fields the gate cannot observe (from the generated schema)."""
+    from ..vendored import load_target
+
+    return dict(load_target("sglang").schema.CONTRACT_DATA[contract_id].get("unobservable", {}))
+
+
 def run_faults(run: GateRun) -> dict:
-    """Flip each field on one side; try layouts from the cheapest until one differs."""
+    """Flip each field on one side; try layouts from the cheapest until one differs.
+
+    A fault no layout detects fails the gate unless the contract explains it under
+    ``unobservable``; a fault the contract calls unobservable that IS detected fails it too.
+    """
     layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, lay.name))
     kp, sg, mg = _policies_at(run, layouts[0])
     faults = catalogue(kp, sg, mg)
-    detected, undetected, errors, details = [], [], {}, {}
+    notes = unobservable_notes(run.config.contract_id)
+    detected, undetected, explained, contradicted, errors, details = [], [], {}, [], {}, {}
     for i, fault in enumerate(faults):
         outcome, how = "undetected", ""
         for layout in layouts:
             outcome, how = _try_fault(run, fault, layout)
             if outcome != "undetected":
                 break
+        note = notes.get(fault.contract_path)
         if outcome == "detected":
             detected.append(fault.name)
+            if note is not None:
+                contradicted.append(fault.name)
+                how += f" (but the contract lists {fault.contract_path} as unobservable)"
         elif outcome == "error":
             errors[fault.name] = how
+        elif note is not None:
+            explained[fault.name] = note
+            outcome = "explained"
         else:
             undetected.append(fault.name)
         details[fault.name] = how or f"no layout of {[lay.name for lay in layouts]} differs"
@@ -269,6 +302,8 @@ def run_faults(run: GateRun) -> dict:
         "injected": len(faults),
         "detected": len(detected),
         "undetected": undetected,
+        "explained": explained,
+        "contradicted": contradicted,
         "errors": errors,
         "details": details,
     }

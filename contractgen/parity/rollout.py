@@ -10,11 +10,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,12 +34,13 @@ class PromptSpec:
 
 
 # Several concurrent requests of different lengths, joining and finishing at different steps,
-# greedy and seeded sampling.
+# greedy and seeded sampling. r2's prompt spans two 64-position KV chunks, so the attention
+# chunking is exercised by prefill and by decode steps that cross a chunk boundary.
 DEFAULT_WORKLOAD = (
-    PromptSpec("r0", 5, 6, 0.0, 0, 0),
-    PromptSpec("r1", 11, 4, 0.8, 1, 0),
-    PromptSpec("r2", 17, 7, 0.0, 2, 1),
-    PromptSpec("r3", 8, 5, 1.0, 3, 2),
+    PromptSpec("r0", 5, 12, 0.0, 0, 0),
+    PromptSpec("r1", 11, 8, 0.8, 1, 0),
+    PromptSpec("r2", 70, 10, 0.0, 2, 1),
+    PromptSpec("r3", 8, 10, 1.0, 3, 2),
 )
 
 
@@ -59,16 +58,17 @@ class RolloutResult:
 
 @dataclass(frozen=True)
 class RolloutJob:
+    """What one rollout run needs; faults are field changes on the rollout's policies."""
+
     contract_id: str
     weights: Any  # HF state dict or checkpoint path
     tp: int
-    workload: tuple[PromptSpec, ...]
-    dtype_override: str | None
-    kernel_changes: Mapping[str, Any]
-    runtime_changes: Mapping[str, Any]
-    dump_layers: bool
-    port: int = 0
-    out_dir: str = ""
+    workload: tuple[PromptSpec, ...] = DEFAULT_WORKLOAD
+    dtype_override: str | None = None
+    kernel_changes: Mapping[str, Any] = field(default_factory=dict)
+    runtime_changes: Mapping[str, Any] = field(default_factory=dict)
+    dump_layers: bool = False
+    device: str = "cpu"
 
 
 def policies(
@@ -111,7 +111,7 @@ def _prompts(workload: Sequence[PromptSpec], vocab_size: int) -> list[list[int]]
     return [torch.randint(0, vocab_size, (w.prompt_len,), generator=g).tolist() for w in workload]
 
 
-def _run(job: RolloutJob, group=None) -> RolloutResult:
+def _run(job: RolloutJob, group=None, device: str | None = None) -> RolloutResult:
     from ..adapters.sglang.engine import Request, RolloutEngine
     from ..adapters.sglang.model import ReferenceModel
 
@@ -119,7 +119,7 @@ def _run(job: RolloutJob, group=None) -> RolloutResult:
         job.contract_id, job.tp, job.dtype_override, job.kernel_changes, job.runtime_changes
     )
     arch, weights = model_arch(job.contract_id, job.weights)
-    model = ReferenceModel(arch, weights, kp, rp, group=group)
+    model = ReferenceModel(arch, weights, kp, rp, group=group, device=device)
     engine = RolloutEngine(model, progress=False)
     prompts = _prompts(job.workload, arch.vocab_size)
     requests = [
@@ -132,15 +132,14 @@ def _run(job: RolloutJob, group=None) -> RolloutResult:
     sequences, prompt_lens, decode_lp, prefill_lp, dumps = [], [], [], [], []
     for w in job.workload:
         c = done[w.rid]
-        seq = c.sequence
         outputs: list | None = [] if job.dump_layers else None
-        rescored = engine.rescore(seq, layer_outputs=outputs)
-        sequences.append(seq)
+        rescored = engine.rescore(c.sequence, layer_outputs=outputs)
+        sequences.append(c.sequence)
         prompt_lens.append(len(c.prompt))
-        decode_lp.append(c.logprob_tensor())
-        prefill_lp.append(rescored[len(c.prompt) - 1 :])
+        decode_lp.append(c.logprob_tensor().cpu())
+        prefill_lp.append(rescored[len(c.prompt) - 1 :].cpu())
         if outputs is not None:
-            dumps.append(outputs)
+            dumps.append([o.cpu() for o in outputs])
     t2 = time.perf_counter()
     return RolloutResult(
         sequences, prompt_lens, decode_lp, prefill_lp, t1 - t0, t2 - t1,
@@ -154,19 +153,104 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, job: RolloutJob) -> None:
+# torch.distributed backend and per-rank device for each --device choice
+BACKENDS = {"cpu": ("gloo", lambda rank: None), "cuda": ("nccl", lambda rank: f"cuda:{rank}")}
+
+
+def _worker(rank: int, tp: int, device: str, port: int, commands, results) -> None:
+    """One TP rank: runs every job it is sent until it receives None."""
+    import traceback
+
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    backend, rank_device = BACKENDS[device]
+    if device == "cuda":
+        torch.cuda.set_device(rank)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(job.port)
-    dist.init_process_group("gloo", rank=rank, world_size=job.tp)
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group(backend, rank=rank, world_size=tp)
     try:
-        result = _run(job, group=dist.group.WORLD)
-        if rank == 0:
-            torch.save(result, Path(job.out_dir) / "rollout.pt")
+        while (job := commands.get()) is not None:
+            try:
+                result = _run(job, group=dist.group.WORLD, device=rank_device(rank))
+                results.put((rank, "ok", result if rank == 0 else None))
+            except Exception:
+                results.put((rank, "err", traceback.format_exc()))
     finally:
         dist.destroy_process_group()
+
+
+class RolloutSession:
+    """Rollout TP ranks kept alive across runs (one spawn per TP size, not one per fault)."""
+
+    def __init__(self, tp: int, device: str = "cpu", timeout_s: float = 900.0):
+        if device not in BACKENDS:
+            raise ValueError(f"device={device!r}: expected one of {sorted(BACKENDS)}")
+        self.tp, self.device, self.timeout_s = tp, device, timeout_s
+        self._procs: list = []
+        self._commands: list = []
+        self._results = None
+
+    def __enter__(self) -> RolloutSession:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        port = _free_port()
+        for rank in range(self.tp):
+            commands = ctx.Queue()
+            proc = ctx.Process(
+                target=_worker,
+                args=(rank, self.tp, self.device, port, commands, self._results),
+                daemon=True,
+            )
+            proc.start()
+            self._procs.append(proc)
+            self._commands.append(commands)
+
+    def run(self, job: RolloutJob) -> RolloutResult:
+        """One rollout run on every rank; rank 0's result."""
+        if self.tp == 1 and self.device == "cpu":
+            return _run(job)
+        import queue
+
+        if not self._procs:
+            self._start()
+        for commands in self._commands:
+            commands.put(job)
+        replies: dict[int, tuple] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(replies) < self.tp:
+            try:
+                rank, status, payload = self._results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    self.close()
+                    why = f"rank(s) {dead} exited" if dead else f"no reply in {self.timeout_s} s"
+                    raise RuntimeError(f"rollout session (TP={self.tp}): {why}") from None
+                continue
+            replies[rank] = (status, payload)
+        errors = [f"rank {r}:\n{p[1]}" for r, p in sorted(replies.items()) if p[0] == "err"]
+        if errors:
+            raise RuntimeError("rollout failed\n" + "\n".join(errors))
+        return replies[0][1]
+
+    def close(self) -> None:
+        for commands in self._commands:
+            commands.put(None)
+        for proc in self._procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+        self._procs, self._commands = [], []
 
 
 def run_rollout(
@@ -179,17 +263,12 @@ def run_rollout(
     kernel_changes: Mapping[str, Any] | None = None,
     runtime_changes: Mapping[str, Any] | None = None,
     dump_layers: bool = False,
+    device: str = "cpu",
 ) -> RolloutResult:
     """Generate the workload and re-score every finished sequence at rollout TP ``tp``."""
     job = RolloutJob(
         contract_id, weights, tp, tuple(workload), dtype_override,
-        dict(kernel_changes or {}), dict(runtime_changes or {}), dump_layers,
+        dict(kernel_changes or {}), dict(runtime_changes or {}), dump_layers, device,
     )  # fmt: skip
-    if tp == 1:
-        return _run(job)
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory(prefix="contractgen-rollout-") as out:
-        job = dataclasses.replace(job, port=_free_port(), out_dir=out)
-        mp.start_processes(_worker, args=(job,), nprocs=tp, join=True, start_method="spawn")
-        return torch.load(Path(out) / "rollout.pt", weights_only=False)
+    with RolloutSession(tp, device) as session:
+        return session.run(job)

@@ -3,8 +3,8 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:f3bc99ab4d325606829ca2e9d2bca0c5e0091de23ab95adef0d240a77fc8dd8b
-# sha256: 75b2c0140ea902771ad6dc669f250441fd042df3059e7372b647b4609893cdba
+#   qwen3_dense_true_on_policy_v1 sha256:608624a452be6c01022609dbfaa6c1f1b11aeaa92dd933c470a17fb21c43097c
+# sha256: 89fb8453a6fe5dd5af7fa8585e24ff96d08e72deb9968708dff43883c9b0c8cf
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -443,12 +443,13 @@ CONTRACT_DATA: dict[str, dict] = {
         },
         "schema_version": 1,
         "supersedes": None,
+        "unobservable": {},
     },
 }
 
 # sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
 FINGERPRINTS: dict[str, str] = {
-    "qwen3_dense_true_on_policy_v1": "sha256:f3bc99ab4d325606829ca2e9d2bca0c5e0091de23ab95adef0d240a77fc8dd8b",
+    "qwen3_dense_true_on_policy_v1": "sha256:608624a452be6c01022609dbfaa6c1f1b11aeaa92dd933c470a17fb21c43097c",
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).

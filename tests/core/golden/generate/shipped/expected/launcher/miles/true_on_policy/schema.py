@@ -4,9 +4,9 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
-#   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
-# sha256: 7e811de066c3ab0ca177c233591dd41a218475d2e1022c92beb2c7e7a7097dc3
+#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
+#   qwen3_dense_true_on_policy_v2 sha256:b598e15e1ab4804e715a4ad65a4350ed800e7b3eb21ebf5c685207d9d7279254
+# sha256: 73403020ea524d1541b9ae04d5946e81b14f48167ef198162084e843a722947e
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -457,6 +457,7 @@ CONTRACT_DATA: dict[str, dict] = {
         },
         "schema_version": 1,
         "supersedes": None,
+        "unobservable": {},
     },
     "qwen3_dense_true_on_policy_v2": {
         "description": "Qwen3 dense true-on-policy with fp32 log-softmax and decode-exact logprobs: the rollout's decode-step logprobs equal the trainer's bitwise, so RL skips the prefill re-score pass. Same dense math, tile order and TP reduction as v1.",
@@ -747,13 +748,14 @@ CONTRACT_DATA: dict[str, dict] = {
         },
         "schema_version": 1,
         "supersedes": "qwen3_dense_true_on_policy_v1",
+        "unobservable": {},
     },
 }
 
 # sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
 FINGERPRINTS: dict[str, str] = {
-    "qwen3_dense_true_on_policy_v1": "sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf",
-    "qwen3_dense_true_on_policy_v2": "sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d",
+    "qwen3_dense_true_on_policy_v1": "sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11",
+    "qwen3_dense_true_on_policy_v2": "sha256:b598e15e1ab4804e715a4ad65a4350ed800e7b3eb21ebf5c685207d9d7279254",
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).

@@ -3,7 +3,7 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:f3bc99ab4d325606829ca2e9d2bca0c5e0091de23ab95adef0d240a77fc8dd8b
+#   qwen3_dense_true_on_policy_v1 sha256:608624a452be6c01022609dbfaa6c1f1b11aeaa92dd933c470a17fb21c43097c
 # sha256: 77491ce7e4a020c33c12e0e3fae7b585f801030f359bdd79887a52e654145497
 """Megatron runtime policy of the true-on-policy contracts.
 

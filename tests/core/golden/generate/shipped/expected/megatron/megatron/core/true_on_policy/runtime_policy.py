@@ -4,8 +4,8 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
-#   qwen3_dense_true_on_policy_v2 sha256:c87941e836a4008986ad538bcf8d2c92e239c0dbce37c15e93cd8e36f5d6bc4d
+#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
+#   qwen3_dense_true_on_policy_v2 sha256:b598e15e1ab4804e715a4ad65a4350ed800e7b3eb21ebf5c685207d9d7279254
 # sha256: 04afffd561d609a252d4e9e50b954ee497402c93ade4d428cc670c920bdf6d3b
 """Megatron runtime policy of the true-on-policy contracts.
 

@@ -3,8 +3,8 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf
-# sha256: 393982fbbc8942e836274847b336733ee4fc67136a78f61ba2ed7768892e6644
+#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
+# sha256: 57eeaa9f39a79bad0eedfb2642cb02ea2a7579e540c0bd860d3da3f21282cb21
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -443,12 +443,13 @@ CONTRACT_DATA: dict[str, dict] = {
         },
         "schema_version": 1,
         "supersedes": None,
+        "unobservable": {},
     },
 }
 
 # sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
 FINGERPRINTS: dict[str, str] = {
-    "qwen3_dense_true_on_policy_v1": "sha256:78b54921e19411f1c435c35da472077a91a4e6aeb344aebd4f4bb2783c8b2cbf",
+    "qwen3_dense_true_on_policy_v1": "sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11",
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).
