@@ -290,3 +290,12 @@ def test_tp2pp2_exact(arch, weights, sequences, rollout_logprobs, rollout_layers
         V1, weights, sequences, (2, 2, 1), [TrainerRun(dump_layers=True)], arch=arch
     )
     assert _forward_exact(res, rollout_logprobs, rollout_layers)
+
+
+def test_v2_contract_float32_logprobs_exact(arch, weights, sequences):
+    """qwen3_dense_true_on_policy_v2 (fp32 log-softmax): exact, and the logprobs are float32."""
+    from megatron_reference import V2, rollout_rescore
+
+    (res,) = trainer_logprobs_runs(V2, weights, sequences, (1, 1, 1), [TrainerRun()], arch=arch)
+    assert res.logprobs[0].dtype == torch.float32
+    assert _exact(res.logprobs, rollout_rescore(V2, arch, weights, sequences))
