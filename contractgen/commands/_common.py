@@ -37,7 +37,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (ConfigError, UnsafePathError, FileNotFoundError) as exc:
             fail(f"error: {exc}")
         except KeyError as exc:
-            fail(f"error: {exc.args[0] if exc.args else exc}")
+            # KeyError's own str() quotes its argument; errors that explain themselves keep theirs
+            own_str = type(exc).__str__ is not KeyError.__str__
+            fail(f"error: {exc if own_str or not exc.args else exc.args[0]}")
 
     return wrapper
 

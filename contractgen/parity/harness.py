@@ -146,12 +146,23 @@ class GateRun:
         return ROLLOUT_LOGPROBS[self.logprob_contract](result)
 
 
-def first_divergence(run: GateRun, layout: ParityLayout, first: tuple[int, int]) -> dict:
-    """Name the first layer whose output differs between the two sides, for one sequence."""
+def first_divergence(
+    run: GateRun,
+    layout: ParityLayout,
+    first: tuple[int, int],
+    *,
+    trainer_fault=None,
+    rollout_changes: dict | None = None,
+) -> dict:
+    """Name the first layer whose output differs between the two sides, for one sequence.
+
+    Both sides are re-run with per-layer dumps under the same faults as the compared runs.
+    """
     seq_i, tok = first
-    base = run.rollout(layout.tp)
-    dumped = run.rollout(layout.tp, dump_layers=True)
-    _, trainer_dumps = run.trainer(layout, dump_layers=True)
+    changes = rollout_changes or {}
+    base = run.rollout(layout.tp, **changes)
+    dumped = run.rollout(layout.tp, dump_layers=True, **changes)
+    _, trainer_dumps = run.trainer(layout, fault=trainer_fault, dump_layers=True)
     rollout_layers = dumped.layer_dumps[seq_i] if dumped.layer_dumps else []
     trainer_layers = trainer_dumps[seq_i] if trainer_dumps else {}
     for i, r in enumerate(rollout_layers):
@@ -175,7 +186,7 @@ def first_divergence(run: GateRun, layout: ParityLayout, first: tuple[int, int])
                 "trainer": float(t[row, col]),
             }
     scored_r = run.scored_rollout(base)[seq_i]
-    scored_t = run.trainer(layout)[0][seq_i]
+    scored_t = run.trainer(layout, fault=trainer_fault)[0][seq_i]
     return {
         "layer": None,
         "module": "final_norm/lm_head/log_softmax",

@@ -1,0 +1,89 @@
+"""Fault injection: breaking one policy field on one side breaks bitwise parity, and the
+layer-dump comparator names where. Plus the full --inject-faults run (slow)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import V1, V2, run_parity
+
+from contractgen.parity.faults import Fault, catalogue, flipped
+from contractgen.parity.harness import GateConfig, GateRun, _try_fault, compare, first_divergence
+from contractgen.parity.layouts import parse_layout
+
+TP1 = parse_layout("tp1")
+
+
+@pytest.fixture(scope="module")
+def gate(reference_weights):
+    _, weights = reference_weights
+    with GateRun(GateConfig(V1, weights, [TP1], progress=False)) as run:
+        yield run
+
+
+def test_baseline_is_exact(gate):
+    cmp = compare(gate.scored_rollout(gate.rollout(1)), gate.trainer(TP1)[0])
+    assert cmp.exact and cmp.tokens_compared == 40
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault("trainer", "kernel", "matmul_tile_order"),
+        Fault("trainer", "kernel", "attention_kv_chunk"),
+        Fault("rollout", "kernel", "rope_dtype"),
+        Fault("trainer", "runtime", "cast_qk_norm_input_before_weight_mul"),
+        Fault("rollout", "runtime", "disable_fused_qk_norm_mrope"),
+    ],
+    ids=lambda f: f.name,
+)
+def test_one_flipped_field_breaks_parity_inside_the_layers(gate, fault):
+    outcome, how = _try_fault(gate, fault, TP1)
+    assert outcome == "detected", how
+
+
+def test_first_divergence_names_the_layer(gate):
+    """A flipped K block changes the first layer's matmuls: the comparator points at layer 0."""
+    from contractgen.adapters.megatron.trainer import TrainerFault
+
+    fault = TrainerFault(kernel_policy={"matmul_k_block": 64})
+    rollout = gate.scored_rollout(gate.rollout(1))
+    trainer, _ = gate.trainer(TP1, fault=fault)
+    cmp = compare(rollout, trainer)
+    assert not cmp.exact and cmp.max_abs_diff > 0
+    where = first_divergence(gate, TP1, cmp.first, trainer_fault=fault)
+    assert set(where) == {"layer", "module", "token_index", "rollout", "trainer"}
+    assert where["layer"] == 0 and where["module"] == "decoder.layers.0"
+    assert where["rollout"] != where["trainer"]
+
+
+def test_catalogue_covers_every_policy_field():
+    from contractgen.vendored import load_target
+
+    sg = load_target("sglang")
+    mg = load_target("megatron")
+    kp = sg.schema.kernel_policy_for(V1)
+    faults = catalogue(kp, sg.runtime_policy.policy_for(V1), mg.runtime_policy.policy_for(V1))
+    names = {f.name for f in faults}
+    import dataclasses
+
+    for field in dataclasses.fields(kp):
+        assert f"kernel.{field.name}@rollout" in names and f"kernel.{field.name}@trainer" in names
+    for f in faults:  # every fault changes its field's value
+        owner = kp if f.kind == "kernel" else None
+        if owner is not None:
+            value = getattr(owner, f.field)
+            assert flipped(f.field, value, f.kind) != value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("contract", [V1, V2])
+def test_inject_faults_every_fault_detected_or_explained(tmp_path, contract):
+    code, report, out = run_parity(
+        "--contract", contract, "--layouts", "tp1,tp2,tp4,pp2,cp2", "--inject-faults",
+        tmp_path=tmp_path, timeout=1500,
+    )  # fmt: skip
+    faults = report["faults"]
+    assert faults["undetected"] == [], out
+    assert faults["errors"] == {} and faults["contradicted"] == [], out
+    assert faults["detected"] + len(faults["explained"]) == faults["injected"]
+    assert code == 0, out
