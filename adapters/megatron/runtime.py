@@ -212,7 +212,14 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
         attention_mask=None,
         packed_seq_params=params,
     )  # [1, T/cp, V/tp]
-    ce = vocab_parallel_cross_entropy(logits[0].float(), targets[sl].to(job.device))
+    local_logits = logits[0].float()
+    if policy.apply_logits_contract:  # padded vocab columns take no probability mass
+        vocab_start = ps.get_tensor_model_parallel_rank() * local_logits.shape[-1]
+        column = torch.arange(local_logits.shape[-1], device=local_logits.device) + vocab_start
+        local_logits = local_logits.masked_fill(
+            column >= config.true_on_policy_vocab_size, float("-inf")
+        )
+    ce = vocab_parallel_cross_entropy(local_logits, targets[sl].to(job.device))
     loss = (ce * mask[sl].to(job.device)).sum()
     loss.backward()
     finalize_grads(

@@ -77,3 +77,52 @@ def test_checkpoint_dir_exact_vs_rollout_and_close_to_hf(hf_checkpoint):
             logits = hf_model(ids[None]).logits[0].float()
         ref = torch.log_softmax(logits, -1)[:-1].gather(-1, ids[1:, None])[:, 0]
         torch.testing.assert_close(got, ref, rtol=0, atol=2e-4)
+
+
+def test_model_backward_matches_float64_transformers(hf_checkpoint):
+    """Whole-model backward (every SGLang layer class, straight-through linears, Ulysses-free
+    attention gradient, megatron's vocab-parallel cross-entropy) against float64 autograd of
+    Hugging Face's Qwen3 on the same weights: loss = summed next-token cross-entropy."""
+    from megatron_reference import random_sequences
+
+    from contractgen.adapters.megatron.checkpoint import fused_qkv
+    from contractgen.adapters.megatron.model import arch_for
+
+    hf_model, path = hf_checkpoint
+    arch = arch_for(V1)
+    seqs = random_sequences((30, 12), arch.vocab_size, seed=4)
+    (res,) = trainer_logprobs_runs(
+        V1, path, seqs, (1, 1, 1), [TrainerRun(dtype_override="float32", grads=True)]
+    )
+    model64 = hf_model.double()
+    model64.zero_grad()
+    for seq in seqs:
+        ids = torch.tensor(seq)
+        logits = model64(ids[None]).logits[0]
+        torch.nn.functional.cross_entropy(logits[:-1], ids[1:], reduction="sum").backward()
+    hf = {n: p.grad for n, p in model64.named_parameters()}
+    p0 = "model.layers.0."
+    pairs = {
+        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+        "output_layer.weight": hf["lm_head.weight"],
+        "decoder.final_layernorm.weight": hf["model.norm.weight"],
+        "decoder.layers.0.input_layernorm.weight": hf[p0 + "input_layernorm.weight"],
+        "decoder.layers.0.pre_mlp_layernorm.weight": hf[p0 + "post_attention_layernorm.weight"],
+        "decoder.layers.0.self_attention.q_layernorm.weight": hf[p0 + "self_attn.q_norm.weight"],
+        "decoder.layers.0.self_attention.k_layernorm.weight": hf[p0 + "self_attn.k_norm.weight"],
+        "decoder.layers.0.self_attention.linear_qkv.weight": fused_qkv(
+            hf[p0 + "self_attn.q_proj.weight"],
+            hf[p0 + "self_attn.k_proj.weight"],
+            hf[p0 + "self_attn.v_proj.weight"],
+            arch,
+        ),
+        "decoder.layers.0.self_attention.linear_proj.weight": hf[p0 + "self_attn.o_proj.weight"],
+        "decoder.layers.0.mlp.linear_fc1.weight": torch.cat(
+            [hf[p0 + "mlp.gate_proj.weight"], hf[p0 + "mlp.up_proj.weight"]]
+        ),
+        "decoder.layers.0.mlp.linear_fc2.weight": hf[p0 + "mlp.down_proj.weight"],
+    }
+    for name, want in pairs.items():
+        got = res.grads[name][: want.shape[0]].double()
+        assert want.abs().max() > 0, name
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max(), msg=name)
