@@ -3,6 +3,8 @@ converted megatron layout (fused QKV per query group, [gate; up], vocab padding)
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -94,7 +96,7 @@ def test_model_backward_matches_float64_transformers(hf_checkpoint):
     (res,) = trainer_logprobs_runs(
         V1, path, seqs, (1, 1, 1), [TrainerRun(dtype_override="float32", grads=True)]
     )
-    model64 = hf_model.double()
+    model64 = copy.deepcopy(hf_model).double()
     model64.zero_grad()
     for seq in seqs:
         ids = torch.tensor(seq)
