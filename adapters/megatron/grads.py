@@ -28,13 +28,20 @@ def grad_scale(policy: Any, *, dp: int, cp: int) -> float:
     ](dp, cp)
 
 
-def finalize_grads(model: torch.nn.Module, policy: Any, *, group: Any, dp: int, cp: int) -> None:
-    """Sum ``.grad`` over ``group`` (DP×CP; a training-path reduction, not a scored one) and scale
-    by ``grad_scale``. megatron-core's DDP does this with its grad buffers on GPU."""
+def finalize_grads(
+    model: torch.nn.Module, policy: Any, *, group: Any, dp: int, cp: int, tp_group: Any = None
+) -> None:
+    """What megatron-core's DDP + ``finalize_model_grads`` do, on plain ``.grad`` (CPU):
+    sum over ``group`` (DP×CP) scaled by ``grad_scale``; and, as megatron's
+    ``_allreduce_non_tensor_model_parallel_grads`` does, sum the QK-norm weight gradients over TP
+    (each TP rank only sees its own heads). Training-path reductions, not scored ones."""
     scale = grad_scale(policy, dp=dp, cp=cp)
-    for p in model.parameters():
+    for name, p in model.named_parameters():
         if p.grad is None:
             continue
         if dist.get_world_size(group) > 1:
             dist.all_reduce(p.grad, group=group)
         p.grad.mul_(scale)
+        if tp_group is not None and ("q_layernorm" in name or "k_layernorm" in name):
+            if dist.get_world_size(tp_group) > 1:
+                dist.all_reduce(p.grad, group=tp_group)

@@ -228,6 +228,7 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
         group=ps.get_data_parallel_group(with_context_parallel=True),
         dp=ps.get_data_parallel_world_size(),
         cp=cp,
+        tp_group=ps.get_tensor_model_parallel_group(),
     )
     if dist.get_rank() != 0:
         return None, None
