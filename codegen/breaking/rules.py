@@ -53,6 +53,12 @@ RULES: dict[str, Rule] = {
         Rule("CHECKPOINTS_REORDERED", False, "known checkpoints listed in another order"),
         Rule("DESCRIPTION_CHANGED", False, "description edited (documentation only)"),
         Rule(
+            "REFERENCE_MODEL_CHANGED",
+            False,
+            "the parity gate's tiny test model changed (a test fixture, not a model the contract "
+            "runs in production; the gate re-proves parity on it)",
+        ),
+        Rule(
             "UNOBSERVABLE_NOTES_CHANGED",
             False,
             "notes on fields the gate cannot observe changed (documentation of the fault gate)",
@@ -82,11 +88,22 @@ FIELD_RULES: dict[str, str] = {
 }
 
 
-def field_rule(top_level: str) -> str:
-    """The rule for a change under ``top_level``; an unclassified field is a contractgen bug."""
+# Sub-fields whose rule differs from their top-level field's (longest prefix wins).
+SUBFIELD_RULES: dict[tuple[str, ...], str] = {
+    ("model_profile", "reference_model"): "REFERENCE_MODEL_CHANGED",
+}
+
+
+def field_rule(path: str | tuple) -> str:
+    """The rule for a change at ``path`` (a top-level name or a path tuple); an unclassified
+    field is a contractgen bug."""
+    parts = (path,) if isinstance(path, str) else tuple(path)
+    for n in range(len(parts), 1, -1):
+        if parts[:n] in SUBFIELD_RULES:
+            return SUBFIELD_RULES[parts[:n]]
     try:
-        return FIELD_RULES[top_level]
+        return FIELD_RULES[parts[0]]
     except KeyError:
         raise LookupError(
-            f"contract field {top_level!r} has no breaking-change rule; add it to FIELD_RULES"
+            f"contract field {parts[0]!r} has no breaking-change rule; add it to FIELD_RULES"
         ) from None

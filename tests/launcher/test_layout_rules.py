@@ -59,8 +59,8 @@ INVALID = [
         ("--pp", "does not divide num_layers 28"),
     ]),
     ("Qwen3-0.6B", Layout(cp=8), [("--cp", "not in the contract's parallel.training.cp.sizes")]),
-    ("reference", Layout(tp=2, cp=4, rollout_tp=1), [
-        ("--cp", "does not divide the 2 num_attention_heads per TP rank (4/TP 2)"),
+    ("reference", Layout(tp=4, cp=4, rollout_tp=1), [
+        ("--cp", "does not divide the 2 num_attention_heads per TP rank (8/TP 4)"),
     ]),
     ("Qwen3-0.6B", Layout(tp=2, dp=2, world=8), [("--dp", "world 8 != TP 2 x PP 1 x CP 1 x DP 2 = 4")]),
     ("Qwen3-0.6B", Layout(rollout_tp=16), [
@@ -133,9 +133,9 @@ def test_error_wording_world_names_the_dp_that_fits(contract_id: str) -> None:
 @pytest.mark.parametrize("contract_id", CONTRACT_IDS)
 def test_error_wording_ulysses(contract_id: str) -> None:
     with pytest.raises(LayoutError) as info:
-        validate_layout(contract_id, Layout(tp=2, cp=4, rollout_tp=1), "reference")
+        validate_layout(contract_id, Layout(tp=4, cp=4, rollout_tp=1), "reference")
     assert str(info.value.violations[0]) == (
-        "--cp 4: does not divide the 2 num_attention_heads per TP rank (4/TP 2) that the Ulysses "
+        "--cp 4: does not divide the 2 num_attention_heads per TP rank (8/TP 4) that the Ulysses "
         "all-to-all spreads over CP ranks; valid --cp here: 1, 2 (nearest: --cp 2)"
     )
 
@@ -195,12 +195,12 @@ def test_dp_not_allowed() -> None:
 
 
 def test_kv_heads_replicate_rule() -> None:
-    # reference: 4 heads, 2 KV heads. TP 4 > KV 2: 'divide' refuses, 'replicate' copies each head.
-    big = (1, 2, 4)
-    divide = violations(_subject(Layout(tp=4, rollout_tp=1), "reference", train_tp_sizes=big))
+    # reference: 8 heads, 4 KV heads. TP 8 > KV 4: 'divide' refuses, 'replicate' copies each head.
+    big = (1, 2, 4, 8)
+    divide = violations(_subject(Layout(tp=8, rollout_tp=1), "reference", train_tp_sizes=big))
     assert any("parallel.kv_heads 'divide'" in v.problem for v in divide)
     replicate = violations(
-        _subject(Layout(tp=4, rollout_tp=1), "reference", train_tp_sizes=big, kv_heads="replicate")
+        _subject(Layout(tp=8, rollout_tp=1), "reference", train_tp_sizes=big, kv_heads="replicate")
     )
     assert not any("kv_heads" in v.problem for v in replicate)
     assert KV_HEAD_RULES["replicate"](8, 3) is not None

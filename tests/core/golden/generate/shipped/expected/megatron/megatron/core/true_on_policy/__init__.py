@@ -4,8 +4,8 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
-#   qwen3_dense_true_on_policy_v2 sha256:b598e15e1ab4804e715a4ad65a4350ed800e7b3eb21ebf5c685207d9d7279254
+#   qwen3_dense_true_on_policy_v1 sha256:fd0604b0cf28f3942449387f5450f0312a289b446ee54f0005fd222086933acc
+#   qwen3_dense_true_on_policy_v2 sha256:79ad0de1ee143c57dae7affe0140323a99d7b45c1c107e150d67551f85262802
 # sha256: 1f4b7e1989da451d6eea6bc5ea9da349f47baa8fe797a0eb35513a62c24d5794
 """True-on-policy contracts, vendored by contractgen into the Megatron-LM repository."""
 

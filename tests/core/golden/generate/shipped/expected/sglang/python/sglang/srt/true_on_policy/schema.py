@@ -4,9 +4,9 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
-#   qwen3_dense_true_on_policy_v2 sha256:b598e15e1ab4804e715a4ad65a4350ed800e7b3eb21ebf5c685207d9d7279254
-# sha256: 73403020ea524d1541b9ae04d5946e81b14f48167ef198162084e843a722947e
+#   qwen3_dense_true_on_policy_v1 sha256:fd0604b0cf28f3942449387f5450f0312a289b446ee54f0005fd222086933acc
+#   qwen3_dense_true_on_policy_v2 sha256:79ad0de1ee143c57dae7affe0140323a99d7b45c1c107e150d67551f85262802
+# sha256: c70cf28e49b9e16017e4ed373010176c084fa7c755d3cac5c0fb52abca0ff4f7
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -331,16 +331,17 @@ CONTRACT_DATA: dict[str, dict] = {
             "reference_model": {
                 "head_dim": 64,
                 "hidden_size": 256,
-                "intermediate_size": 768,
+                "intermediate_size": 1536,
                 "max_position_embeddings": 512,
                 "name": "qwen3-tiny-random",
-                "num_attention_heads": 4,
-                "num_kv_heads": 2,
+                "num_attention_heads": 8,
+                "num_kv_heads": 4,
                 "num_layers": 4,
                 "tie_word_embeddings": False,
                 "tp_sizes": [
                     1,
                     2,
+                    4,
                 ],
                 "vocab_size": 1000,
             },
@@ -622,16 +623,17 @@ CONTRACT_DATA: dict[str, dict] = {
             "reference_model": {
                 "head_dim": 64,
                 "hidden_size": 256,
-                "intermediate_size": 768,
+                "intermediate_size": 1536,
                 "max_position_embeddings": 512,
                 "name": "qwen3-tiny-random",
-                "num_attention_heads": 4,
-                "num_kv_heads": 2,
+                "num_attention_heads": 8,
+                "num_kv_heads": 4,
                 "num_layers": 4,
                 "tie_word_embeddings": False,
                 "tp_sizes": [
                     1,
                     2,
+                    4,
                 ],
                 "vocab_size": 1000,
             },
@@ -754,8 +756,8 @@ CONTRACT_DATA: dict[str, dict] = {
 
 # sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
 FINGERPRINTS: dict[str, str] = {
-    "qwen3_dense_true_on_policy_v1": "sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11",
-    "qwen3_dense_true_on_policy_v2": "sha256:b598e15e1ab4804e715a4ad65a4350ed800e7b3eb21ebf5c685207d9d7279254",
+    "qwen3_dense_true_on_policy_v1": "sha256:fd0604b0cf28f3942449387f5450f0312a289b446ee54f0005fd222086933acc",
+    "qwen3_dense_true_on_policy_v2": "sha256:79ad0de1ee143c57dae7affe0140323a99d7b45c1c107e150d67551f85262802",
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).
