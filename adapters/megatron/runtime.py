@@ -12,6 +12,7 @@ sequence parallel or dropout, both off under a contract.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -31,6 +32,10 @@ def init_distributed(rank: int, layout: Layout, port: int, device: str = "cpu") 
     megatron-core's model-parallel groups."""
     from .trainer import BACKENDS
 
+    # megatron-core matches MLP specs by identity, so our MLP subclass is logged as "Unknown MLP
+    # type" on every layer; without a tp_group kwarg the MLP takes parallel_state's TP group, the
+    # same group megatron would have passed.
+    logging.getLogger("megatron.core.transformer.transformer_layer").setLevel(logging.ERROR)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     if device == "cuda":

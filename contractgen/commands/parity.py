@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +54,13 @@ def command(
     token's logprob with torch.equal. Exit 0 only when every layout is exact and, with
     --inject-faults, every fault is detected; 1 otherwise; 2 for invalid input.
     """
+    # Worker processes inherit this: megatron-core warns at import that Apex and Transformer
+    # Engine are absent, which is expected here (the contract's layers replace their kernels).
+    os.environ.setdefault(
+        "PYTHONWARNINGS",
+        "ignore:Apex is not installed:UserWarning,"
+        "ignore:Transformer Engine and Apex are not installed:UserWarning",
+    )
     from ..parity.gate import check_layouts, passed, run_gate, table
     from ..parity.harness import GateConfig
     from ..parity.layouts import LayoutError, layout_problem, parse_layouts

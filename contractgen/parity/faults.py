@@ -56,7 +56,10 @@ def flipped(field: str, value: Any, kind: str) -> Any:
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
-        return value // 2 if value > 1 else value * 2
+        # An eighth of a power-of-two block, not a half: the kernels sum blocks with a pairwise
+        # tree, and a complete pairwise tree over 2n equals two n-trees added, so halving a block
+        # is often exact by construction and would prove nothing about the gate.
+        return value // 8 if value >= 16 else value * 2
     if kind == "kernel" and field.endswith("_dtype"):
         return _DTYPE_FLIP[value]
     table = KERNEL_ALTERNATIVES if kind == "kernel" else STRING_ALTERNATIVES

@@ -126,19 +126,27 @@ class GateRun:
             self._trainer_sessions[layout.name] = session
         return self._trainer_sessions[layout.name]
 
-    def trainer(self, layout: ParityLayout, fault=None, dump_layers: bool = False):
-        """(scored logprobs per sequence, layer dumps or None) of the trainer at ``layout``."""
+    def trainer(
+        self,
+        layout: ParityLayout,
+        fault=None,
+        dump_layers: bool = False,
+        rollout: RolloutResult | None = None,
+    ):
+        """(scored logprobs per sequence, layer dumps or None) of the trainer at ``layout``, on
+        the sequences of ``rollout`` (default: the unfaulted rollout at the layout's TP)."""
         from ..adapters.megatron.trainer import TrainerRun
 
-        if layout.name in self.trainers and fault is None and not dump_layers:
+        default = rollout is None
+        if default and layout.name in self.trainers and fault is None and not dump_layers:
             return self.trainers[layout.name], None
-        base = self.rollout(layout.tp)
+        base = self.rollout(layout.tp) if default else rollout
         run = TrainerRun(
             dtype_override=self.config.dtype_override, fault=fault, dump_layers=dump_layers
         )
         result = self._trainer_session(layout).logprobs(base.sequences, run)
         scored = [lp[p - 1 :] for lp, p in zip(result.logprobs, base.prompt_lens, strict=True)]
-        if fault is None and not dump_layers:
+        if default and fault is None and not dump_layers:
             self.trainers[layout.name] = scored
         return scored, result.layer_dumps
 
@@ -253,9 +261,10 @@ def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[str, s
     change = {fault.field: flipped(fault.field, getattr(owner, fault.field), fault.kind)}
     try:
         if fault.side == "rollout":
-            changes = {f"{fault.kind}_changes": change}
-            rollout = run.scored_rollout(run.rollout(layout.tp, **changes))
-            trainer, _ = run.trainer(layout)
+            # the faulted rollout may sample other tokens: the trainer scores what it sampled
+            faulted = run.rollout(layout.tp, **{f"{fault.kind}_changes": change})
+            rollout = run.scored_rollout(faulted)
+            trainer, _ = run.trainer(layout, rollout=faulted)
         else:
             tf = TrainerFault(**{f"{fault.kind}_policy": change})
             rollout = run.scored_rollout(run.rollout(layout.tp))

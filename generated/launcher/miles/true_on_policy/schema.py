@@ -4,9 +4,9 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:fd0604b0cf28f3942449387f5450f0312a289b446ee54f0005fd222086933acc
-#   qwen3_dense_true_on_policy_v2 sha256:79ad0de1ee143c57dae7affe0140323a99d7b45c1c107e150d67551f85262802
-# sha256: c70cf28e49b9e16017e4ed373010176c084fa7c755d3cac5c0fb52abca0ff4f7
+#   qwen3_dense_true_on_policy_v1 sha256:4108bf2aa89e499f91fe15d6d7486444699f86f8c4a1d82941f6902727dc9f43
+#   qwen3_dense_true_on_policy_v2 sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073
+# sha256: b824725854d616ed263888885ae42c6d39ad937867d8802f27f1482ebf6ea00d
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -458,7 +458,15 @@ CONTRACT_DATA: dict[str, dict] = {
         },
         "schema_version": 1,
         "supersedes": None,
-        "unobservable": {},
+        "unobservable": {
+            "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
+            "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
+            "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
+            "runtime_policy.megatron.cp_layout": "Names how context parallelism moves data. The adapter's alternative to the Ulysses all-to-all gathers K/V instead; each query still sees the same keys in the same fixed KV-chunk order, so the forward bits agree by construction. The launcher renders it, and it selects the recompute path below.",
+            "runtime_policy.megatron.defer_ulysses_cp_loss_scaling_to_grad_sum": "Scales gradients only (cp/dp_cp instead of 1/dp_cp); forward logprobs cannot see it. tests/megatron/test_megatron_grads.py::test_ulysses_cp_gradient_scale shows the scale.",
+            "runtime_policy.megatron.use_sglang_residual_pair": "Carrying (output, residual) separately and megatron's bias-dropout-add round the same single bfloat16 add while the residual is bfloat16. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing); it also fixes what crosses a pipeline stage boundary.",
+            "runtime_policy.megatron.use_ulysses_cp_recompute_fallback": "Recomputes attention in backward under Ulysses CP (memory, not numerics): the recomputed forward runs the same kernels, and the gate's forward runs without grad.",
+        },
     },
     "qwen3_dense_true_on_policy_v2": {
         "description": "Qwen3 dense true-on-policy with fp32 log-softmax and decode-exact logprobs: the rollout's decode-step logprobs equal the trainer's bitwise, so RL skips the prefill re-score pass. Same dense math, tile order and TP reduction as v1.",
@@ -750,14 +758,22 @@ CONTRACT_DATA: dict[str, dict] = {
         },
         "schema_version": 1,
         "supersedes": "qwen3_dense_true_on_policy_v1",
-        "unobservable": {},
+        "unobservable": {
+            "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
+            "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
+            "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
+            "runtime_policy.megatron.cp_layout": "Names how context parallelism moves data. The adapter's alternative to the Ulysses all-to-all gathers K/V instead; each query still sees the same keys in the same fixed KV-chunk order, so the forward bits agree by construction. The launcher renders it, and it selects the recompute path below.",
+            "runtime_policy.megatron.defer_ulysses_cp_loss_scaling_to_grad_sum": "Scales gradients only (cp/dp_cp instead of 1/dp_cp); forward logprobs cannot see it. tests/megatron/test_megatron_grads.py::test_ulysses_cp_gradient_scale shows the scale.",
+            "runtime_policy.megatron.use_sglang_residual_pair": "Carrying (output, residual) separately and megatron's bias-dropout-add round the same single bfloat16 add while the residual is bfloat16. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing); it also fixes what crosses a pipeline stage boundary.",
+            "runtime_policy.megatron.use_ulysses_cp_recompute_fallback": "Recomputes attention in backward under Ulysses CP (memory, not numerics): the recomputed forward runs the same kernels, and the gate's forward runs without grad.",
+        },
     },
 }
 
 # sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
 FINGERPRINTS: dict[str, str] = {
-    "qwen3_dense_true_on_policy_v1": "sha256:fd0604b0cf28f3942449387f5450f0312a289b446ee54f0005fd222086933acc",
-    "qwen3_dense_true_on_policy_v2": "sha256:79ad0de1ee143c57dae7affe0140323a99d7b45c1c107e150d67551f85262802",
+    "qwen3_dense_true_on_policy_v1": "sha256:4108bf2aa89e499f91fe15d6d7486444699f86f8c4a1d82941f6902727dc9f43",
+    "qwen3_dense_true_on_policy_v2": "sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073",
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).
