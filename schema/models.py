@@ -369,10 +369,10 @@ class Contract(_Model):
     ] = Field(
         default_factory=dict,
         description=(
-            "Policy fields whose flip cannot change any forward logprob under this contract's "
-            "numerics, keyed by field path, each with why the field exists and where it is "
-            "tested instead. The parity gate reports these faults as explained instead of "
-            "undetected, and fails if one of them is detected after all."
+            "Policy fields whose flip the parity gate cannot make visible in the forward "
+            "logprobs under this contract's numerics, keyed by field path, each with why the "
+            "field exists and where it is tested instead. The gate reports these faults as "
+            "explained instead of undetected, and fails if one of them is detected after all."
         ),
     )
 

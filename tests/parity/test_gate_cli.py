@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import V1, V2, run_parity
+from conftest import V1, run_parity
 
 REPORT_KEYS = {"contract", "fingerprint", "device", "dtype", "layouts", "faults", "reference"}
 LAYOUT_KEYS = {
@@ -37,11 +37,36 @@ def test_default_gate_is_exact_at_every_default_layout(tmp_path):
 
 
 @pytest.mark.slow
-def test_v2_gate_compares_decode_logprobs_in_float32(tmp_path):
-    code, report, out = run_parity("--contract", V2, "--layouts", "tp1,tp2", tmp_path=tmp_path)
+def test_checkpoint_gate_reports_transformers_reference(tmp_path):
+    """--checkpoint: a Hugging Face directory (as save_pretrained writes it) runs the gate, and
+    the report compares the scored logprobs with transformers' own float32 forward."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from contractgen.vendored import load_target
+
+    dims = load_target("sglang").schema.model_profile_for(V1).reference_model
+    profile = load_target("sglang").schema.model_profile_for(V1)
+    config = transformers.Qwen3Config(
+        vocab_size=dims.vocab_size, hidden_size=dims.hidden_size,
+        intermediate_size=dims.intermediate_size, num_hidden_layers=dims.num_layers,
+        num_attention_heads=dims.num_attention_heads, num_key_value_heads=dims.num_kv_heads,
+        head_dim=dims.head_dim, max_position_embeddings=dims.max_position_embeddings,
+        rms_norm_eps=profile.norm_eps, rope_theta=profile.rope_theta,
+        tie_word_embeddings=dims.tie_word_embeddings,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config)
+    ckpt = tmp_path / "ckpt"
+    model.save_pretrained(ckpt)
+    code, report, out = run_parity(
+        "--checkpoint", str(ckpt), "--layouts", "tp1", "--dtype", "float32", tmp_path=tmp_path
+    )
     assert code == 0, out
-    assert report["logprob_contract"] == "decode"
-    assert all(lay["exact"] for lay in report["layouts"])
+    assert report["dtype"] == "float32" and report["diagnostic"] is True
+    assert report["layouts"][0]["exact"]
+    ref = report["reference"]
+    assert ref is not None and ref["name"].startswith("transformers")
+    assert ref["max_abs_diff"] < 1e-4, ref
 
 
 @pytest.mark.parametrize(

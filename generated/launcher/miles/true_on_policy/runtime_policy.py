@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:4108bf2aa89e499f91fe15d6d7486444699f86f8c4a1d82941f6902727dc9f43
+#   qwen3_dense_true_on_policy_v1 sha256:027a9ce673ff006015f294125484fe82de40179a7be51862da7684dea28b9c1a
 #   qwen3_dense_true_on_policy_v2 sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073
 # sha256: 9869235ceefa6f87196a6b29e6c04cefe486af33cd0b4cbbbdb4278f2cc92211
 """Launcher (miles) runtime policy of the true-on-policy contracts.

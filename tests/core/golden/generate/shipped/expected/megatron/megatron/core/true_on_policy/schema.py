@@ -4,9 +4,9 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:4108bf2aa89e499f91fe15d6d7486444699f86f8c4a1d82941f6902727dc9f43
+#   qwen3_dense_true_on_policy_v1 sha256:027a9ce673ff006015f294125484fe82de40179a7be51862da7684dea28b9c1a
 #   qwen3_dense_true_on_policy_v2 sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073
-# sha256: b824725854d616ed263888885ae42c6d39ad937867d8802f27f1482ebf6ea00d
+# sha256: c5b109d3bc14bbc7c83499c35e6cc46b60d69b7baab1082d8ddf78611221f477
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -460,6 +460,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "supersedes": None,
         "unobservable": {
             "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
+            "kernel_policy.logsoftmax_vocab_block": "Another block size reorders the float32 max / sum-exp reduction by a few ulps of the log-sum-exp, and v1 rounds logprobs to bfloat16, which hides that on the gate's workload (a logit near a bfloat16 rounding boundary could still show it). Under v2's float32 logprobs the same fault is detected.",
             "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
             "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
             "runtime_policy.megatron.cp_layout": "Names how context parallelism moves data. The adapter's alternative to the Ulysses all-to-all gathers K/V instead; each query still sees the same keys in the same fixed KV-chunk order, so the forward bits agree by construction. The launcher renders it, and it selects the recompute path below.",
@@ -772,7 +773,7 @@ CONTRACT_DATA: dict[str, dict] = {
 
 # sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
 FINGERPRINTS: dict[str, str] = {
-    "qwen3_dense_true_on_policy_v1": "sha256:4108bf2aa89e499f91fe15d6d7486444699f86f8c4a1d82941f6902727dc9f43",
+    "qwen3_dense_true_on_policy_v1": "sha256:027a9ce673ff006015f294125484fe82de40179a7be51862da7684dea28b9c1a",
     "qwen3_dense_true_on_policy_v2": "sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073",
 }
 
