@@ -87,6 +87,12 @@ class GateRun:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def release(self, layout: ParityLayout) -> None:
+        """Stop a layout's trainer processes (memory: one layout's trainer ranks at a time)."""
+        session = self._trainer_sessions.pop(layout.name, None)
+        if session is not None:
+            session.close()
+
     def close(self) -> None:
         for session in [*self._rollout_sessions.values(), *self._trainer_sessions.values()]:
             session.close()
@@ -231,6 +237,8 @@ def run_layouts(run: GateRun) -> list[dict]:
                 f"layout {layout.name}: {'exact' if cmp.exact else 'DIFFERS'} over {cmp.tokens_compared} tokens ({entry['seconds']} s)"
             )
         out.append(entry)
+        if not run.config.inject_faults:
+            run.release(layout)
     return out
 
 
@@ -286,7 +294,8 @@ def unobservable_notes(contract_id: str) -> dict[str, str]:
 
 
 def run_faults(run: GateRun) -> dict:
-    """Flip each field on one side; try layouts from the cheapest until one differs.
+    """Flip each field on one side; a fault is tried layout by layout, cheapest first, until
+    one differs. Layout-major, so only one layout's trainer processes are alive at a time.
 
     A fault no layout detects fails the gate unless the contract explains it under
     ``unobservable``; a fault the contract calls unobservable that IS detected fails it too.
@@ -295,13 +304,18 @@ def run_faults(run: GateRun) -> dict:
     kp, sg, mg = _policies_at(run, layouts[0])
     faults = catalogue(kp, sg, mg)
     notes = unobservable_notes(run.config.contract_id)
+    outcomes: dict[str, tuple[str, str]] = {f.name: ("undetected", "") for f in faults}
+    for layout in layouts:
+        pending = [f for f in faults if outcomes[f.name][0] == "undetected"]
+        for fault in pending:
+            outcomes[fault.name] = _try_fault(run, fault, layout)
+        run.release(layout)
+        if run.config.progress:
+            left = sum(1 for o, _ in outcomes.values() if o == "undetected")
+            _say(f"faults at {layout.name}: {len(pending)} tried, {left} not yet detected")
     detected, undetected, explained, contradicted, errors, details = [], [], {}, [], {}, {}
     for i, fault in enumerate(faults):
-        outcome, how = "undetected", ""
-        for layout in layouts:
-            outcome, how = _try_fault(run, fault, layout)
-            if outcome != "undetected":
-                break
+        outcome, how = outcomes[fault.name]
         note = notes.get(fault.contract_path)
         if outcome == "detected":
             detected.append(fault.name)
