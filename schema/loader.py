@@ -340,6 +340,27 @@ def load_contract(path: Path, root: Path | None = None) -> LoadedContract:
     return LoadedContract(contract, path, source)
 
 
+def _supersession_problems(loaded: list[LoadedContract], root: Path | None) -> list[Problem]:
+    """``supersedes`` names a known contract, and no contract is superseded twice."""
+    ids = sorted(lc.id for lc in loaded)
+    problems, by_old = [], {}
+    for lc in sorted(loaded, key=lambda lc: lc.id):
+        sup = lc.contract.supersedes
+        if sup is None:
+            continue
+        file = _display(lc.path, root)
+        if sup not in ids:
+            problems.append(Problem(file, 1, 1, "supersedes",
+                                    f"names unknown contract {sup!r} (known: {', '.join(ids)})"))  # fmt: skip
+        elif sup in by_old:
+            problems.append(Problem(file, 1, 1, "supersedes",
+                                    f"{sup!r} is already superseded by {by_old[sup]!r}; a contract has "
+                                    "at most one successor (supersede the newest version instead)"))  # fmt: skip
+        else:
+            by_old[sup] = lc.id
+    return problems
+
+
 def load_contracts(directory: Path, root: Path | None = None) -> list[LoadedContract]:
     """Load every ``*.yaml`` in a directory, sorted by id; collect every problem before raising."""
     if not directory.is_dir():
@@ -350,16 +371,8 @@ def load_contracts(directory: Path, root: Path | None = None) -> list[LoadedCont
             loaded.append(load_contract(path, root))
         except ContractError as exc:
             problems.extend(exc.problems)
-    ids = [lc.id for lc in loaded]
-    for lc in loaded:
-        sup = lc.contract.supersedes
-        if sup is not None and sup not in ids:
-            problems.append(
-                Problem(
-                    _display(lc.path, root), 1, 1, "supersedes",
-                    f"names unknown contract {sup!r} (known: {', '.join(sorted(ids))})",
-                )
-            )  # fmt: skip
+    if not problems:  # links are checked once every file is valid (no follow-on noise)
+        problems.extend(_supersession_problems(loaded, root))
     if problems:
         raise ContractError(problems)
     if not loaded:
