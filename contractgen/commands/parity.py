@@ -63,7 +63,8 @@ def command(
     )
     from ..parity.gate import check_layouts, passed, run_gate, table
     from ..parity.harness import GateConfig
-    from ..parity.layouts import LayoutError, layout_problem, parse_layouts
+    from ..parity.layouts import LayoutError, layout_problems, parse_layouts
+    from ..parity.rollout import model_arch
     from ..vendored import load_target
 
     schema = load_target("sglang").schema
@@ -84,12 +85,9 @@ def command(
     try:
         if layouts is None:
             chosen = parse_layouts(DEFAULT_LAYOUTS)
-            extra = parse_layouts("tp2pp2")[0]
-            dims = schema.model_profile_for(contract_id).reference_model
-            if (
-                checkpoint is None
-                and layout_problem(extra, schema.parallel_support_for(contract_id), dims) is None
-            ):
+            extra = parse_layouts("tp2pp2")[0]  # where the model allows it
+            name = model_arch(contract_id, weights)[0].name
+            if not layout_problems(contract_id, extra, name):
                 chosen.append(extra)
         else:
             chosen = parse_layouts(layouts)

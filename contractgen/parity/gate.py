@@ -6,35 +6,25 @@ import time
 from pathlib import Path
 
 from .harness import GateConfig, GateRun, run_faults, run_layouts
-from .layouts import LayoutError, layout_problem
+from .layouts import LayoutError, layout_problems
 from .reference import max_abs_diff, reference_logprobs, transformers_reason
+
+
+def model_name(config: GateConfig) -> str:
+    """The profile's name for the gate's model: a covered checkpoint or the reference model."""
+    from .rollout import model_arch
+
+    return model_arch(config.contract_id, config.weights)[0].name
 
 
 def check_layouts(config: GateConfig) -> None:
     """Refuse layouts the contract's model cannot run, before any process starts."""
-    from ..vendored import load_target
-    from .rollout import model_arch
-
-    schema = load_target("sglang").schema
-    parallel = schema.parallel_support_for(config.contract_id)
-    arch, _ = (
-        model_arch(config.contract_id, config.weights)
-        if isinstance(config.weights, (str, Path))
-        else (None, None)
-    )
-    dims = schema.model_profile_for(config.contract_id).reference_model
-    if arch is not None:
-        dims = _dims_of(schema, config.contract_id, arch)
-    problems = [p for lay in config.layouts if (p := layout_problem(lay, parallel, dims))]
+    model = model_name(config)
+    problems = [
+        p for lay in config.layouts for p in layout_problems(config.contract_id, lay, model)
+    ]
     if problems:
-        raise LayoutError("; ".join(problems))
-
-
-def _dims_of(schema, contract_id: str, arch):
-    for dims in schema.model_profile_for(contract_id).checkpoints:
-        if dims.name == arch.name:
-            return dims
-    return schema.model_profile_for(contract_id).reference_model
+        raise LayoutError("invalid --layouts:\n  " + "\n  ".join(problems))
 
 
 def run_gate(config: GateConfig) -> dict:

@@ -49,33 +49,15 @@ def parse_layouts(spec: str) -> list[ParityLayout]:
     return layouts
 
 
-def layout_problem(layout: ParityLayout, parallel, dims) -> str | None:
-    """Why the contract's model cannot run ``layout`` (generated ParallelSupport + ModelDims)."""
-    tp_sizes = set(parallel.train_tp_sizes) & set(parallel.rollout_tp_sizes)
-    if dims.tp_sizes is not None:
-        tp_sizes &= set(dims.tp_sizes)
-    if layout.tp not in tp_sizes:
-        return f"{layout.name}: TP={layout.tp} not allowed for {dims.name} (allowed: {sorted(tp_sizes)})"
-    if layout.pp not in parallel.train_pp_sizes:
-        return (
-            f"{layout.name}: PP={layout.pp} not allowed (allowed: {list(parallel.train_pp_sizes)})"
-        )
-    if dims.num_layers % layout.pp:
-        return (
-            f"{layout.name}: PP={layout.pp} does not divide {dims.name}'s {dims.num_layers} layers"
-        )
-    if layout.cp not in parallel.train_cp_sizes:
-        return (
-            f"{layout.name}: CP={layout.cp} not allowed (allowed: {list(parallel.train_cp_sizes)})"
-        )
-    heads = dims.num_kv_heads // layout.tp if dims.num_kv_heads >= layout.tp else 1
-    if layout.cp > 1 and (dims.num_attention_heads // layout.tp) % layout.cp:
-        return (
-            f"{layout.name}: Ulysses CP={layout.cp} must divide the {dims.num_attention_heads // layout.tp} "
-            "attention heads per TP rank"
-        )
-    if layout.cp > 1 and heads % layout.cp and layout.cp % heads:
-        return (
-            f"{layout.name}: Ulysses CP={layout.cp} and {heads} KV heads per TP rank do not divide"
-        )
-    return None
+def layout_problems(contract_id: str, layout: ParityLayout, model: str) -> list[str]:
+    """Why the contract's model cannot run ``layout`` (the launcher's own layout rules: the
+    gate runs the rollout at the layout's TP and the trainer at its TP, PP and CP)."""
+    from ..adapters.launcher.layout import Layout, validate_layout
+    from ..adapters.launcher.layout import LayoutError as LaunchLayoutError
+
+    try:
+        launch = Layout(tp=layout.tp, pp=layout.pp, cp=layout.cp, rollout_tp=layout.tp)
+        validate_layout(contract_id, launch, model)
+    except LaunchLayoutError as exc:
+        return [f"{layout.name}: {v}" for v in exc.violations]
+    return []

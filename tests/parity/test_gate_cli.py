@@ -74,8 +74,9 @@ def test_checkpoint_gate_reports_transformers_reference(tmp_path):
     [
         (["--contract", "nope_v1"], "unknown true-on-policy contract 'nope_v1'"),
         (["--layouts", "tp2x"], "expected tpN, ppN, cpN"),
-        (["--layouts", "tp8"], "TP=8 not allowed"),
-        (["--layouts", "pp3"], "PP=3 not allowed"),
+        (["--layouts", "tp8"], "tp8: --tp 8: not in qwen3-tiny-random's tp_sizes [1, 2, 4]"),
+        (["--layouts", "pp3"], "pp3: --pp 3: not in the contract's parallel.training.pp [1, 2, 4]"),
+        (["--layouts", "tp4cp4"], "tp4cp4: --cp 4: does not divide the 2 num_attention_heads"),
         (["--layouts", "tp1,tp1"], "repeated layout"),
     ],
 )
