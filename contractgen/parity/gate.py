@@ -56,9 +56,10 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
     if isinstance(config.weights, (str, Path)):
         reason = transformers_reason()
         if reason is None:
-            base = run.rollout(1)
+            first = config.layouts[0]
+            base = run.rollout(first.tp)  # the sequences the trainer scored at that layout
             name, ref = reference_logprobs(Path(config.weights), base.sequences, base.prompt_lens)
-            trainer = run.trainer(config.layouts[0])[0]
+            trainer = run.trainer(first)[0]
             reference = {"name": name, "max_abs_diff": max_abs_diff(ref, trainer)}
         else:
             reference_note = reason
