@@ -34,7 +34,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             for problem in exc.problems:
                 click.echo(str(problem), err=True)
             sys.exit(EXIT_USAGE)
-        except (ConfigError, UnsafePathError, FileNotFoundError) as exc:
+        except ConfigError as exc:  # already ``contractgen.toml:LINE:COL: key: message``
+            fail(str(exc))
+        except (UnsafePathError, FileNotFoundError) as exc:
             fail(f"error: {exc}")
         except KeyError as exc:
             # KeyError's own str() quotes its argument; errors that explain themselves keep theirs

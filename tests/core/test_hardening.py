@@ -133,3 +133,58 @@ def test_yml_files_are_not_silently_ignored(tmp_path: Path) -> None:
     (root / "contracts" / "foo_v1.yml").write_bytes(V1_YAML.read_bytes())
     err = _assert_refused(root, "list", where="contracts/foo_v1.yml:1:1:")
     assert "rename it to foo_v1.yaml" in err
+
+
+# --- contractgen.toml ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generated", [".", "..", "/tmp", "docs", "contracts", "a/../b"])
+def test_generated_dir_must_be_a_folder_of_its_own(tmp_path: Path, generated: str) -> None:
+    root = make_project(tmp_path / "p", config=f'# project\ngenerated = "{generated}"\n')
+    (root / "docs").mkdir()
+    (root / "docs" / "guide.md").write_text("a file contractgen did not write\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    verbs = ("generate",) if generated in ("docs", "contracts") else ("generate", "check")
+    for verb in verbs:
+        err = _assert_refused(root, verb, where="contractgen.toml:2:1:", field="generated")
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_generate_never_deletes_a_file_without_the_header(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    assert cli("--root", root, "generate").exit_code == 0
+    stray = root / "generated" / "notes.txt"
+    stray.write_text("mine\n")
+    err = _assert_refused(root, "generate", field="generated")
+    assert "notes.txt" in err and stray.read_text() == "mine\n"
+
+
+def test_generated_dir_symlinked_out_of_the_project_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = make_project(tmp_path / "p")
+    (root / "generated").symlink_to(outside)
+    _assert_refused(root, "generate", field="generated")
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "where", "field"),
+    [
+        ("targets = 5\n", "contractgen.toml:1:1:", "targets"),
+        ("generated = 3\n", "contractgen.toml:1:1:", "generated"),
+        ("contracts = []\n", "contractgen.toml:1:1:", "contracts"),
+        ("[targets.sglang]\npackage = 7\n", "contractgen.toml:2:1:", "targets.sglang.package"),
+        ("[targets.sglang]\ninit = 'no'\n", "contractgen.toml:2:1:", "targets.sglang.init"),
+        ("[targets.vllm]\n", "contractgen.toml:1:1:", "targets.vllm"),
+        ("colour = 1\n", "contractgen.toml:1:1:", "colour"),
+        ("generated = [\n", "contractgen.toml:", ""),
+    ],
+)
+def test_bad_config_values_name_the_key(
+    tmp_path: Path, config: str, where: str, field: str
+) -> None:
+    root = make_project(tmp_path / "p", config=config)
+    for verb in ("list", "generate"):
+        _assert_refused(root, verb, where=where, field=field)
