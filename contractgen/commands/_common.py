@@ -52,6 +52,16 @@ def project_from(ctx: click.Context) -> Project:
     return open_project(root, contracts)
 
 
+def use_project_from(ctx: click.Context) -> Project:
+    """Open the project (--root, --contracts, contractgen.toml) and make the vendored modules that
+    plan, handshake and parity read come from it; invalid contracts exit 2 here."""
+    from ..vendored import use_project
+
+    project = project_from(ctx)
+    use_project(project.config)
+    return project
+
+
 def parse_repo_options(values: tuple[str, ...]) -> list[tuple[str, Path]]:
     """``NAME=PATH`` pairs; NAME is a target (sglang, megatron, launcher) or its repo name."""
     from ..codegen.drift import resolve_target_name
