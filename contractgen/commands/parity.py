@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ._common import EXIT_DRIFT, EXIT_OK, fail, handle_errors
+from ._common import EXIT_DRIFT, EXIT_OK, fail, handle_errors, use_project_from
 
 DEFAULT_CONTRACT = "qwen3_dense_true_on_policy_v1"
 DEFAULT_LAYOUTS = "tp1,tp2,pp2,cp2"
@@ -42,9 +42,10 @@ DEFAULT_LAYOUTS = "tp1,tp2,pp2,cp2"
     help="Flip every policy field on one side; each must be detected.",
 )
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@click.pass_context
 @handle_errors
 def command(
-    contract_id: str, checkpoint: Path | None, layouts: str | None, dtype: str, device: str,
+    ctx: click.Context, contract_id: str, checkpoint: Path | None, layouts: str | None, dtype: str, device: str,
     json_path: Path | None, inject_faults: bool, quiet: bool,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise at every layout.
@@ -67,6 +68,7 @@ def command(
     from ..parity.rollout import model_arch
     from ..vendored import load_target
 
+    use_project_from(ctx)
     schema = load_target("sglang").schema
     schema.get_contract_schema(contract_id)  # unknown ids: exit 2 listing the known ones
     if device == "cuda":
@@ -97,10 +99,11 @@ def command(
     except LayoutError as exc:
         fail(f"error: {exc}")
     report = run_gate(config)
-    click.echo(table(report))
+    to_stdout = json_path is not None and str(json_path) == "-"
+    click.echo(table(report), err=to_stdout)  # with --json -, stdout is the JSON alone
     if json_path is not None:
         text = json.dumps(report, indent=2)
-        if str(json_path) == "-":
+        if to_stdout:
             click.echo(text)
         else:
             json_path.write_text(text + "\n")
