@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 WHL=${WHL:-.whl}
-SECTIONS=${SECTIONS:-linear,memory,attention,rollout}
+SECTIONS=${SECTIONS:-attention,memory,rollout,linear}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WHL"/*.whl || exit 1
 export PYTHONPATH=/tmp/site
