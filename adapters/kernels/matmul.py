@@ -8,12 +8,12 @@ bf16 tensor-core tile dots) obtains the invariances:
   checks) rounded once to ``kp.matmul_accumulation_dtype``; tiles are combined in
   ``kp.matmul_tile_order``.
 * Batch invariance: every GEMM is a fixed ``M_TILE x k_block x N_TILE`` block (rows and columns
-  zero padded, a batched GEMM over the blocks), so a row's bits never depend on how many rows, or
+  zero padded), batched ``BLOCKS_PER_CALL`` at a time, so a row's bits never depend on how many rows, or
   which other rows, are in the call (plain ``torch.matmul`` changes kernels with M: M=1 is a GEMV;
   on CUDA, cuBLAS picks kernels by N too).
 * N invariance: columns are cut into fixed ``N_TILE`` blocks the same way, so a column-parallel
   shard whose boundary is a multiple of ``N_TILE`` (64) reproduces the full result's columns.
-* Memory: K tiles are upcast one at a time, row blocks expanded a bounded group at a time, and
+* Memory: K tiles are upcast one at a time, the blocks of one batched call gathered at a time, and
   tiles combined as they are produced (``streamed_matmul``): no permanent float32 weight copy, no
   ``[T, M, N]`` stack of partials, no ``M*N*K``-sized operands (the form used until 2026-11-30;
   ``tests/kernels`` pins the bits to it).
@@ -99,30 +99,33 @@ def _k_tile(t_MK: torch.Tensor, t: int, k_block: int, rows: int, gd: torch.dtype
     return F.pad(tile, (0, k_block - tile.shape[1], 0, rows - tile.shape[0]))
 
 
-# Elements of the expanded GEMM operands built at once by ``_tile_product`` (memory bound).
-_BLOCK_ELEMENTS = 1 << 22
+# GEMM blocks per batched call: always exactly this many (the last call zero padded), so the
+# BLAS never sees another batch shape either (cuBLAS picks its kernel by the batch count too: a
+# batch of one ran another kernel on the H200).
+BLOCKS_PER_CALL = 64
 
 
 def _tile_product(x_MK: torch.Tensor, w_NK: torch.Tensor, t: int, k_block: int) -> torch.Tensor:
     """``P_MN = x[:, tile t] @ w[:, tile t].T`` in float32 (float64 stays float64), every GEMM a
-    fixed ``M_TILE x k_block x N_TILE`` block (a batched GEMM over row and column blocks), so no
-    library ever picks a kernel, or a summation order, by M or N. Row blocks go in groups whose
-    expanded operands stay under ``_BLOCK_ELEMENTS``; only this tile is upcast, for this call."""
+    fixed ``M_TILE x k_block x N_TILE`` block, batched ``BLOCKS_PER_CALL`` blocks a call, so no
+    library ever picks a kernel, or a summation order, by M or N. Only this tile is upcast, for
+    this call; the operands of one call are gathered (bounded memory)."""
     M, N = x_MK.shape[0], w_NK.shape[0]
     gd = _gemm_dtype(torch.promote_types(x_MK.dtype, w_NK.dtype))
     nM, nN = math.ceil(M / M_TILE), math.ceil(N / N_TILE)
     x_m_Mt_kb = _k_tile(x_MK, t, k_block, nM * M_TILE, gd).view(nM, M_TILE, k_block)
     w_n_kb_Nt = _k_tile(w_NK, t, k_block, nN * N_TILE, gd).view(nN, N_TILE, k_block).transpose(1, 2)
-    group = max(1, _BLOCK_ELEMENTS // (nN * k_block * (M_TILE + N_TILE)))
-    rows = []
-    for r in range(0, nM, group):
-        xs = x_m_Mt_kb[r : r + group]
-        g = xs.shape[0]
-        a = xs[:, None].expand(g, nN, M_TILE, k_block).reshape(-1, M_TILE, k_block)
-        b = w_n_kb_Nt[None].expand(g, nN, k_block, N_TILE).reshape(-1, k_block, N_TILE)
-        p = torch.bmm(a, b).view(g, nN, M_TILE, N_TILE).permute(0, 2, 1, 3)
-        rows.append(p.reshape(g * M_TILE, nN * N_TILE))
-    return torch.cat(rows)[:M, :N] if len(rows) > 1 else rows[0][:M, :N]
+    idx = torch.arange(nM * nN, device=x_MK.device)
+    blocks = []
+    for lo in range(0, nM * nN, BLOCKS_PER_CALL):
+        part = idx[lo : lo + BLOCKS_PER_CALL]
+        pad = BLOCKS_PER_CALL - part.shape[0]
+        a = F.pad(x_m_Mt_kb[part // nN], (0, 0, 0, 0, 0, pad))
+        b = F.pad(w_n_kb_Nt[part % nN], (0, 0, 0, 0, 0, pad))
+        blocks.append(torch.bmm(a, b)[: part.shape[0]])
+    p_B_Mt_Nt = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    p = p_B_Mt_Nt.view(nM, nN, M_TILE, N_TILE).permute(0, 2, 1, 3).reshape(nM * M_TILE, -1)
+    return p[:M, :N]
 
 
 class _RunStack:

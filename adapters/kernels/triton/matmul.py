@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 from .._dtypes import dtype_of
-from ..all_reduce import pairwise_sum
 from ..matmul import _run_length, reference_matmul
 
 # Triton's CPU interpreter (CI): same kernels, its dot needs float32 operands.
@@ -232,7 +231,7 @@ def _mm_runs(
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """Small M: program (output tile, run r) writes run r to ``ws[r]``; the runs are then combined
-    pairwise (``pairwise_sum``, the same adds as the counter)."""
+    pairwise level by level (the same adds as the counter)."""
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -265,7 +264,9 @@ def _launch(x_MK: torch.Tensor, w_NK: torch.Tensor, k_block: int, run: int, acc:
             ws_RMN.stride(1), run, _TL[acc], BLOCK_M, BLOCK_N, k_block, num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
         )  # fmt: skip
-        return pairwise_sum(list(ws_RMN.unbind(0)))
+        while ws_RMN.shape[0] > 1:  # adjacent pairs, one level per add (a power of two of runs)
+            ws_RMN = ws_RMN[0::2] + ws_RMN[1::2]
+        return ws_RMN[0]
     y_MN = torch.empty((M, N), dtype=acc, device=x_MK.device)
     progs = min(progs, grid_m * grid_n)
     iters = triton.next_power_of_2(triton.cdiv(grid_m * grid_n, progs))
