@@ -390,7 +390,7 @@ def test_check_json_shape(project: Path, repos) -> None:
     result = cli("--root", project, "check", "--json", "--repo", f"miles={repos['launcher']}")
     assert result.exit_code == 1
     report = json.loads(result.output)
-    assert set(report) == {"ok", "contracts", "files", "drift"}
+    assert set(report) == {"ok", "contracts", "files", "drift", "not_generated"}
     assert report["ok"] is False
     assert report["contracts"] == ["qwen3_dense_true_on_policy_v1", "qwen3_dense_true_on_policy_v2"]
     assert report["files"] == 9
