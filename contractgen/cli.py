@@ -28,6 +28,7 @@ COMMANDS = (
     "new",
     "plan",
     "handshake",
+    "adopt",
 )
 
 

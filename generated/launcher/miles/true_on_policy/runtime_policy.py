@@ -6,7 +6,7 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:027a9ce673ff006015f294125484fe82de40179a7be51862da7684dea28b9c1a
 #   qwen3_dense_true_on_policy_v2 sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073
-# sha256: 9869235ceefa6f87196a6b29e6c04cefe486af33cd0b4cbbbdb4278f2cc92211
+# sha256: 311aa667c1b2df2edbd0302955073f744af696bfa1ca0a902fa3d43ea4a77ae4
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .schema import (
+    CONTRACT_DATA,
     CONTRACT_IDS,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
@@ -81,10 +82,12 @@ DEFAULT_RUNTIME_POLICY = LauncherTrueOnPolicyRuntimePolicy(
 
 
 def _cp_comm_types(config: Any) -> list[str]:
+    # megatron-core's cp_comm_type is a str (every layer) or a list with one entry per layer;
+    # TransformerConfig refuses anything else (a tuple) when CP > 1, so a tuple is no layout.
     value = getattr(config, "cp_comm_type", None)
     if isinstance(value, str):
         return [value]
-    return [str(item) for item in value] if isinstance(value, list | tuple) else []
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _size(config: Any, name: str) -> int:
@@ -97,7 +100,9 @@ CONDITIONS = {
     "rollout_tp": lambda config: _size(config, "tp_size") > 1,
     "train_tp": lambda config: _size(config, "tensor_model_parallel_size") > 1,
     "ulysses_cp": lambda config: (
-        _size(config, "context_parallel_size") > 1 and "a2a" in _cp_comm_types(config)
+        _size(config, "context_parallel_size") > 1
+        and bool(_cp_comm_types(config))
+        and all(kind == "a2a" for kind in _cp_comm_types(config))
     ),
 }
 
@@ -135,6 +140,13 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "recompute_logprobs_via_prefill": ("const", False),
     },
 }
+
+
+def _kernel_policy_data(contract_name: str) -> dict[str, Any]:
+    try:
+        return CONTRACT_DATA[contract_name]["kernel_policy"]
+    except KeyError:
+        raise UnknownContractError(contract_name) from None
 
 
 def _resolve(rule: tuple, config: Any) -> Any:
@@ -186,6 +198,14 @@ class LauncherTrueOnPolicyContract:
         values = {field: _resolve(rule, config) for field, rule in rules.items()}
         return LauncherTrueOnPolicyRuntimePolicy(contract_name=self.name, **values)
 
+    def kernel_policy_kwargs_for(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The contract's kernel policy as keyword arguments (field name -> value).
+
+        Extra arguments (a model profile, a config) are accepted and ignored: the kernel policy
+        depends on the contract alone.
+        """
+        return dict(_kernel_policy_data(self.name))
+
 
 QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
@@ -208,12 +228,12 @@ _CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
 }
 
 
-def get_true_on_policy_contract(contract_name: str) -> LauncherTrueOnPolicyContract:
+def get_true_on_policy_contract(name: str) -> LauncherTrueOnPolicyContract:
     """Registry lookup; an unknown id raises UnknownContractError listing the known ids."""
     try:
-        return _CONTRACT_BY_NAME[contract_name]
+        return _CONTRACT_BY_NAME[name]
     except KeyError:
-        raise UnknownContractError(contract_name) from None
+        raise UnknownContractError(name) from None
 
 
 def validate_true_on_policy_contract(contract_name_or_config: Any) -> None:

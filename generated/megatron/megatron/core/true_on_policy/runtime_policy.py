@@ -6,7 +6,7 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:027a9ce673ff006015f294125484fe82de40179a7be51862da7684dea28b9c1a
 #   qwen3_dense_true_on_policy_v2 sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073
-# sha256: 04afffd561d609a252d4e9e50b954ee497402c93ade4d428cc670c920bdf6d3b
+# sha256: 619f95ea1fe6fb0466f4992675df877be18d8aad10587b053b9793bc42436e01
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .schema import (
+    CONTRACT_DATA,
     CONTRACT_IDS,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
@@ -82,7 +83,7 @@ DEFAULT_RUNTIME_POLICY = MegatronTrueOnPolicyRuntimePolicy(
     batch_invariant_mode=False,
     disable_rope_fusion=False,
     disable_bias_swiglu_fusion=False,
-    attention_backend=None,
+    attention_backend="default",
     cp_layout=None,
     cast_attention_input_to_dense_math_dtype=False,
     cast_qk_norm_input_before_weight_mul=True,
@@ -98,10 +99,12 @@ DEFAULT_RUNTIME_POLICY = MegatronTrueOnPolicyRuntimePolicy(
 
 
 def _cp_comm_types(config: Any) -> list[str]:
+    # megatron-core's cp_comm_type is a str (every layer) or a list with one entry per layer;
+    # TransformerConfig refuses anything else (a tuple) when CP > 1, so a tuple is no layout.
     value = getattr(config, "cp_comm_type", None)
     if isinstance(value, str):
         return [value]
-    return [str(item) for item in value] if isinstance(value, list | tuple) else []
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _size(config: Any, name: str) -> int:
@@ -114,7 +117,9 @@ CONDITIONS = {
     "rollout_tp": lambda config: _size(config, "tp_size") > 1,
     "train_tp": lambda config: _size(config, "tensor_model_parallel_size") > 1,
     "ulysses_cp": lambda config: (
-        _size(config, "context_parallel_size") > 1 and "a2a" in _cp_comm_types(config)
+        _size(config, "context_parallel_size") > 1
+        and bool(_cp_comm_types(config))
+        and all(kind == "a2a" for kind in _cp_comm_types(config))
     ),
 }
 
@@ -160,6 +165,13 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
     },
 }
+
+
+def _kernel_policy_data(contract_name: str) -> dict[str, Any]:
+    try:
+        return CONTRACT_DATA[contract_name]["kernel_policy"]
+    except KeyError:
+        raise UnknownContractError(contract_name) from None
 
 
 def _resolve(rule: tuple, config: Any) -> Any:
@@ -210,6 +222,14 @@ class MegatronTrueOnPolicyContract:
         rules = POLICY_RULES[self.name]
         values = {field: _resolve(rule, config) for field, rule in rules.items()}
         return MegatronTrueOnPolicyRuntimePolicy(contract_name=self.name, **values)
+
+    def kernel_policy_kwargs_for(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The contract's kernel policy as keyword arguments (field name -> value).
+
+        Extra arguments (a model profile, a config) are accepted and ignored: the kernel policy
+        depends on the contract alone.
+        """
+        return dict(_kernel_policy_data(self.name))
 
 
 QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = MegatronTrueOnPolicyContract(

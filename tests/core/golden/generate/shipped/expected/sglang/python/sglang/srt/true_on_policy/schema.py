@@ -6,7 +6,7 @@
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:027a9ce673ff006015f294125484fe82de40179a7be51862da7684dea28b9c1a
 #   qwen3_dense_true_on_policy_v2 sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073
-# sha256: c5b109d3bc14bbc7c83499c35e6cc46b60d69b7baab1082d8ddf78611221f477
+# sha256: e140dfb64b005434fd5987cbdf29e16b840341d83768f22b49468f46d65bcf24
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -30,11 +30,17 @@ GENERATOR_FORMAT = 1
 TrueOnPolicyContractName = Literal[
     "qwen3_dense_true_on_policy_v1",
     "qwen3_dense_true_on_policy_v2",
+    "qwen3_moe_true_on_policy_v1",
 ]
-ModelFamily = Literal["qwen3_dense"]
+ModelFamily = Literal[
+    "qwen3_dense",
+    "qwen3_moe",
+    "qwen3_next",
+]
 KernelContract = Literal[
     "qwen3_dense_sglang_math",
     "qwen3_dense_sglang_math_fp32_logprobs",
+    "qwen3_moe_sglang_math",
 ]
 LogprobContract = Literal[
     "decode",
@@ -61,10 +67,10 @@ class UnknownContractError(KeyError, ValueError):
 class TrueOnPolicyContractSchema:
     """Cross-repo identity of one contract (the public field order, then ours)."""
 
-    name: str
-    model_family: str
-    required_kernel_contracts: tuple[str, ...]
-    logprob_contract: str
+    name: TrueOnPolicyContractName
+    model_family: ModelFamily
+    required_kernel_contracts: tuple[KernelContract, ...]
+    logprob_contract: LogprobContract
     sglang_attention_backend: str
     fsdp_attention_implementation: str
     disable_megatron_sequence_parallel: bool
@@ -805,6 +811,18 @@ QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA = TrueOnPolicyContractSchema(
     schema_version=SCHEMA_VERSION,
     fingerprint=FINGERPRINTS["qwen3_dense_true_on_policy_v2"],
     supersedes="qwen3_dense_true_on_policy_v1",
+)
+
+# Public identity constants no contract file here defines yet (values of the public modules; no
+# fingerprint, not in CONTRACT_IDS). A contract file with the same id replaces each one.
+QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
+    name="qwen3_moe_true_on_policy_v1",
+    model_family="qwen3_moe",
+    required_kernel_contracts=("qwen3_dense_sglang_math", "qwen3_moe_sglang_math"),
+    logprob_contract="sglang_prefill",
+    sglang_attention_backend="fa3",
+    fsdp_attention_implementation="flash_attention_3",
+    disable_megatron_sequence_parallel=True,
 )
 
 _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {
