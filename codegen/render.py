@@ -187,7 +187,7 @@ def _schema_context(contracts: list[LoadedContract]) -> dict:
         ),
         "ids_tuple": _seq([py_str(lc.id) for lc in contracts], "(", ")"),
         "kernel_fields": _field_docs(KernelPolicy),
-        "dims_fields": _field_docs(ModelDims),
+        "dims_fields": _field_docs(ModelDims, skip=("rope",)),
         "contract_data": py_literal(data),
         "fingerprints": py_literal({cid: contract_fingerprint(d) for cid, d in data.items()}),
         "superseded_by": py_literal(superseded_by),

@@ -19,6 +19,7 @@ COMMANDS = (
     "parity",
     "breaking",
     "new",
+    "add_checkpoint",
     "plan",
     "handshake",
 )

@@ -134,9 +134,13 @@ def test_import_with_python_dash_S(target: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["file"].startswith(str(base)), report
-    assert report["ids"] == ["qwen3_dense_true_on_policy_v1", "qwen3_dense_true_on_policy_v2"]
+    assert report["ids"] == [
+        "llama3_dense_true_on_policy_v1",
+        "qwen3_dense_true_on_policy_v1",
+        "qwen3_dense_true_on_policy_v2",
+    ]
     assert report["bad"] == []
-    assert report["policy"] == "qwen3_dense_true_on_policy_v1"
+    assert report["policy"] == "llama3_dense_true_on_policy_v1"
     assert report["third_party"] == []
 
 
@@ -256,7 +260,8 @@ def test_verify_fingerprints_detects_edited_contract_data(tmp_path: Path) -> Non
     schema_py.write_bytes(restamped)
     done = _verify(folder, "schema.py")
     assert done.returncode == 1
-    assert done.stderr == "hand-edited or not generated: contract qwen3_dense_true_on_policy_v1\n"
+    # the first contract in CONTRACT_DATA (sorted by id) is the one edited
+    assert done.stderr == "hand-edited or not generated: contract llama3_dense_true_on_policy_v1\n"
 
 
 def test_verify_functions_in_process() -> None:

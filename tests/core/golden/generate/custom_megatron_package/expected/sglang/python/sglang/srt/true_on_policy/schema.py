@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
-# sha256: 57eeaa9f39a79bad0eedfb2642cb02ea2a7579e540c0bd860d3da3f21282cb21
+# sha256: 932bb47592470347758a217cfc6603f7d24947ec576ffbdd6b0cdc5aa107fb1a
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -95,7 +95,7 @@ class KernelPolicy:
 
 @dataclass(frozen=True)
 class ModelDims:
-    """Dimensions of one checkpoint."""
+    """Dimensions of one checkpoint, with its RoPE resolved (its own, else the profile's)."""
 
     name: str
     hidden_size: int
@@ -108,6 +108,9 @@ class ModelDims:
     tie_word_embeddings: bool
     max_position_embeddings: int
     tp_sizes: tuple[int, ...] | None
+    pp_sizes: tuple[int, ...] | None
+    rope_theta: float
+    rope_scaling: tuple[tuple[str, float | int | str], ...] | None
 
 
 @dataclass(frozen=True)
@@ -490,17 +493,26 @@ def kernel_policy_for(contract_id: str) -> KernelPolicy:
     return KernelPolicy(**_lookup(contract_id)["kernel_policy"])
 
 
-def _dims(data: dict) -> ModelDims:
+def _scaling(scaling: dict | None) -> tuple[tuple[str, float | int | str], ...] | None:
+    if scaling is None:
+        return None
+    return tuple(sorted((k, v) for k, v in scaling.items() if v is not None))
+
+
+def _dims(data: dict, profile_rope: dict) -> ModelDims:
     values = dict(data)
-    if values["tp_sizes"] is not None:
-        values["tp_sizes"] = tuple(values["tp_sizes"])
+    for key in ("tp_sizes", "pp_sizes"):
+        values[key] = None if values.get(key) is None else tuple(values[key])
+    rope = values.pop("rope", None) or profile_rope
+    values["rope_theta"] = rope["theta"]
+    values["rope_scaling"] = _scaling(rope["scaling"])
     return ModelDims(**values)
 
 
 def model_profile_for(contract_id: str) -> ModelProfile:
     data = _lookup(contract_id)
     profile = data["model_profile"]
-    scaling = profile["rope"]["scaling"]
+    rope = profile["rope"]
     return ModelProfile(
         family=data["family"],
         hf_architecture=profile["architectures"]["hf"],
@@ -511,13 +523,11 @@ def model_profile_for(contract_id: str) -> ModelProfile:
         qk_norm=profile["qk_norm"],
         activation=profile["activation"],
         attention_bias=profile["attention_bias"],
-        rope_style=profile["rope"]["style"],
-        rope_theta=profile["rope"]["theta"],
-        rope_scaling=None
-        if scaling is None
-        else tuple(sorted((k, v) for k, v in scaling.items() if v is not None)),
-        checkpoints=tuple(_dims(d) for d in profile["checkpoints"]),
-        reference_model=_dims(profile["reference_model"]),
+        rope_style=rope["style"],
+        rope_theta=rope["theta"],
+        rope_scaling=_scaling(rope["scaling"]),
+        checkpoints=tuple(_dims(d, rope) for d in profile["checkpoints"]),
+        reference_model=_dims(profile["reference_model"], rope),
     )
 
 
