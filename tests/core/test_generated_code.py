@@ -285,3 +285,28 @@ def test_fingerprint_ignores_description_only() -> None:
     assert contract_fingerprint({**data, "description": "other words"}) == base
     data["kernel_policy"]["logsoftmax_dtype"] = "float32"
     assert contract_fingerprint(data) != base
+
+
+def test_numerics_and_target_policy_fingerprints_are_separate() -> None:
+    """Adding a target (a runtime policy of its own) leaves the numerics fingerprint alone; a
+    target's policy change moves only that target's fingerprint; numerics changes move the
+    numerics one."""
+    from contractgen.codegen.fingerprint import contract_fingerprint, policy_fingerprints
+
+    files = files_under(_target_dir("sglang"))
+    schema, _ = load_rendered_package(files, "_cg_fp_split_probe")
+    data = json.loads(json.dumps(schema.CONTRACT_DATA["qwen3_dense_true_on_policy_v1"]))
+    base, per_target = contract_fingerprint(data), policy_fingerprints(data)
+    assert per_target == schema.POLICY_FINGERPRINTS["qwen3_dense_true_on_policy_v1"]
+    assert schema.compute_policy_fingerprints(data) == per_target
+    assert set(per_target) == {"sglang", "megatron", "launcher"}
+    with_target = {**data, "runtime_policy": {**data["runtime_policy"], "vllm": {"enabled": True}}}
+    assert contract_fingerprint(with_target) == base == schema.compute_fingerprint(with_target)
+    assert {k: v for k, v in policy_fingerprints(with_target).items() if k != "vllm"} == per_target
+    data["runtime_policy"]["sglang"]["disable_reduce_scatter"] = False
+    changed = policy_fingerprints(data)
+    assert (
+        changed["sglang"] != per_target["sglang"] and changed["megatron"] == per_target["megatron"]
+    )
+    data["model_profile"]["rope"]["theta"] = 1.0
+    assert contract_fingerprint(data) != base

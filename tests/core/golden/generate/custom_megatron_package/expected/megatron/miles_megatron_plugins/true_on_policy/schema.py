@@ -3,8 +3,8 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
-# sha256: 932bb47592470347758a217cfc6603f7d24947ec576ffbdd6b0cdc5aa107fb1a
+#   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
+# sha256: 211862647f104d52ab4bcbca9ed7e49e197704be7eb13b54457f11c6dc187ff6
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -450,9 +450,20 @@ CONTRACT_DATA: dict[str, dict] = {
     },
 }
 
-# sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
+# Numerics fingerprint of each contract: sha256 of its canonical JSON (sorted keys, no spaces,
+# UTF-8) with the description and the per-target runtime policies left out. Rollout and trainer
+# agree on it in the handshake; adding a target to a contract leaves it unchanged.
 FINGERPRINTS: dict[str, str] = {
-    "qwen3_dense_true_on_policy_v1": "sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11",
+    "qwen3_dense_true_on_policy_v1": "sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b",
+}
+
+# sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
+POLICY_FINGERPRINTS: dict[str, dict[str, str]] = {
+    "qwen3_dense_true_on_policy_v1": {
+        "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
+        "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
+        "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
+    },
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).
@@ -570,14 +581,26 @@ def _canonical(data: object) -> bytes:
 
 
 def compute_fingerprint(data: dict) -> str:
-    payload = {k: v for k, v in data.items() if k != "description"}
+    """The numerics fingerprint: everything but the description and the runtime policies."""
+    payload = {k: v for k, v in data.items() if k not in ("description", "runtime_policy")}
     return "sha256:" + hashlib.sha256(_canonical(payload)).hexdigest()
 
 
+def compute_policy_fingerprints(data: dict) -> dict[str, str]:
+    """One fingerprint per target's runtime policy."""
+    return {
+        target: "sha256:" + hashlib.sha256(_canonical(policy)).hexdigest()
+        for target, policy in sorted(data["runtime_policy"].items())
+    }
+
+
 def verify_fingerprints() -> list[str]:
-    """Ids whose canonical data no longer matches its recorded fingerprint (empty when intact)."""
+    """Ids whose canonical data no longer matches its recorded fingerprints (empty when intact)."""
     return [
-        cid for cid in CONTRACT_IDS if compute_fingerprint(CONTRACT_DATA[cid]) != FINGERPRINTS[cid]
+        cid
+        for cid in CONTRACT_IDS
+        if compute_fingerprint(CONTRACT_DATA[cid]) != FINGERPRINTS[cid]
+        or compute_policy_fingerprints(CONTRACT_DATA[cid]) != POLICY_FINGERPRINTS[cid]
     ]
 
 

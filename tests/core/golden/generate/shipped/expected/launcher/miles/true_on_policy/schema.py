@@ -5,10 +5,10 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   llama3_dense_true_on_policy_v1 sha256:2977fa772ed800ca9c444354313cf419c6bf409e771418a059a09b06af22ed96
-#   qwen3_dense_true_on_policy_v1 sha256:027a9ce673ff006015f294125484fe82de40179a7be51862da7684dea28b9c1a
-#   qwen3_dense_true_on_policy_v2 sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073
-# sha256: 3e2c0b17a67079555b384e2f640a67f51c6c82c6f92436e76790461aaa615c3c
+#   llama3_dense_true_on_policy_v1 sha256:508cebb03a8c73074ded4c6976ffd51e62f6ba1e3b81056205dd897b1ea22847
+#   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
+#   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
+# sha256: ee3d755676da5ee5e474fed379da57fcd702f725e74d5e26823c216cc6192120
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -1316,11 +1316,32 @@ CONTRACT_DATA: dict[str, dict] = {
     },
 }
 
-# sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
+# Numerics fingerprint of each contract: sha256 of its canonical JSON (sorted keys, no spaces,
+# UTF-8) with the description and the per-target runtime policies left out. Rollout and trainer
+# agree on it in the handshake; adding a target to a contract leaves it unchanged.
 FINGERPRINTS: dict[str, str] = {
-    "llama3_dense_true_on_policy_v1": "sha256:2977fa772ed800ca9c444354313cf419c6bf409e771418a059a09b06af22ed96",
-    "qwen3_dense_true_on_policy_v1": "sha256:027a9ce673ff006015f294125484fe82de40179a7be51862da7684dea28b9c1a",
-    "qwen3_dense_true_on_policy_v2": "sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073",
+    "llama3_dense_true_on_policy_v1": "sha256:508cebb03a8c73074ded4c6976ffd51e62f6ba1e3b81056205dd897b1ea22847",
+    "qwen3_dense_true_on_policy_v1": "sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644",
+    "qwen3_dense_true_on_policy_v2": "sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085",
+}
+
+# sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
+POLICY_FINGERPRINTS: dict[str, dict[str, str]] = {
+    "llama3_dense_true_on_policy_v1": {
+        "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
+        "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
+        "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
+    },
+    "qwen3_dense_true_on_policy_v1": {
+        "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
+        "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
+        "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
+    },
+    "qwen3_dense_true_on_policy_v2": {
+        "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
+        "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
+        "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
+    },
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).
@@ -1466,14 +1487,26 @@ def _canonical(data: object) -> bytes:
 
 
 def compute_fingerprint(data: dict) -> str:
-    payload = {k: v for k, v in data.items() if k != "description"}
+    """The numerics fingerprint: everything but the description and the runtime policies."""
+    payload = {k: v for k, v in data.items() if k not in ("description", "runtime_policy")}
     return "sha256:" + hashlib.sha256(_canonical(payload)).hexdigest()
 
 
+def compute_policy_fingerprints(data: dict) -> dict[str, str]:
+    """One fingerprint per target's runtime policy."""
+    return {
+        target: "sha256:" + hashlib.sha256(_canonical(policy)).hexdigest()
+        for target, policy in sorted(data["runtime_policy"].items())
+    }
+
+
 def verify_fingerprints() -> list[str]:
-    """Ids whose canonical data no longer matches its recorded fingerprint (empty when intact)."""
+    """Ids whose canonical data no longer matches its recorded fingerprints (empty when intact)."""
     return [
-        cid for cid in CONTRACT_IDS if compute_fingerprint(CONTRACT_DATA[cid]) != FINGERPRINTS[cid]
+        cid
+        for cid in CONTRACT_IDS
+        if compute_fingerprint(CONTRACT_DATA[cid]) != FINGERPRINTS[cid]
+        or compute_policy_fingerprints(CONTRACT_DATA[cid]) != POLICY_FINGERPRINTS[cid]
     ]
 
 

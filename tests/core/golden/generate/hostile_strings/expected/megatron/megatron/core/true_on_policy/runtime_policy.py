@@ -3,7 +3,7 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:608624a452be6c01022609dbfaa6c1f1b11aeaa92dd933c470a17fb21c43097c
+#   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
 # sha256: 77491ce7e4a020c33c12e0e3fae7b585f801030f359bdd79887a52e654145497
 """Megatron runtime policy of the true-on-policy contracts.
 

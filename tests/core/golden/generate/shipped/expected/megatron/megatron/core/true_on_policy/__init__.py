@@ -5,9 +5,9 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   llama3_dense_true_on_policy_v1 sha256:2977fa772ed800ca9c444354313cf419c6bf409e771418a059a09b06af22ed96
-#   qwen3_dense_true_on_policy_v1 sha256:027a9ce673ff006015f294125484fe82de40179a7be51862da7684dea28b9c1a
-#   qwen3_dense_true_on_policy_v2 sha256:63191a0a3d0be66d65a4643d5ea3f001b3774f3907e73137d0998a150da01073
+#   llama3_dense_true_on_policy_v1 sha256:508cebb03a8c73074ded4c6976ffd51e62f6ba1e3b81056205dd897b1ea22847
+#   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
+#   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 # sha256: 1f4b7e1989da451d6eea6bc5ea9da349f47baa8fe797a0eb35513a62c24d5794
 """True-on-policy contracts, vendored by contractgen into the Megatron-LM repository."""
 
