@@ -6,6 +6,7 @@ DESIGN.md's layout. A target's ``package`` is a relative POSIX path inside the s
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -33,6 +34,8 @@ class ProjectConfig:
     # Targets whose sibling repo keeps its own __init__.py (``init = false``): contractgen then
     # vendors only schema.py and runtime_policy.py into that package.
     no_init: frozenset[str] = frozenset()
+    # where ``generated`` is set (``contractgen.toml:LINE:COL``), for errors about that folder
+    generated_where: str = f"{CONFIG_NAME}:1:1"
 
     def package(self, target: str) -> str:
         return self.packages[get_target(target).name]
@@ -43,6 +46,16 @@ class ProjectConfig:
 
 def validate_package_path(value: str, where: str) -> str:
     """A vendored package path must be relative, normalised and stay inside the repo."""
+    problem = _relative_path_problem(value)
+    if problem:
+        raise ConfigError(
+            f"{where}: package path {value!r} {problem} (e.g. 'python/sglang/srt/true_on_policy')"
+        )
+    return value
+
+
+def _relative_path_problem(value: str) -> str:
+    """Why ``value`` is not a relative, normalised POSIX path below a folder ('' if it is)."""
     p = PurePosixPath(value)
     if (
         not value
@@ -50,54 +63,161 @@ def validate_package_path(value: str, where: str) -> str:
         or "\\" in value
         or any(part in ("..", ".", "") for part in value.split("/"))
     ):
-        raise ConfigError(
-            f"{where}: package path {value!r} must be a relative path inside the repo "
-            "without '..', '.', empty parts or backslashes (e.g. 'python/sglang/srt/true_on_policy')"
+        return (
+            "must be a relative path inside the repo without '..', '.', empty parts or backslashes"
         )
-    return value
+    return ""
+
+
+def _position(text: str, key: str, table: str = "") -> tuple[int, int]:
+    """Line and column of ``key =`` (inside ``[table]`` when given) in a TOML file; 1:1 if unseen."""
+    lines = text.splitlines()
+    start = 0
+    if table:
+        header = re.compile(r"^\s*\[\s*" + re.escape(table).replace(r"\.", r"\s*\.\s*") + r"\s*\]")
+        start = next((i + 1 for i, line in enumerate(lines) if header.match(line)), 0)
+    pattern = re.compile(r"^(\s*)[\"']?" + re.escape(key) + r"[\"']?\s*=")
+    for i in range(start, len(lines)):
+        match = pattern.match(lines[i])
+        if match:
+            return i + 1, len(match.group(1)) + 1
+        if table and lines[i].lstrip().startswith("[") and i >= start:
+            break
+    if table:
+        header_line = start if start else 1
+        return header_line, 1
+    return 1, 1
 
 
 def load_config(root: Path) -> ProjectConfig:
-    """Read ``contractgen.toml`` under ``root`` (if any) over the defaults."""
+    """Read ``contractgen.toml`` under ``root`` (if any) over the defaults.
+
+    Every problem is one line, ``contractgen.toml:LINE:COL: key: message``.
+    """
     path = root / CONFIG_NAME
+    shown = CONFIG_NAME
+    text = ""
     data: dict = {}
     if path.exists():
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    unknown = set(data) - {"contracts", "generated", "targets"}
+            text = path.read_text(encoding="utf-8")
+            data = tomllib.loads(text)
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{shown}:1:1: not UTF-8 text ({exc.reason})") from None
+        except tomllib.TOMLDecodeError as exc:
+            match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+            line, col = (match.group(1), match.group(2)) if match else ("1", "1")
+            message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+            raise ConfigError(f"{shown}:{line}:{col}: invalid TOML: {message}") from None
+
+    def error(key: str, message: str, table: str = "", leaf: str = "") -> ConfigError:
+        line, col = _position(text, leaf or key.rsplit(".", 1)[-1], table)
+        return ConfigError(f"{shown}:{line}:{col}: {key}: {message}")
+
+    unknown = sorted(set(data) - {"contracts", "generated", "targets"})
     if unknown:
-        raise ConfigError(
-            f"{path}: unknown keys {sorted(unknown)} (expected contracts, generated, targets)"
+        raise error(unknown[0], "unknown key (expected contracts, generated, targets)")
+    folders = {}
+    for key in ("contracts", "generated"):
+        value = data.get(key, key)
+        if not isinstance(value, str) or not value:
+            raise error(key, f'must be a folder path (got {value!r}), e.g. {key} = "{key}"')
+        folders[key] = value
+    problem = _relative_path_problem(folders["generated"])
+    if problem:  # generate deletes what no contract produces there: never outside the project
+        raise error(
+            "generated",
+            f"{folders['generated']!r} {problem.replace('the repo', 'the project')}; it must be "
+            "a folder of its own (e.g. generated = \"generated\")",
         )
+    if folders["generated"] == folders["contracts"]:
+        raise error("generated", 'must not be the contracts folder (e.g. generated = "generated")')
     packages = {name: t.default_package for name, t in TARGETS.items()}
     no_init: set[str] = set()
-    for name, entry in (data.get("targets") or {}).items():
+    targets = data.get("targets") or {}
+    if not isinstance(targets, dict):
+        raise error(
+            "targets",
+            f'must be a table of targets (got {targets!r}); write [targets.sglang] package = "…"',
+        )
+    for name, entry in targets.items():
+        table = f"targets.{name}"
         if name not in TARGETS:
-            raise ConfigError(
-                f"{path}: [targets.{name}]: unknown target (known: {', '.join(sorted(TARGETS))})"
-            )
+            raise error(table, f"unknown target (known: {', '.join(sorted(TARGETS))})", table)
         if not isinstance(entry, dict) or set(entry) - {"package", "init"}:
-            raise ConfigError(f"{path}: [targets.{name}]: only 'package' and 'init' may be set")
+            raise error(table, "only 'package' and 'init' may be set", table)
         if "init" in entry:
             if not isinstance(entry["init"], bool):
-                raise ConfigError(
-                    f"{path}: targets.{name}.init: must be true or false (got {entry['init']!r})"
+                raise error(
+                    f"{table}.init", f"must be true or false (got {entry['init']!r})", table
                 )
             if not entry["init"]:
                 no_init.add(name)
         if "package" in entry:
-            packages[name] = validate_package_path(
-                str(entry["package"]), f"{path}: targets.{name}.package"
+            value = entry["package"]
+            problem = (
+                _relative_path_problem(value) if isinstance(value, str) else "must be a string"
             )
+            if problem:
+                raise error(
+                    f"{table}.package",
+                    f"package path {value!r} {problem} (e.g. 'python/sglang/srt/true_on_policy')",
+                    table,
+                )
+            packages[name] = value
     return ProjectConfig(
         root=root,
-        contracts_dir=root / str(data.get("contracts", "contracts")),
-        generated_dir=root / str(data.get("generated", "generated")),
+        contracts_dir=root / folders["contracts"],
+        generated_dir=root / folders["generated"],
         packages=packages,
         no_init=frozenset(no_init),
+        generated_where="{}:{}:{}".format(shown, *_position(text, "generated")),
     )
+
+
+def check_generated_dir(
+    config: ProjectConfig, rendered: dict[str, bytes], foreign: bool = True
+) -> None:
+    """Raise ConfigError (``contractgen.toml:L:C: generated: …``) unless generate may use it
+    (``foreign=False``: only that it lies inside the project, for read-only ``check``)."""
+    problem = generated_dir_problem(config, rendered, foreign)
+    if problem:
+        raise ConfigError(f"{config.generated_where}: generated: {problem}")
+
+
+def generated_dir_problem(
+    config: ProjectConfig, rendered: dict[str, bytes], foreign: bool = True
+) -> str:
+    """Why ``generate`` must not write or delete in the generated folder ('' when it may).
+
+    The folder must resolve inside the project (a symlink could lead out) and hold only files
+    contractgen wrote (its header), so removing orphans can never delete someone's file.
+    """
+    from .fingerprint import split_generated
+
+    root, gen = config.root.resolve(), config.generated_dir.resolve()
+    if gen == root or root not in gen.parents:
+        return f"{config.generated_dir} resolves to {gen}, outside the project {root}"
+    if not gen.is_dir() or not foreign:
+        return ""
+    found = []
+    for path in sorted(gen.rglob("*")):
+        if "__pycache__" in path.parts or path.is_dir():
+            continue
+        rel = path.relative_to(gen).as_posix()
+        if rel in rendered:
+            continue
+        if not path.is_file() or split_generated(path.read_bytes()[:65536]) is None:
+            if path.name.startswith(".") and path.name.endswith(".tmp"):
+                continue  # an interrupted write of ours: removed by generate, reported by check
+            found.append(rel)
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        return (
+            f"{config.generated_dir.name}/ holds files contractgen did not write ({shown}); "
+            "point generated at a folder of its own"
+        )
+    return ""
 
 
 def find_root(start: Path) -> Path:

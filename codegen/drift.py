@@ -6,7 +6,7 @@ import difflib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .config import ProjectConfig
+from .config import ProjectConfig, check_generated_dir
 from .targets import TARGETS
 from .writer import UnsafePathError, safe_destination
 
@@ -51,6 +51,7 @@ def _compare(expected: dict[str, bytes], root: Path, where: str, shown: str) -> 
 
 def check_generated(rendered: dict[str, bytes], config: ProjectConfig) -> list[Drift]:
     """Drift between ``generated/`` and the rendered map, orphaned files included."""
+    check_generated_dir(config, rendered, foreign=False)
     gen = config.generated_dir
     try:
         shown = gen.relative_to(config.root).as_posix()

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 from pathlib import Path
 
 import click
 
 from . import __version__
+
+# Third-party import-time noise: megatron-core warns that Apex / Transformer Engine are absent
+# (expected: the contract's layers replace their kernels) and about its own deprecated defaults.
+# A command's output is its own; these say nothing about the user's input.
+warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core(\.|$)")
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"megatron\.core(\.|$)")
 
 # verb -> module under contractgen.commands exposing ``command``
 COMMANDS = (

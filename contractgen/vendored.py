@@ -4,11 +4,18 @@ Adapters read contract policy only through these modules, never through the pyda
 is tested here is the code that ships. The files are read from this project's ``generated/``
 directory (kept fresh by ``contractgen check`` in CI); when contractgen runs from a wheel without
 that directory, the same bytes are rendered in memory from the built-in contracts.
+
+``use_project`` points every later ``load_target`` (in this process and in the worker processes
+it starts, through two environment variables) at another project: ``--root``, ``--contracts`` or
+a ``contractgen.toml`` found above the current directory. Its modules are rendered in memory
+from its contracts, so a stale ``generated/`` there cannot mislead a command.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
 import sys
 import threading
 import types
@@ -16,9 +23,40 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from .codegen.config import ProjectConfig, load_config
 from .paths import builtin_config
 
 _LOCK = threading.Lock()
+ROOT_ENV, CONTRACTS_ENV = "CONTRACTGEN_PROJECT_ROOT", "CONTRACTGEN_PROJECT_CONTRACTS"
+
+
+def use_project(config: ProjectConfig) -> None:
+    """Make ``load_target`` read ``config``'s project (here and in processes started later)."""
+    builtin = builtin_config()
+    same = (config.root.resolve(), config.contracts_dir.resolve()) == (
+        builtin.root.resolve(),
+        builtin.contracts_dir.resolve(),
+    )
+    wanted = {} if same else {ROOT_ENV: str(config.root.resolve()),
+                              CONTRACTS_ENV: str(config.contracts_dir.resolve())}  # fmt: skip
+    current = {k: os.environ[k] for k in (ROOT_ENV, CONTRACTS_ENV) if k in os.environ}
+    if wanted != current:
+        for key in (ROOT_ENV, CONTRACTS_ENV):
+            os.environ.pop(key, None)
+        os.environ.update(wanted)
+        load_target.cache_clear()
+
+
+def active_config() -> tuple[ProjectConfig, bool]:
+    """The project ``load_target`` reads, and whether it is contractgen's own (built-in) one."""
+    root = os.environ.get(ROOT_ENV)
+    if not root:
+        return builtin_config(), True
+    config = load_config(Path(root))
+    contracts = os.environ.get(CONTRACTS_ENV)
+    if contracts:
+        config = dataclasses.replace(config, contracts_dir=Path(contracts))
+    return config, False
 
 
 @dataclass(frozen=True)
@@ -33,16 +71,17 @@ class GeneratedTarget:
 
 
 def _files_for(target: str) -> tuple[dict[str, bytes], str, str]:
-    config = builtin_config()
+    config, builtin = active_config()
     base = f"{target}/{config.package(target)}"
     on_disk = config.generated_dir / base
     names = ("__init__.py", "schema.py", "runtime_policy.py")
-    if all((on_disk / n).is_file() for n in names):
+    if builtin and all((on_disk / n).is_file() for n in names):
         return {n: (on_disk / n).read_bytes() for n in names}, str(on_disk), "generated/"
     from .codegen.render import render
     from .schema.loader import load_contracts
 
     rendered = render(load_contracts(config.contracts_dir, config.root), config)
+    names = tuple(n for n in names if f"{base}/{n}" in rendered)  # init = false leaves __init__ out
     return {n: rendered[f"{base}/{n}"] for n in names}, f"<rendered {base}>", "rendered in memory"
 
 
@@ -87,5 +126,6 @@ def load_target(target: str) -> GeneratedTarget:
             f"{where}/runtime_policy.py",
             pkg_name,
         )
-        exec(compile(files["__init__.py"], package.__file__, "exec"), package.__dict__)
+        if "__init__.py" in files:
+            exec(compile(files["__init__.py"], package.__file__, "exec"), package.__dict__)
     return GeneratedTarget(target, package, schema, policy, origin)

@@ -8,6 +8,7 @@ them. Nothing downstream re-checks a loaded contract.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,6 +43,14 @@ MAX_NODES = 100_000
 
 class _TooLarge(ValueError):
     pass
+
+
+class _BadValue(ValueError):
+    """A scalar JSON cannot carry (``.inf``, ``.nan``), at its own path."""
+
+    def __init__(self, path: Path_, line: int, col: int, message: str):
+        super().__init__(message)
+        self.path, self.line, self.col = path, line, col
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,11 @@ def _to_data(
             return out
         finally:
             active.discard(id(node))
-    return constructor.construct_object(node, deep=True)
+    value = constructor.construct_object(node, deep=True)
+    if isinstance(value, float) and not math.isfinite(value):
+        line, col = marks[here]
+        raise _BadValue(here, line, col, f"must be a finite number (got {node.value})")
+    return value
 
 
 _TYPE_TAG = re.compile(r"^[A-Z]|\[|^(bool|str|int|float|none|constrained-str|json-or-python)$")
@@ -232,6 +245,10 @@ def _describe(annotation) -> str:
     )
 
 
+_YAML11_EXPONENT = re.compile(r"[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+")
+_NUMBER_ERRORS = {"float_type", "int_type", "float_parsing", "int_parsing", "int_from_float"}
+
+
 def _message(err: dict, path: Path_) -> str:
     kind = err["type"]
     got = err.get("input")
@@ -249,6 +266,14 @@ def _message(err: dict, path: Path_) -> str:
         return f"unknown field ({hint})" if hint else "unknown field"
     text = err["msg"]
     text = text[0].lower() + text[1:] if text else text
+    if isinstance(got, str) and _YAML11_EXPONENT.fullmatch(got) and kind in _NUMBER_ERRORS:
+        mantissa, _, exponent = got.lower().partition("e")
+        mantissa += "" if "." in mantissa else ".0"
+        fixed = f"{mantissa}e{exponent if exponent[0] in '+-' else '+' + exponent}"
+        return (
+            f"{text} (got {json.dumps(got)}: YAML 1.1 reads an exponent without a '.' as a "
+            f"string; write {fixed})"
+        )
     if isinstance(got, dict):
         return text
     shown = json.dumps(got)
@@ -303,6 +328,10 @@ def parse_contract(source: bytes, file: str) -> Contract:
         payload = json.dumps(data, allow_nan=False)
     except _TooLarge as exc:
         raise ContractError([Problem(file, 1, 1, "", f"unsupported YAML: {exc}")]) from None
+    except _BadValue as exc:
+        raise ContractError(
+            [Problem(file, exc.line, exc.col, _dotted(exc.path), str(exc))]
+        ) from None
     except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
         raise ContractError([Problem(file, 1, 1, "", f"unsupported YAML value: {exc}")]) from None
     if dupes:
@@ -340,22 +369,47 @@ def load_contract(path: Path, root: Path | None = None) -> LoadedContract:
     return LoadedContract(contract, path, source)
 
 
+def _key_position(source: bytes, key: str) -> tuple[int, int]:
+    """Line and column of a top-level ``key:`` in a contract file (1:1 if not found)."""
+    match = re.search(rb"^" + re.escape(key.encode()) + rb"[ \t]*:", source, re.M)
+    if match is None:
+        return (1, 1)
+    return (source.count(b"\n", 0, match.start()) + 1, 1)
+
+
 def _supersession_problems(loaded: list[LoadedContract], root: Path | None) -> list[Problem]:
-    """``supersedes`` names a known contract, and no contract is superseded twice."""
+    """``supersedes`` names another known contract, no contract is superseded twice, no cycles."""
     ids = sorted(lc.id for lc in loaded)
     problems, by_old = [], {}
+    predecessor = {lc.id: lc.contract.supersedes for lc in loaded}
     for lc in sorted(loaded, key=lambda lc: lc.id):
         sup = lc.contract.supersedes
         if sup is None:
             continue
         file = _display(lc.path, root)
+        line, col = _key_position(lc.source, "supersedes")
+
+        def problem(message: str, file: str = file, line: int = line, col: int = col) -> None:
+            problems.append(Problem(file, line, col, "supersedes", message))
+
+        if sup == lc.id:
+            problem(f"a contract cannot supersede itself ({sup!r}); name the previous version")
+            continue
         if sup not in ids:
-            problems.append(Problem(file, 1, 1, "supersedes",
-                                    f"names unknown contract {sup!r} (known: {', '.join(ids)})"))  # fmt: skip
+            problem(f"names unknown contract {sup!r} (known: {', '.join(ids)})")
+            continue
+        chain, current = [lc.id], sup
+        while current is not None and current not in chain:
+            chain.append(current)
+            current = predecessor.get(current)
+        if current == lc.id:
+            cycle = " -> ".join([*chain[chain.index(current) :], current])
+            problem(f"supersedes cycle {cycle}; a version chain must end at a first version")
+        elif current is not None:
+            continue  # a cycle further up the chain: reported at the contracts in it
         elif sup in by_old:
-            problems.append(Problem(file, 1, 1, "supersedes",
-                                    f"{sup!r} is already superseded by {by_old[sup]!r}; a contract has "
-                                    "at most one successor (supersede the newest version instead)"))  # fmt: skip
+            problem(f"{sup!r} is already superseded by {by_old[sup]!r}; a contract has "
+                    "at most one successor (supersede the newest version instead)")  # fmt: skip
         else:
             by_old[sup] = lc.id
     return problems
@@ -366,7 +420,13 @@ def load_contracts(directory: Path, root: Path | None = None) -> list[LoadedCont
     if not directory.is_dir():
         raise ContractError([Problem(str(directory), 1, 1, "", "contracts directory not found")])
     loaded, problems = [], []
+    for path in sorted(directory.glob("*.yml")):
+        problems.append(Problem(_display(path, root), 1, 1, "",
+                                f"contract files end in .yaml: rename it to {path.stem}.yaml"))  # fmt: skip
     for path in sorted(directory.glob("*.yaml")):
+        if not path.is_file():  # a FIFO or device would block or never end; a folder is no file
+            problems.append(Problem(_display(path, root), 1, 1, "", "not a regular file"))
+            continue
         try:
             loaded.append(load_contract(path, root))
         except ContractError as exc:

@@ -16,7 +16,10 @@ SCHEMA_VERSION = 1
 Dtype = Literal["bfloat16", "float16", "float32"]
 ContractId = Annotated[str, Field(pattern=r"^[a-z0-9_]+_v[0-9]+$", max_length=80)]
 Identifier = Annotated[str, Field(pattern=r"^[a-z0-9_]+$", max_length=80)]
-PositiveInt = Annotated[int, Field(ge=1)]
+# Every size is bounded: 2**24 covers any real vocabulary, context length or width (with room),
+# and keeps a hostile contract from making the tile-order proof or the generated tables huge.
+MAX_SIZE = 2**24
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_SIZE)]
 
 
 class _Model(BaseModel):

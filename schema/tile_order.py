@@ -58,6 +58,26 @@ def row_parallel_tree(num_tiles: int, tp: int, order: str) -> Tree:
     return pairwise([tile_tree(r * per_rank, per_rank, order) for r in range(tp)])
 
 
+# The tile-order proof builds the tree of every K/k_block tiles: more tiles than this is refused.
+MAX_TILES = 1 << 16
+
+
+def flatten(tree: Tree) -> list[int]:
+    """Pre-order encoding of a tree (-1 for a sum node), built with a stack: a left fold of
+    thousands of tiles is that deep, deeper than Python's recursion limit."""
+    out: list[int] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tuple):
+            out.append(-1)
+            stack.append(node[1])
+            stack.append(node[0])
+        else:
+            out.append(node)
+    return out
+
+
 @lru_cache(maxsize=4096)
 def split_problem(k: int, k_block: int, tp: int, order: str) -> str | None:
     """Why a row-parallel K cannot be split over ``tp`` ranks bit-identically, or None if it can."""
@@ -67,7 +87,12 @@ def split_problem(k: int, k_block: int, tp: int, order: str) -> str | None:
             f"(K/TP={k / tp:g}, needs a multiple of {k_block})"
         )
     tiles = k // k_block
-    if row_parallel_tree(tiles, tp, order) != tile_tree(0, tiles, order):
+    if tiles > MAX_TILES:
+        return (
+            f"K={k} is {tiles} tiles of {k_block}: more than {MAX_TILES} tiles "
+            "(use a wider matmul_k_block)"
+        )
+    if flatten(row_parallel_tree(tiles, tp, order)) != flatten(tile_tree(0, tiles, order)):
         return (
             f"K={k} ({tiles} tiles) at TP={tp}: a rank's {tiles // tp} tiles are not a whole "
             f"subtree of the TP=1 '{order}' order"

@@ -206,9 +206,10 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     params = pack.seq_params().to(job.device)
     targets = torch.zeros_like(pack.token_ids)
     mask = torch.zeros(pack.token_ids.shape, dtype=torch.bool)
-    for path in pack.paths:
+    starts = run.prompt_lens or (1,) * len(pack.paths)  # loss over response tokens only
+    for path, p in zip(pack.paths, starts, strict=True):
         targets[path[:-1]] = pack.token_ids[path[1:]]
-        mask[path[:-1]] = True
+        mask[path[p - 1 : -1]] = True
     local = pack.token_ids.numel() // cp
     sl = slice(cp_rank * local, (cp_rank + 1) * local)
     logits = model(

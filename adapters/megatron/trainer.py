@@ -54,8 +54,12 @@ class TrainerRun:
     dump_layers: bool = False
     grads: bool = False
     """Training step instead: loss = summed next-token cross-entropy (megatron-core's
-    ``vocab_parallel_cross_entropy``) of each rank's tokens, backward, ``grads.finalize_grads``;
+    ``vocab_parallel_cross_entropy``) of each rank's tokens (with ``prompt_lens``: response
+    tokens only), backward, ``grads.finalize_grads``;
     the result's ``grads`` holds global rank 0's parameter gradients (first stage, TP/CP rank 0)."""
+    planted_bugs: tuple[str, ...] = ()
+    """Shared-kernel bugs switched on for this run (``kernels.planted``: the parity gate's
+    self-test; the rollout side gets the same ones)."""
 
 
 @dataclass(frozen=True)
@@ -262,8 +266,11 @@ def _session_worker(rank: int, job: _Job, commands: Any, results: Any) -> None:
         while (command := commands.get()) is not None:
             sequences, run = command
             try:
+                from contractgen.adapters.kernels.planted import planted
+
                 step = runtime.stage_grads if run.grads else runtime.stage_logprobs
-                result, dumps = step(dataclasses.replace(job, sequences=sequences), run)
+                with planted(run.planted_bugs):
+                    result, dumps = step(dataclasses.replace(job, sequences=sequences), run)
                 results.put((rank, "ok", result, dumps, runtime.pp_rank()))
             except Exception:
                 results.put((rank, "err", traceback.format_exc(), None, None))

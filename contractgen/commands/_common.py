@@ -34,7 +34,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             for problem in exc.problems:
                 click.echo(str(problem), err=True)
             sys.exit(EXIT_USAGE)
-        except (ConfigError, UnsafePathError, FileNotFoundError) as exc:
+        except ConfigError as exc:  # already ``contractgen.toml:LINE:COL: key: message``
+            fail(str(exc))
+        except (UnsafePathError, FileNotFoundError) as exc:
             fail(f"error: {exc}")
         except KeyError as exc:
             # KeyError's own str() quotes its argument; errors that explain themselves keep theirs
@@ -48,6 +50,16 @@ def project_from(ctx: click.Context) -> Project:
     root: Path | None = ctx.obj.get("root") if ctx.obj else None
     contracts: Path | None = ctx.obj.get("contracts") if ctx.obj else None
     return open_project(root, contracts)
+
+
+def use_project_from(ctx: click.Context) -> Project:
+    """Open the project (--root, --contracts, contractgen.toml) and make the vendored modules that
+    plan, handshake and parity read come from it; invalid contracts exit 2 here."""
+    from ..vendored import use_project
+
+    project = project_from(ctx)
+    use_project(project.config)
+    return project
 
 
 def parse_repo_options(values: tuple[str, ...]) -> list[tuple[str, Path]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..codegen.config import check_generated_dir
 from ..codegen.drift import check_generated
 from ..codegen.writer import atomic_write, safe_destination
 from ._common import handle_errors, project_from
@@ -21,6 +22,7 @@ def command(ctx: click.Context) -> None:
     project = project_from(ctx)
     rendered = project.rendered
     gen = project.config.generated_dir
+    check_generated_dir(project.config, rendered)  # never delete a file contractgen did not write
     drift = check_generated(rendered, project.config)
     writes = [
         (safe_destination(gen, d.rel), rendered[d.rel], d) for d in drift if d.kind != "orphaned"

@@ -7,13 +7,13 @@ from pathlib import Path
 import click
 
 from ..adapters.launcher.handshake import HandshakeError, check_handshake, handshake_report
-from ..paths import builtin_config
-from ._common import EXIT_DRIFT, fail, handle_errors
+from ..codegen.config import ProjectConfig
+from ._common import EXIT_DRIFT, fail, handle_errors, use_project_from
 
 
-def _package_dir(path: Path, target: str) -> Path:
+def _package_dir(path: Path, target: str, config: ProjectConfig) -> Path:
     """``path`` itself when it holds schema.py, else the target's vendored package inside it."""
-    return path if (path / "schema.py").is_file() else path / builtin_config().package(target)
+    return path if (path / "schema.py").is_file() else path / config.package(target)
 
 
 @click.command("handshake")
@@ -36,8 +36,10 @@ def _package_dir(path: Path, target: str) -> Path:
 @click.option(
     "--trainer-contract", default=None, help="Contract the trainer runs [default: --contract]."
 )
+@click.pass_context
 @handle_errors
 def command(
+    ctx: click.Context,
     rollout: Path,
     trainer: Path,
     contract_id: str | None,
@@ -49,11 +51,12 @@ def command(
     Exit 0 when both run the same contract from intact, identical vendored copies; exit 1 with
     the reason otherwise (different contract, different version, hand-edited copy).
     """
+    config = use_project_from(ctx).config
     ids = (rollout_contract or contract_id, trainer_contract or contract_id)
     if None in ids:
         raise click.UsageError("give --contract, or both --rollout-contract and --trainer-contract")
     reports = [
-        handshake_report(_package_dir(path, target), cid, side)  # type: ignore[arg-type]
+        handshake_report(_package_dir(path, target, config), cid, side)  # type: ignore[arg-type]
         for path, target, cid, side in (
             (rollout, "sglang", ids[0], "rollout"),
             (trainer, "megatron", ids[1], "trainer"),

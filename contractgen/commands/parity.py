@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from ._common import EXIT_DRIFT, EXIT_OK, fail, handle_errors
+from ..parity.workload import WORKLOADS
+from ._common import EXIT_DRIFT, EXIT_OK, fail, handle_errors, use_project_from
 
 DEFAULT_CONTRACT = "qwen3_dense_true_on_policy_v1"
 DEFAULT_LAYOUTS = "tp1,tp2,pp2,cp2"
@@ -41,18 +42,54 @@ DEFAULT_LAYOUTS = "tp1,tp2,pp2,cp2"
     is_flag=True,
     help="Flip every policy field on one side; each must be detected.",
 )
+@click.option(
+    "--rollout-tps", default=None,
+    help="Comma-separated rollout TP sizes, each compared with the TP=1 reference (always run). "
+    "Default: every rollout TP of the contract the model can run.",
+)  # fmt: skip
+@click.option(
+    "--workload", type=click.Choice(sorted(WORKLOADS)), default="default", show_default=True,
+    help="Workload preset; --requests/--prompt-tokens/--new-tokens override its parts. 'large' "
+    "scores enough tokens to see a bfloat16 logprob move by one ulp (slow).",
+)  # fmt: skip
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Concurrent requests (default 4).")  # fmt: skip
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
+              help="Longest prompt; the others spread below it (default 70).")  # fmt: skip
+@click.option("--new-tokens", type=click.IntRange(min=1), default=None,
+              help="Tokens generated per request (default 10).")  # fmt: skip
+@click.option(
+    "--grads", is_flag=True,
+    help="Also compare the trainer's gradient of the scored logprobs' sum with float64 autograd "
+    "at every layout (PP>1 is reported as not supported).",
+)  # fmt: skip
+@click.option(
+    "--no-reference", is_flag=True,
+    help="Skip the float32 agreement check with Hugging Face transformers.",
+)  # fmt: skip
+@click.option(
+    "--plant-bug", "plant_bugs", multiple=True, metavar="NAME",
+    help="Self-test: plant this bug (silu_glu_sign_flip, tp_reduce_skipped) in the shared kernel library, so on BOTH sides; the gate "
+    "must then FAIL (exit 1). Repeatable.",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@click.pass_context
 @handle_errors
 def command(
-    contract_id: str, checkpoint: Path | None, layouts: str | None, dtype: str, device: str,
-    json_path: Path | None, inject_faults: bool, quiet: bool,
+    ctx: click.Context, contract_id: str, checkpoint: Path | None, layouts: str | None, dtype: str, device: str,
+    json_path: Path | None, inject_faults: bool, rollout_tps: str | None, workload: str,
+    requests: int | None, prompt_tokens: int | None, new_tokens: int | None, grads: bool,
+    no_reference: bool, plant_bugs: tuple[str, ...], quiet: bool,
 ) -> None:  # fmt: skip
-    """Compare rollout and trainer logprobs bitwise at every layout.
+    """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
 
-    Runs the reference rollout (several requests, prefill + decode with a KV cache) and the
-    trainer forward on real megatron-core (gloo processes on CPU), and compares every scored
-    token's logprob with torch.equal. Exit 0 only when every layout is exact and, with
-    --inject-faults, every fault is detected; 1 otherwise; 2 for invalid input.
+    The TP=1 rollout (several requests, prefill + decode with a KV cache) is the reference:
+    every rollout TP must sample the same tokens with the same logprobs, and the trainer
+    (megatron-core module tree with the contract's layers, gloo processes on CPU) at every
+    layout must score them with the same bits, for every (rollout TP, trainer layout) pair.
+    Both sides are also compared with transformers' float32 forward at every layout. Exit 0
+    only when all of that holds and, with --inject-faults, every fault is detected or
+    explained; 1 otherwise; 2 for invalid input.
     """
     # Worker processes inherit this: megatron-core warns at import that Apex and Transformer
     # Engine are absent, which is expected here (the contract's layers replace their kernels).
@@ -63,10 +100,19 @@ def command(
     )
     from ..parity.gate import check_layouts, passed, run_gate, table
     from ..parity.harness import GateConfig
-    from ..parity.layouts import LayoutError, layout_problems, parse_layouts
+    from ..parity.layouts import (
+        LayoutError,
+        allowed_rollout_tps,
+        layout_problems,
+        parse_layouts,
+        parse_rollout_tps,
+        rollout_tp_problems,
+    )
     from ..parity.rollout import model_arch
+    from ..parity.workload import make_workload
     from ..vendored import load_target
 
+    use_project_from(ctx)
     schema = load_target("sglang").schema
     schema.get_contract_schema(contract_id)  # unknown ids: exit 2 listing the known ones
     if device == "cuda":
@@ -88,25 +134,50 @@ def command(
         except CheckpointError as exc:
             fail(f"error: {exc}")
         weights = str(checkpoint)
+    from ..adapters.kernels.planted import BUGS
+
+    if unknown := sorted(set(plant_bugs) - set(BUGS)):
+        fail(f"error: --plant-bug {unknown[0]!r}: unknown; known: {', '.join(sorted(BUGS))}")
+    preset = WORKLOADS[workload]
+    sizes = (requests or preset[0], prompt_tokens or preset[1], new_tokens or preset[2])
+    arch = model_arch(contract_id, weights)[0]
+    if sizes[1] + sizes[2] > arch.max_position_embeddings:
+        fail(
+            f"error: --prompt-tokens {sizes[1]} + --new-tokens {sizes[2]} exceeds "
+            f"max_position_embeddings={arch.max_position_embeddings} of {arch.name}"
+        )
     try:
         if layouts is None:
             chosen = parse_layouts(DEFAULT_LAYOUTS)
-            extra = parse_layouts("tp2pp2")[0]  # where the model allows it
-            name = model_arch(contract_id, weights)[0].name
-            if not layout_problems(contract_id, extra, name):
-                chosen.append(extra)
+            # where the model allows them: tp2pp2; with faults, tp4 (a sum of four partials has
+            # an order, so the reduction-order faults show there)
+            extras = ["tp2pp2", "tp4"] if inject_faults else ["tp2pp2"]
+            for extra in parse_layouts(",".join(extras)):
+                if not layout_problems(contract_id, extra, arch.name):
+                    chosen.append(extra)
         else:
             chosen = parse_layouts(layouts)
-        config = GateConfig(contract_id, weights, chosen, None if dtype == "contract" else dtype,
-                            device, inject_faults, not quiet)  # fmt: skip
+        if rollout_tps is None:
+            tps = allowed_rollout_tps(contract_id, arch.name)
+        else:
+            tps = parse_rollout_tps(rollout_tps)
+            problems = [p for tp in tps for p in rollout_tp_problems(contract_id, tp, arch.name)]
+            if problems:
+                raise LayoutError("invalid --rollout-tps:\n  " + "\n  ".join(problems))
+        config = GateConfig(
+            contract_id, weights, chosen, None if dtype == "contract" else dtype, device,
+            inject_faults, not quiet, rollout_tps=tps, workload=make_workload(*sizes),
+            hf_reference=not no_reference, grads=grads, planted_bugs=tuple(plant_bugs),
+        )  # fmt: skip
         check_layouts(config)
     except LayoutError as exc:
         fail(f"error: {exc}")
     report = run_gate(config)
-    click.echo(table(report))
+    to_stdout = json_path is not None and str(json_path) == "-"
+    click.echo(table(report), err=to_stdout)  # with --json -, stdout is the JSON alone
     if json_path is not None:
         text = json.dumps(report, indent=2)
-        if str(json_path) == "-":
+        if to_stdout:
             click.echo(text)
         else:
             json_path.write_text(text + "\n")

@@ -7,7 +7,7 @@ import os
 import click
 
 from ..adapters.launcher import FORMATS, Layout, LayoutError, PlanError, build_plan
-from ._common import EXIT_USAGE, fail, handle_errors
+from ._common import EXIT_USAGE, fail, handle_errors, use_project_from
 
 _SIZE = click.IntRange(min=1)
 
@@ -48,8 +48,10 @@ _SIZE = click.IntRange(min=1)
     "--format", "fmt", type=click.Choice(sorted(FORMATS)), default="text", show_default=True,
     help="text for people, json for tools, shell for `export` lines and the two command lines.",
 )  # fmt: skip
+@click.pass_context
 @handle_errors
 def command(
+    ctx: click.Context,
     contract_id: str,
     tp: int,
     pp: int,
@@ -67,6 +69,7 @@ def command(
     each with the policy field it comes from and why. Exit 2 names every rule the layout breaks
     and the nearest valid sizes. NCCL_ALGO already set in the environment is kept.
     """
+    use_project_from(ctx)
     layout = Layout(
         tp=tp, pp=pp, cp=cp, dp=dp, rollout_tp=rollout_tp, rollout_dp=rollout_dp, world=world
     )

@@ -51,6 +51,28 @@ class Fault:
         return f"runtime_policy.{ {'rollout': 'sglang', 'trainer': 'megatron'}[self.side]}.{self.field}"
 
 
+@dataclass(frozen=True)
+class SharedBug:
+    """A bug planted in the one kernel library, so on BOTH sides at once (``kernels.planted``):
+    bitwise parity cannot see it; the cross-TP comparison or transformers must."""
+
+    bug: str
+
+    @property
+    def name(self) -> str:
+        return f"shared.{self.bug}"
+
+    @property
+    def contract_path(self) -> None:
+        return None  # not a contract field: never explained by ``unobservable`` notes
+
+
+def shared_bugs() -> list[SharedBug]:
+    from ..adapters.kernels.planted import BUGS
+
+    return [SharedBug(b) for b in sorted(BUGS)]
+
+
 def flipped(field: str, value: Any, kind: str) -> Any:
     """The value a fault injects in place of ``value``."""
     if isinstance(value, bool):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-from .harness import GateConfig, GateRun, run_faults, run_layouts
+from .correctness import GRAD_TOLERANCE
+from .harness import GateConfig, GateRun, run_faults, run_layouts, run_rollouts
 from .layouts import LayoutError, layout_problems
-from .reference import max_abs_diff, reference_logprobs, transformers_reason
 
 
 def model_name(config: GateConfig) -> str:
@@ -36,37 +35,44 @@ def run_gate(config: GateConfig) -> dict:
         return _run_gate(run, schema, t0)
 
 
+NO_FAULTS = {
+    "injected": 0,
+    "detected": 0,
+    "undetected": [],
+    "explained": {},
+    "contradicted": [],
+    "errors": {},
+    "details": {},
+}
+
+
 def _run_gate(run: GateRun, schema, t0: float) -> dict:
+    from .correctness import grad_reference, reference_for, reference_report, rollout_reference
+
     config = run.config
-    layouts = run_layouts(run)
-    faults = (
-        run_faults(run)
-        if config.inject_faults
-        else {
-            "injected": 0,
-            "detected": 0,
-            "undetected": [],
-            "explained": {},
-            "contradicted": [],
-            "errors": {},
-            "details": {},
-        }
-    )
-    reference, reference_note = None, None
-    if isinstance(config.weights, (str, Path)):
-        reason = transformers_reason()
-        if reason is None:
-            first = config.layouts[0]
-            base = run.rollout(first.tp)  # the sequences the trainer scored at that layout
-            name, ref = reference_logprobs(Path(config.weights), base.sequences, base.prompt_lens)
-            trainer = run.trainer(first)[0]
-            reference = {"name": name, "max_abs_diff": max_abs_diff(ref, trainer)}
-        else:
-            reference_note = reason
-    else:
-        reference_note = "no --checkpoint given (random weights have no Hugging Face counterpart)"
-    base = run.rollouts.get(1) or next(iter(run.rollouts.values()))
+    ref, reference_note = reference_for(config)
+    rollouts = run_rollouts(run)
+    ref_rollouts = []
+    if ref is not None:
+        ref_rollouts = [rollout_reference(run, ref, tp) for tp in config.rollout_tps]
+    for tp in config.rollout_tps:
+        if tp > 1:
+            run.release_rollout(tp)  # results are cached; memory for the trainer's processes
+    grad_ref, grads_note = grad_reference(run) if config.grads else (None, None)
+    checked = run_layouts(run, ref, grad_ref)
+    faults = run_faults(run, ref) if config.inject_faults else NO_FAULTS
+    base = run.rollouts[1]
     total = base.generate_seconds + base.rescore_seconds
+    grads = None
+    if config.grads:
+        grads = {
+            "dtype": "float32 trainer vs float64 transformers autograd",
+            "loss": "minus the sum of the scored (response) tokens' logprobs",
+            "tolerance": GRAD_TOLERANCE,
+            "tolerance_meaning": "max |grad - float64 grad| / max |float64 grad|, per parameter",
+            "note": grads_note,
+            "per_layout": checked["grads"],
+        }
     return {
         "contract": config.contract_id,
         "fingerprint": schema.FINGERPRINTS[config.contract_id],
@@ -74,10 +80,23 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
         "device": config.device,
         "dtype": config.dtype_override or "contract",
         "diagnostic": config.dtype_override is not None,
-        "layouts": layouts,
+        "planted_bugs": list(config.planted_bugs),
+        "workload": {
+            "requests": len(config.workload),
+            "prompt_tokens": [w.prompt_len for w in config.workload],
+            "new_tokens": [w.max_new_tokens for w in config.workload],
+        },
+        "rollout_tps": list(config.rollout_tps),
+        "rollout_tokens_identical": rollouts["rollout_tokens_identical"],
+        "rollouts": rollouts["rollouts"],
+        "layouts": checked["layouts"],
+        "pairs": checked["pairs"],
         "faults": faults,
-        "reference": reference,
+        "reference": (
+            reference_report(ref, ref_rollouts + checked["reference"]) if ref is not None else None
+        ),
         "reference_note": reference_note,
+        "grads": grads,
         "rollout_timing": {
             "generate_seconds": round(base.generate_seconds, 4),
             "rescore_seconds": round(base.rescore_seconds, 4),
@@ -87,12 +106,32 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
     }
 
 
-def passed(report: dict) -> bool:
+def failures(report: dict) -> list[str]:
+    """Why the gate fails (empty: it passes)."""
+    out = [f"layout {lay['name']} not exact" for lay in report["layouts"] if not lay["exact"]]
+    out += [f"{p['name']} not exact" for p in report["pairs"] if not p["exact"]]
+    if not report["rollout_tokens_identical"]:
+        out.append("rollout token ids differ across rollout TPs")
+    out += [f"rollout tp{r['tp']} logprobs differ from tp1" for r in report["rollouts"]
+            if r["tokens_identical"] and not r["logprobs_exact"]]  # fmt: skip
+    ref = report["reference"]
+    if ref is not None:
+        out += [f"{e['name']} disagrees with transformers ({e['max_abs_diff']:.3g} > "
+                f"{ref['tolerance']})" for e in ref["per_layout"] if not e["within_tolerance"]]  # fmt: skip
+    grads = report.get("grads")
+    if grads is not None:
+        out += [f"gradients at {g['name']} off float64 ({g['max_rel_diff']:.3g} > "
+                f"{grads['tolerance']})" for g in grads["per_layout"]
+                if g["supported"] and not g["within_tolerance"]]  # fmt: skip
     faults = report["faults"]
-    exact = all(lay["exact"] for lay in report["layouts"])
-    return exact and not (
-        faults["undetected"] or faults.get("errors") or faults.get("contradicted")
-    )
+    out += [f"fault undetected: {n}" for n in faults["undetected"]]
+    out += [f"fault error: {n}" for n in faults.get("errors", {})]
+    out += [f"fault listed unobservable but detected: {n}" for n in faults.get("contradicted", [])]
+    return out
+
+
+def passed(report: dict) -> bool:
+    return not failures(report)
 
 
 def table(report: dict) -> str:
@@ -130,16 +169,53 @@ def table(report: dict) -> str:
                 f"          {len(f['explained'])} unobservable by the contract's own notes:"
             )
             lines += [f"            {name}" for name in f["explained"]]
+    lines += ["", f"rollout   TP {report['rollout_tps']} vs the TP=1 reference: token ids "
+              f"{'identical' if report['rollout_tokens_identical'] else 'DIFFER'}"]  # fmt: skip
+    for r in report["rollouts"]:
+        if r["tokens_identical"] and not r["logprobs_exact"]:
+            lines.append(
+                f"          tp{r['tp']}: logprobs differ (max |diff| {r['max_abs_diff']:.3g})"
+            )
+    bad = [p for p in report["pairs"] if not p["exact"]]
+    lines.append(
+        f"pairs     {len(report['pairs']) - len(bad)}/{len(report['pairs'])} exact "
+        "(every rollout TP x every trainer layout)"
+    )
+    lines += [f"          NOT exact: {p['name']} (max |diff| {p['max_abs_diff']:.3g})" for p in bad]
     ref = report["reference"]
     lines.append("")
-    lines.append(
-        f"reference {ref['name']}: max |diff| {ref['max_abs_diff']:.3g}"
-        if ref
-        else f"reference none: {report['reference_note']}"
-    )
+    if ref:
+        lines.append(
+            f"reference {ref['name']}, sequences {ref['sequence_lengths']} tokens, "
+            f"tolerance {ref['tolerance']}"
+        )
+        lines += [
+            f"          {e['name']:<22} max |diff| {e['max_abs_diff']:.3g}"
+            f"{'' if e['within_tolerance'] else '  OUT OF TOLERANCE'}"
+            for e in ref["per_layout"]
+        ]
+    else:
+        lines.append(f"reference none: {report['reference_note']}")
+    grads = report.get("grads")
+    if grads is not None:
+        lines.append(f"grads     {grads['dtype']}, tolerance {grads['tolerance']} (relative)")
+        if grads["note"]:
+            lines.append(f"          none: {grads['note']}")
+        for g in grads["per_layout"]:
+            how = (
+                f"max rel diff {g['max_rel_diff']:.3g}"
+                + ("" if g["within_tolerance"] else "  OUT OF TOLERANCE")
+                if g["supported"]
+                else g["note"]
+            )
+            lines.append(f"          {g['name']:<10} {how}")
+    if report.get("planted_bugs"):
+        lines.append(f"planted   {', '.join(report['planted_bugs'])} (on both sides: must FAIL)")
     timing = report["rollout_timing"]
     lines.append(
         f"rollout   generate {timing['generate_seconds']} s, prefill re-score {timing['rescore_seconds']} s"
     )
-    lines.append(f"result    {'PASS' if passed(report) else 'FAIL'} ({report['seconds']} s)")
+    why = failures(report)
+    lines += [f"          {w}" for w in why[:12]]
+    lines.append(f"result    {'PASS' if not why else 'FAIL'} ({report['seconds']} s)")
     return "\n".join(lines)

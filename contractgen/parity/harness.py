@@ -1,10 +1,12 @@
-"""Run the gate: rollout vs trainer logprobs, bitwise, per layout; faults; HF reference.
+"""Run the gate: rollout vs trainer logprobs, bitwise, per pairing; faults; HF reference.
 
-For each layout the rollout runs at the layout's TP and the trainer (real megatron-core) at
-(TP, PP, CP); every scored response token's logprob is compared with ``torch.equal`` against the
-rollout logprobs the contract's logprob contract names. A mismatch is located by comparing each
-layer's output on both sides. With faults, each field is flipped on one side and must make some
-layout differ.
+The TP=1 rollout is the reference: the rollout runs at every rollout TP the gate is given and
+the trainer (megatron-core module tree with the contract's layers) at every (TP, PP, CP) layout;
+every scored response token's logprob is compared with ``torch.equal`` for every (rollout TP,
+trainer layout) pair, against the rollout logprobs the contract's logprob contract names. A
+mismatch is located by comparing each layer's output on both sides. With faults, each field is
+flipped on one side and must make some layout differ; planted shared-kernel bugs must be caught
+by the cross-TP comparison or by the transformers reference.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from typing import Any
 
 import torch
 
-from .faults import Fault, catalogue, flipped
+from .faults import Fault, SharedBug, catalogue, flipped, shared_bugs
 from .layouts import ParityLayout
-from .rollout import RolloutJob, RolloutResult, RolloutSession
+from .rollout import DEFAULT_WORKLOAD, PromptSpec, RolloutJob, RolloutResult, RolloutSession
 
 # Which rollout logprobs the trainer must equal, by the contract's logprob contract.
 ROLLOUT_LOGPROBS: dict[str, Callable[[RolloutResult], list[torch.Tensor]]] = {
@@ -69,6 +71,14 @@ class GateConfig:
     device: str = "cpu"
     inject_faults: bool = False
     progress: bool = True
+    rollout_tps: list[int] = field(default_factory=lambda: [1])
+    """Rollout TP sizes; TP=1 (always run) is the reference every other run is compared with."""
+    workload: tuple[PromptSpec, ...] = DEFAULT_WORKLOAD
+    hf_reference: bool = True
+    """Compare with transformers' float32 forward at every layout (when transformers imports)."""
+    grads: bool = False
+    planted_bugs: tuple[str, ...] = ()
+    """Shared-kernel bugs switched on on BOTH sides for the whole run (the gate's self-test)."""
 
 
 @dataclass
@@ -106,17 +116,30 @@ class GateRun:
         schema = load_target("sglang").schema
         return schema.get_contract_schema(self.config.contract_id).logprob_contract
 
+    def release_rollout(self, tp: int) -> None:
+        """Stop a rollout TP size's processes (its cached results stay)."""
+        session = self._rollout_sessions.pop(tp, None)
+        if session is not None:
+            session.close()
+
     def rollout(self, tp: int, **changes: Any) -> RolloutResult:
-        if not changes and tp in self.rollouts:
+        """The rollout at ``tp`` (cached when unchanged); ``changes`` are ``RolloutJob`` fields."""
+        baseline = not changes
+        if baseline and tp in self.rollouts:
             return self.rollouts[tp]
         if tp not in self._rollout_sessions:
             self._rollout_sessions[tp] = RolloutSession(tp, self.config.device)
+        fields = {
+            "dtype_override": self.config.dtype_override,
+            "planted_bugs": self.config.planted_bugs,
+            **changes,
+        }
         job = RolloutJob(
-            self.config.contract_id, self.config.weights, tp,
-            dtype_override=self.config.dtype_override, device=self.config.device, **changes,
+            self.config.contract_id, self.config.weights, tp, workload=self.config.workload,
+            device=self.config.device, **fields,
         )  # fmt: skip
         result = self._rollout_sessions[tp].run(job)
-        if not changes:
+        if baseline:
             self.rollouts[tp] = result
         return result
 
@@ -140,21 +163,29 @@ class GateRun:
         rollout: RolloutResult | None = None,
     ):
         """(scored logprobs per sequence, layer dumps or None) of the trainer at ``layout``, on
-        the sequences of ``rollout`` (default: the unfaulted rollout at the layout's TP)."""
+        the sequences of ``rollout`` (default: the unfaulted reference rollout, TP=1)."""
         from ..adapters.megatron.trainer import TrainerRun
 
         default = rollout is None
         if default and layout.name in self.trainers and fault is None and not dump_layers:
             return self.trainers[layout.name], None
-        base = self.rollout(layout.tp) if default else rollout
+        base = self.rollout(1) if default else rollout
         run = TrainerRun(
-            dtype_override=self.config.dtype_override, fault=fault, dump_layers=dump_layers
-        )
+            dtype_override=self.config.dtype_override, fault=fault, dump_layers=dump_layers,
+            planted_bugs=self.config.planted_bugs,
+        )  # fmt: skip
         result = self._trainer_session(layout).logprobs(base.sequences, run)
         scored = [lp[p - 1 :] for lp, p in zip(result.logprobs, base.prompt_lens, strict=True)]
         if default and fault is None and not dump_layers:
             self.trainers[layout.name] = scored
         return scored, result.layer_dumps
+
+    def trainer_run(self, layout: ParityLayout, sequences: list[list[int]], run):
+        """One ``TrainerRun`` at ``layout`` on ``sequences`` (the gate's planted bugs added)."""
+        import dataclasses
+
+        run = dataclasses.replace(run, planted_bugs=self.config.planted_bugs + run.planted_bugs)
+        return self._trainer_session(layout).logprobs(sequences, run)
 
     def scored_rollout(self, result: RolloutResult) -> list[torch.Tensor]:
         return ROLLOUT_LOGPROBS[self.logprob_contract](result)
@@ -176,7 +207,7 @@ def first_divergence(
     changes = rollout_changes or {}
     base = run.rollout(layout.tp, **changes)
     dumped = run.rollout(layout.tp, dump_layers=True, **changes)
-    _, trainer_dumps = run.trainer(layout, fault=trainer_fault, dump_layers=True)
+    _, trainer_dumps = run.trainer(layout, fault=trainer_fault, dump_layers=True, rollout=base)
     rollout_layers = dumped.layer_dumps[seq_i] if dumped.layer_dumps else []
     trainer_layers = trainer_dumps[seq_i] if trainer_dumps else {}
     for i, r in enumerate(rollout_layers):
@@ -200,7 +231,7 @@ def first_divergence(
                 "trainer": float(t[row, col]),
             }
     scored_r = run.scored_rollout(base)[seq_i]
-    scored_t = run.trainer(layout, fault=trainer_fault)[0][seq_i]
+    scored_t = run.trainer(layout, fault=trainer_fault, rollout=base)[0][seq_i]
     return {
         "layer": None,
         "module": "final_norm/lm_head/log_softmax",
@@ -210,17 +241,65 @@ def first_divergence(
     }
 
 
-def run_layouts(run: GateRun) -> list[dict]:
-    out = []
+def pair_name(rollout_tp: int, layout: ParityLayout) -> str:
+    return f"rollout tp{rollout_tp} \u00d7 trainer tp{layout.tp}pp{layout.pp}cp{layout.cp}"
+
+
+def same_tokens(a: RolloutResult, b: RolloutResult) -> bool:
+    return a.sequences == b.sequences
+
+
+def trainer_for(run: GateRun, layout: ParityLayout, rollout: RolloutResult) -> list[torch.Tensor]:
+    """The trainer's scored logprobs at ``layout`` on ``rollout``'s sequences (the cached run on
+    the reference sequences when they are the same tokens)."""
+    if same_tokens(rollout, run.rollout(1)):
+        return run.trainer(layout)[0]
+    return run.trainer(layout, rollout=rollout)[0]
+
+
+def run_rollouts(run: GateRun) -> dict:
+    """Every rollout TP against the TP=1 reference: same token ids (greedy and seeded sampling
+    alike), and bitwise the same decode and prefill logprobs."""
+    ref = run.rollout(1)
+    per_tp = []
+    for tp in run.config.rollout_tps:
+        t0 = time.perf_counter()
+        res = run.rollout(tp)
+        same = same_tokens(res, ref)
+        entry = {"tp": tp, "tokens_identical": same, "logprobs_exact": same, "max_abs_diff": 0.0}
+        if same:
+            for pick in (lambda r: r.decode_logprobs, lambda r: r.prefill_logprobs):
+                cmp = compare(pick(ref), pick(res))
+                entry["logprobs_exact"] &= cmp.exact
+                entry["max_abs_diff"] = max(entry["max_abs_diff"], cmp.max_abs_diff)
+        else:
+            entry["max_abs_diff"] = None
+        entry["seconds"] = round(time.perf_counter() - t0, 2)
+        if run.config.progress:
+            how = "same tokens" if same else "OTHER TOKENS"
+            exact = "exact" if entry["logprobs_exact"] else "logprobs DIFFER"
+            _say(f"rollout tp{tp} vs tp1: {how}, {exact} ({entry['seconds']} s)")
+        per_tp.append(entry)
+    return {
+        "rollout_tokens_identical": all(e["tokens_identical"] for e in per_tp),
+        "rollouts": per_tp,
+    }
+
+
+def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
+    """Per trainer layout: the rollout at that layout's TP vs the trainer (``layouts``, with the
+    first divergence); every (rollout TP, trainer layout) pair (``pairs``); with ``ref``, the
+    trainer in float32 vs transformers (``reference``); with ``grad_ref``, gradients vs float64
+    (``grads``). A layout's trainer processes are released before the next layout starts."""
+    from .correctness import layout_grads, trainer_reference
+
+    out, pairs, reference, grads = [], [], [], []
     for layout in run.config.layouts:
         t0 = time.perf_counter()
         if run.config.progress:
-            _say(
-                f"layout {layout.name}: rollout TP={layout.tp}, trainer TP={layout.tp} PP={layout.pp} CP={layout.cp}"
-            )
-        rollout = run.scored_rollout(run.rollout(layout.tp))
-        trainer, _ = run.trainer(layout)
-        cmp = compare(rollout, trainer)
+            _say(f"layout {layout.name}: trainer TP={layout.tp} PP={layout.pp} CP={layout.cp}")
+        own = run.rollout(layout.tp)
+        cmp = compare(run.scored_rollout(own), trainer_for(run, layout, own))
         entry = {
             "name": layout.name,
             "tp": layout.tp,
@@ -232,14 +311,39 @@ def run_layouts(run: GateRun) -> list[dict]:
             "first_divergence": None if cmp.exact else first_divergence(run, layout, cmp.first),
             "seconds": round(time.perf_counter() - t0, 2),
         }
+        for tp in run.config.rollout_tps:
+            r = run.rollout(tp)
+            pc = compare(run.scored_rollout(r), trainer_for(run, layout, r))
+            pairs.append(
+                {
+                    "name": pair_name(tp, layout),
+                    "rollout_tp": tp,
+                    "trainer": {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp},
+                    "exact": pc.exact,
+                    "max_abs_diff": pc.max_abs_diff,
+                    "tokens_compared": pc.tokens_compared,
+                }
+            )
         if run.config.progress:
+            bad = [p["name"] for p in pairs[-len(run.config.rollout_tps) :] if not p["exact"]]
             _say(
-                f"layout {layout.name}: {'exact' if cmp.exact else 'DIFFERS'} over {cmp.tokens_compared} tokens ({entry['seconds']} s)"
+                f"layout {layout.name}: {'exact' if cmp.exact else 'DIFFERS'} over "
+                f"{cmp.tokens_compared} tokens; pairs with rollout tp{run.config.rollout_tps}: "
+                f"{'all exact' if not bad else 'DIFFER: ' + ', '.join(bad)} ({entry['seconds']} s)"
             )
         out.append(entry)
-        if not run.config.inject_faults:
-            run.release(layout)
-    return out
+        if ref is not None:
+            reference.append(trainer_reference(run, ref, layout))
+            if run.config.progress:
+                _say(f"layout {layout.name}: vs transformers {reference[-1]['max_abs_diff']:.3g}")
+        if grad_ref is not None:
+            grads.append(layout_grads(run, grad_ref, layout))
+            if run.config.progress:
+                g = grads[-1]
+                how = f"max rel {g['max_rel_diff']:.3g}" if g["supported"] else "not supported"
+                _say(f"layout {layout.name}: gradients vs float64: {how}")
+        run.release(layout)
+    return {"layouts": out, "pairs": pairs, "reference": reference, "grads": grads}
 
 
 def _policies_at(run: GateRun, layout: ParityLayout):
@@ -275,8 +379,9 @@ def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[str, s
             trainer, _ = run.trainer(layout, rollout=faulted)
         else:
             tf = TrainerFault(**{f"{fault.kind}_policy": change})
-            rollout = run.scored_rollout(run.rollout(layout.tp))
-            trainer, _ = run.trainer(layout, fault=tf)
+            own = run.rollout(layout.tp)
+            rollout = run.scored_rollout(own)
+            trainer, _ = run.trainer(layout, fault=tf, rollout=own)
     except Exception as exc:  # reported, never counted as a detection
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         return "error", f"{layout.name}: {type(exc).__name__}: {lines[-1][:160] if lines else ''}"
@@ -293,9 +398,39 @@ def unobservable_notes(contract_id: str) -> dict[str, str]:
     return dict(load_target("sglang").schema.CONTRACT_DATA[contract_id].get("unobservable", {}))
 
 
-def run_faults(run: GateRun) -> dict:
+def _try_shared(run: GateRun, bug: SharedBug, ref, layout: ParityLayout) -> tuple[str, str]:
+    """A bug planted on both sides: detected when a rollout TP>1 differs from TP=1 under it, or
+    when the rollout (TP=1) or the trainer (``layout``) disagrees with transformers."""
+    from .correctness import rollout_reference, trainer_reference
+
+    planted = (bug.bug,)
+    try:
+        base = run.rollout(1, planted_bugs=planted)
+        for tp in [t for t in run.config.rollout_tps if t > 1]:
+            other = run.rollout(tp, planted_bugs=planted)
+            if not same_tokens(base, other):
+                return "detected", f"rollout tp{tp} sampled other tokens than tp1"
+            cmp = compare(run.scored_rollout(base), run.scored_rollout(other))
+            if not cmp.exact:
+                return "detected", f"rollout tp{tp} vs tp1: max |diff| {cmp.max_abs_diff:.3g}"
+        if ref is None:
+            return "undetected", ""
+        for entry in (
+            rollout_reference(run, ref, 1, planted),
+            trainer_reference(run, ref, layout, planted),
+        ):
+            if not entry["within_tolerance"]:
+                return "detected", f"{entry['name']} vs transformers: {entry['max_abs_diff']:.3g}"
+    except Exception as exc:  # reported, never counted as a detection
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        return "error", f"{type(exc).__name__}: {lines[-1][:160] if lines else ''}"
+    return "undetected", ""
+
+
+def run_faults(run: GateRun, ref=None) -> dict:
     """Flip each field on one side; a fault is tried layout by layout, cheapest first, until
     one differs. Layout-major, so only one layout's trainer processes are alive at a time.
+    Then each shared-kernel bug is planted on both sides (``_try_shared``).
 
     A fault no layout detects fails the gate unless the contract explains it under
     ``unobservable``; a fault the contract calls unobservable that IS detected fails it too.
@@ -306,6 +441,8 @@ def run_faults(run: GateRun) -> dict:
     notes = unobservable_notes(run.config.contract_id)
     outcomes: dict[str, tuple[str, str]] = {f.name: ("undetected", "") for f in faults}
     for layout in layouts:
+        for tp in [t for t in run._rollout_sessions if t != layout.tp]:
+            run.release_rollout(tp)  # memory: one rollout TP's processes at a time
         pending = [f for f in faults if outcomes[f.name][0] == "undetected"]
         for fault in pending:
             outcomes[fault.name] = _try_fault(run, fault, layout)
@@ -313,6 +450,10 @@ def run_faults(run: GateRun) -> dict:
         if run.config.progress:
             left = sum(1 for o, _ in outcomes.values() if o == "undetected")
             _say(f"faults at {layout.name}: {len(pending)} tried, {left} not yet detected")
+    for bug in shared_bugs():
+        outcomes[bug.name] = _try_shared(run, bug, ref, layouts[0])
+        faults.append(bug)
+    run.close()
     detected, undetected, explained, contradicted, errors, details = [], [], {}, [], {}, {}
     for i, fault in enumerate(faults):
         outcome, how = outcomes[fault.name]

@@ -61,3 +61,34 @@ def layout_problems(contract_id: str, layout: ParityLayout, model: str) -> list[
     except LaunchLayoutError as exc:
         return [f"{layout.name}: {v}" for v in exc.violations]
     return []
+
+
+def rollout_tp_problems(contract_id: str, tp: int, model: str) -> list[str]:
+    """Why the contract's model cannot run a rollout at TP ``tp`` (the launcher's rules)."""
+    from ..adapters.launcher.layout import Layout, validate_layout
+    from ..adapters.launcher.layout import LayoutError as LaunchLayoutError
+
+    try:
+        validate_layout(contract_id, Layout(rollout_tp=tp), model)
+    except LaunchLayoutError as exc:
+        return [f"rollout tp{tp}: {v}" for v in exc.violations]
+    return []
+
+
+def allowed_rollout_tps(contract_id: str, model: str) -> list[int]:
+    """Every rollout TP of the contract's ``parallel.rollout.tp`` that the model can run."""
+    from ..vendored import load_target
+
+    sizes = load_target("sglang").schema.CONTRACT_DATA[contract_id]["parallel"]["rollout"]["tp"]
+    return [tp for tp in sorted(sizes) if not rollout_tp_problems(contract_id, tp, model)]
+
+
+def parse_rollout_tps(spec: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``; TP=1 (the reference) is always included."""
+    try:
+        sizes = sorted({int(t) for t in spec.split(",") if t.strip()} | {1})
+    except ValueError:
+        raise LayoutError(f"--rollout-tps {spec!r}: expected sizes such as 1,2,4") from None
+    if sizes[0] < 1:
+        raise LayoutError(f"--rollout-tps {spec!r}: sizes must be >= 1")
+    return sizes

@@ -18,30 +18,9 @@ from typing import Any
 
 import torch
 
+from .workload import DEFAULT_WORKLOAD, PromptSpec
+
 DTYPE_FIELDS_SUFFIX = "_dtype"
-
-
-@dataclass(frozen=True)
-class PromptSpec:
-    """One request of the gate's workload (token ids are drawn from the model's vocab)."""
-
-    rid: str
-    prompt_len: int
-    max_new_tokens: int
-    temperature: float
-    seed: int
-    arrival_step: int
-
-
-# Several concurrent requests of different lengths, joining and finishing at different steps,
-# greedy and seeded sampling. r2's prompt spans two 64-position KV chunks, so the attention
-# chunking is exercised by prefill and by decode steps that cross a chunk boundary.
-DEFAULT_WORKLOAD = (
-    PromptSpec("r0", 5, 12, 0.0, 0, 0),
-    PromptSpec("r1", 11, 8, 0.8, 1, 0),
-    PromptSpec("r2", 70, 10, 0.0, 2, 1),
-    PromptSpec("r3", 8, 10, 1.0, 3, 2),
-)
 
 
 @dataclass
@@ -69,6 +48,10 @@ class RolloutJob:
     runtime_changes: Mapping[str, Any] = field(default_factory=dict)
     dump_layers: bool = False
     device: str = "cpu"
+    rescore_only: tuple[tuple[int, ...], ...] | None = None
+    """Score these sequences with one prefill each instead of generating (every position)."""
+    planted_bugs: tuple[str, ...] = ()
+    """Shared-kernel bugs switched on for this run (``kernels.planted``; the gate's self-test)."""
 
 
 def policies(
@@ -112,6 +95,20 @@ def _prompts(workload: Sequence[PromptSpec], vocab_size: int) -> list[list[int]]
 
 
 def _run(job: RolloutJob, group=None, device: str | None = None) -> RolloutResult:
+    from ..adapters.kernels.planted import planted
+
+    with planted(job.planted_bugs):
+        return _run_unplanted(job, group, device)
+
+
+def _rescore_only(engine, sequences) -> RolloutResult:
+    t0 = time.perf_counter()
+    lps = [engine.rescore(seq).cpu() for seq in sequences]
+    seconds = time.perf_counter() - t0
+    return RolloutResult([list(s) for s in sequences], [1] * len(sequences), [], lps, 0.0, seconds)
+
+
+def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> RolloutResult:
     from ..adapters.sglang.engine import Request, RolloutEngine
     from ..adapters.sglang.model import ReferenceModel
 
@@ -121,6 +118,8 @@ def _run(job: RolloutJob, group=None, device: str | None = None) -> RolloutResul
     arch, weights = model_arch(job.contract_id, job.weights)
     model = ReferenceModel(arch, weights, kp, rp, group=group, device=device)
     engine = RolloutEngine(model, progress=False)
+    if job.rescore_only is not None:
+        return _rescore_only(engine, job.rescore_only)
     prompts = _prompts(job.workload, arch.vocab_size)
     requests = [
         Request(w.rid, tuple(p), w.max_new_tokens, w.temperature, w.seed, w.arrival_step)

@@ -127,7 +127,7 @@ def test_exit_2_bad_config(tmp_path: Path) -> None:
     project = make_project(tmp_path / "p", config="[targets.vllm]\npackage = 'x'\n")
     result = cli("--root", project, "check")
     assert result.exit_code == 2
-    assert "[targets.vllm]: unknown target (known: launcher, megatron, sglang)" in result.stderr
+    assert "targets.vllm: unknown target (known: launcher, megatron, sglang)" in result.stderr
     broken = make_project(tmp_path / "q", config="contracts = [")
     assert cli("--root", broken, "check").exit_code == 2
 

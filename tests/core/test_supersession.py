@@ -22,7 +22,7 @@ def test_a_contract_superseded_twice_is_refused(tmp_path):
     result = cli("--root", project, "generate")
     assert result.exit_code == 2
     assert (
-        "contracts/qwen3_dense_true_on_policy_v3.yaml:1:1: supersedes: "
+        "contracts/qwen3_dense_true_on_policy_v3.yaml:13:1: supersedes: "
         f"'{V1}' is already superseded by '{V2}'" in result.output
     )
     assert files_under(project) == before

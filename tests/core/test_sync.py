@@ -367,13 +367,15 @@ def test_check_repo_reports_missing_then_ok_then_stale(repos) -> None:
 def test_check_reports_orphaned_and_stale_files_in_generated(project: Path) -> None:
     assert cli("--root", project, "generate").exit_code == 0
     assert cli("--root", project, "check").exit_code == 0
-    orphan = project / "generated" / "sglang" / PACKAGES["sglang"] / "contracts.py"
-    orphan.write_text("x = 1\n")
+    orphan = project / "generated" / "sglang" / PACKAGES["sglang"] / "old_module.py"
+    # a file contractgen wrote (stamped) that no contract produces any more; an unstamped one is
+    # never deleted (tests/core/test_hardening.py)
+    orphan.write_bytes((orphan.parent / "schema.py").read_bytes())
     stale = project / "generated" / "launcher" / PACKAGES["launcher"] / "__init__.py"
     stale.write_text(stale.read_text() + "\n")
     result = cli("--root", project, "check")
     assert result.exit_code == 1
-    assert f"orphaned: generated/sglang/{PACKAGES['sglang']}/contracts.py" in result.output
+    assert f"orphaned: generated/sglang/{PACKAGES['sglang']}/old_module.py" in result.output
     assert f"stale: generated/launcher/{PACKAGES['launcher']}/__init__.py" in result.output
     regenerated = cli("--root", project, "generate")
     assert regenerated.exit_code == 0

@@ -1,33 +1,30 @@
-"""SGLang-side true-on-policy kernels: pure PyTorch, one small module each, casts explicit."""
+"""The contract kernels moved to ``contractgen.adapters.kernels`` (one library for rollout and
+trainer, backends chosen by device). This package keeps the old import paths working: the package
+re-exports the public names and every old submodule name is the new module itself (same object, so
+attributes set on one are seen through the other)."""
 
-from .all_reduce import all_reduce_for, pairwise_sum, tree_all_reduce, tree_sum
-from .attention import chunked_attention
-from .linear import column_parallel_linear, row_parallel_linear
-from .logsoftmax import full_logprobs, token_logprobs, vocab_parallel_token_logprobs
-from .matmul import binary_matmul, combine_tiles, invariant_matmul, tile_partials
-from .mlp import silu_glu
-from .norm import rms_norm
-from .residual import residual_add
-from .rope import apply_rope, rope_cos_sin
+import importlib
+import sys
 
-__all__ = [
-    "all_reduce_for",
-    "apply_rope",
-    "binary_matmul",
-    "chunked_attention",
-    "column_parallel_linear",
-    "combine_tiles",
-    "full_logprobs",
-    "invariant_matmul",
-    "pairwise_sum",
-    "residual_add",
-    "rms_norm",
-    "rope_cos_sin",
-    "row_parallel_linear",
-    "silu_glu",
-    "tile_partials",
-    "token_logprobs",
-    "tree_all_reduce",
-    "tree_sum",
-    "vocab_parallel_token_logprobs",
-]
+from contractgen.adapters.kernels import *  # noqa: F403
+from contractgen.adapters.kernels import __all__  # noqa: F401
+
+_MOVED = (
+    "_dtypes",
+    "planted",
+    "all_reduce",
+    "attention",
+    "linear",
+    "logsoftmax",
+    "matmul",
+    "mlp",
+    "norm",
+    "reduce",
+    "residual",
+    "rope",
+    "stock",
+)
+for _name in _MOVED:
+    _mod = importlib.import_module(f"contractgen.adapters.kernels.{_name}")
+    sys.modules[f"{__name__}.{_name}"] = _mod
+    globals()[_name] = _mod

@@ -54,16 +54,55 @@ def full_logprobs(logits_TV: torch.Tensor, kp, vocab_size: int) -> torch.Tensor:
     return ((x - m[:, None]) - torch.log(s)[:, None]).to(ld)
 
 
+# Logits rows per step of ``token_logprobs``: its float32 working copy is bounded by this many
+# elements whatever the number of tokens (each row's bits depend only on that row).
+_BLOCK_ELEMENTS = 1 << 24
+
+
+def _token_logprobs_rows(x_TV: torch.Tensor, ids_T: torch.Tensor, kp, vocab_size: int):
+    ld = dtype_of(kp.logsoftmax_dtype)
+    x = x_TV[..., :vocab_size].to(ld).to(_compute_dtype(ld))
+    m = x.amax(-1)
+    s = _pairwise_over_chunks(_chunk_sums(x, m, kp.logsoftmax_vocab_block))
+    tok = x.gather(-1, ids_T.long()[:, None])[:, 0]
+    return ((tok - m) - torch.log(s)).to(ld)
+
+
 def token_logprobs(
     logits_TV: torch.Tensor, token_ids_T: torch.Tensor, kp, vocab_size: int
 ) -> torch.Tensor:
-    """``log p(token_ids[t] | logits[t])`` in ``kp.logsoftmax_dtype``."""
-    ld = dtype_of(kp.logsoftmax_dtype)
-    x = logits_TV[..., :vocab_size].to(ld).to(_compute_dtype(ld))
-    m = x.amax(-1)
-    s = _pairwise_over_chunks(_chunk_sums(x, m, kp.logsoftmax_vocab_block))
-    tok = x.gather(-1, token_ids_T.long()[:, None])[:, 0]
-    return ((tok - m) - torch.log(s)).to(ld)
+    """``log p(token_ids[t] | logits[t])`` in ``kp.logsoftmax_dtype``, in blocks of rows."""
+    rows = max(1, _BLOCK_ELEMENTS // max(1, vocab_size))
+    T = logits_TV.shape[0]
+    if T <= rows:
+        return _token_logprobs_rows(logits_TV, token_ids_T, kp, vocab_size)
+    parts = [
+        _token_logprobs_rows(logits_TV[i : i + rows], token_ids_T[i : i + rows], kp, vocab_size)
+        for i in range(0, T, rows)
+    ]
+    return torch.cat(parts)
+
+
+def lm_head_token_logprobs(
+    h_TH: torch.Tensor, w_VH: torch.Tensor, token_ids_T: torch.Tensor, kp, vocab_size: int
+) -> torch.Tensor:
+    """LM head and scored-token logprob together, in blocks of tokens: the ``[tokens, vocab]``
+    logits exist one block at a time (the invariant matmul and the log-softmax are both per row,
+    so the bits equal ``token_logprobs(invariant_matmul(h, w), ids)``)."""
+    from .matmul import invariant_matmul
+
+    rows = max(1, _BLOCK_ELEMENTS // max(1, w_VH.shape[0]))
+    lm = dtype_of(kp.lm_head_input_dtype)
+    parts = [
+        token_logprobs(
+            invariant_matmul(h_TH[i : i + rows].to(lm), w_VH.to(lm), kp),
+            token_ids_T[i : i + rows],
+            kp,
+            vocab_size,
+        )
+        for i in range(0, h_TH.shape[0], rows)
+    ]
+    return torch.cat(parts) if parts else h_TH.new_zeros(0, dtype=dtype_of(kp.logsoftmax_dtype))
 
 
 class _VocabParallelLogprob(torch.autograd.Function):

@@ -20,12 +20,25 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ._dtypes import dtype_of
 from .reduce import fixed_sum
+from .registry import kernel
+
+# Elements of one ``[queries, heads, chunk, head_dim]`` product tensor: query blocks are sized so
+# that attention's working memory stays bounded at any sequence length (a row's bits do not depend
+# on the block it is computed in: every step is elementwise or a reduction over its own row).
+_BLOCK_ELEMENTS = 1 << 24
 
 
-def _attend_one(
+def _kv_chunk_SKD(t_SKD: torch.Tensor, lo: int, chunk: int) -> torch.Tensor:
+    """Rows ``lo .. lo+chunk-1`` of ``t``, zero padded past its end."""
+    c = t_SKD[lo : lo + chunk]
+    return F.pad(c, (0, 0, 0, 0, 0, chunk - c.shape[0])) if c.shape[0] < chunk else c
+
+
+def _attend_block(
     q_LHD: torch.Tensor,
     k_SKD: torch.Tensor,
     v_SKD: torch.Tensor,
@@ -34,28 +47,22 @@ def _attend_one(
     sd: torch.dtype,
     scale: float,
 ) -> torch.Tensor:
+    """Online softmax over the KV chunks ``0 .. max(pos) // chunk`` (later chunks are causally
+    empty for every query of the block, so they are skipped)."""
     L, H, D = q_LHD.shape
-    S, KVH = k_SKD.shape[0], k_SKD.shape[1]
-    rep = H // KVH
-    n_chunks = int(pos_L.max().item()) // chunk + 1
-    if n_chunks * chunk > S:
-        pad = n_chunks * chunk - S
-        k_SKD = torch.cat([k_SKD, k_SKD.new_zeros(pad, KVH, D)])
-        v_SKD = torch.cat([v_SKD, v_SKD.new_zeros(pad, KVH, D)])
-    # GQA: query head h reads kv head h // rep (HF repeat_kv).
-    k_HSD = k_SKD.to(sd).repeat_interleave(rep, dim=1).permute(1, 0, 2)
-    v_HDS = v_SKD.to(sd).repeat_interleave(rep, dim=1).permute(1, 2, 0)
-    q_LH1D = q_LHD.to(sd)[:, :, None, :]
+    rep = H // k_SKD.shape[1]
     dev = q_LHD.device
-    pos_L = pos_L.to(dev)
+    q_LH1D = q_LHD.to(sd)[:, :, None, :]
     m_LH = torch.full((L, H), -math.inf, dtype=sd, device=dev)
     l_LH = torch.zeros((L, H), dtype=sd, device=dev)
     acc_LHD = torch.zeros((L, H, D), dtype=sd, device=dev)
     offs = torch.arange(chunk, device=dev)
-    for c in range(n_chunks):
+    for c in range(int(pos_L.max().item()) // chunk + 1):
         lo = c * chunk
-        kc_HCD = k_HSD[:, lo : lo + chunk, :].contiguous()
-        vc_HDC = v_HDS[:, :, lo : lo + chunk].contiguous()
+        # GQA: query head h reads kv head h // rep (HF repeat_kv).
+        kc_HCD = _kv_chunk_SKD(k_SKD, lo, chunk).to(sd).repeat_interleave(rep, dim=1)
+        vc_HDC = _kv_chunk_SKD(v_SKD, lo, chunk).to(sd).repeat_interleave(rep, dim=1)
+        kc_HCD, vc_HDC = kc_HCD.permute(1, 0, 2).contiguous(), vc_HDC.permute(1, 2, 0).contiguous()
         s_LHC = fixed_sum(q_LH1D * kc_HCD[None]) * scale
         valid_LC = (lo + offs)[None, :] <= pos_L[:, None]
         s_LHC = torch.where(valid_LC[:, None, :], s_LHC, -math.inf)
@@ -71,7 +78,27 @@ def _attend_one(
     return (acc_LHD / l_LH[..., None]).to(q_LHD.dtype)
 
 
-def chunked_attention(
+def _attend_one(
+    q_LHD: torch.Tensor,
+    k_SKD: torch.Tensor,
+    v_SKD: torch.Tensor,
+    pos_L: torch.Tensor,
+    chunk: int,
+    sd: torch.dtype,
+    scale: float,
+) -> torch.Tensor:
+    """One sequence, in query blocks of bounded working memory (prefill and decode alike)."""
+    L, H, D = q_LHD.shape
+    block = max(1, _BLOCK_ELEMENTS // (H * chunk * D))
+    pos_L = pos_L.to(q_LHD.device)
+    outs = [
+        _attend_block(q_LHD[i : i + block], k_SKD, v_SKD, pos_L[i : i + block], chunk, sd, scale)
+        for i in range(0, L, block)
+    ]
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def reference_attention(
     q_LHD: torch.Tensor,
     k_SKD: torch.Tensor,
     v_SKD: torch.Tensor,
@@ -83,7 +110,7 @@ def chunked_attention(
     scale: float | None = None,
     kv_chunk: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention ``o_LHD`` (dtype of ``q``); see the module docstring for the contract.
+    """The PyTorch backend of ``chunked_attention`` (CPU reference; any device).
 
     ``k``/``v`` hold keys at absolute positions ``0..S-1``; query ``i`` sees keys ``<= q_positions[i]``.
     ``kv_chunk`` overrides ``kp.attention_kv_chunk`` (used by the stock variant).
@@ -104,3 +131,35 @@ def chunked_attention(
                 _attend_one(q_LHD[qs], k_SKD[ks], v_SKD[ks], q_positions[qs], chunk, sd, scale)
             )
     return torch.cat(outs) if outs else q_LHD.new_zeros(q_LHD.shape)
+
+
+def chunked_attention(
+    q_LHD: torch.Tensor,
+    k_SKD: torch.Tensor,
+    v_SKD: torch.Tensor,
+    q_positions: torch.Tensor,
+    kp,
+    *,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    scale: float | None = None,
+    kv_chunk: int | None = None,
+) -> torch.Tensor:
+    """Causal attention ``o_LHD`` (dtype of ``q``); see the module docstring for the contract.
+
+    ``k``/``v`` hold keys at absolute positions ``0..S-1``; query ``i`` sees keys ``<= q_positions[i]``.
+    ``kv_chunk`` overrides ``kp.attention_kv_chunk`` (used by the stock variant). Runs the backend
+    the registry names for ``q``'s device.
+    """
+    impl = kernel("chunked_attention", q_LHD.device)
+    return impl(
+        q_LHD,
+        k_SKD,
+        v_SKD,
+        q_positions,
+        kp,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        scale=scale,
+        kv_chunk=kv_chunk,
+    )

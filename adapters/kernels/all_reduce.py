@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from . import planted
 from ._dtypes import bits_view, from_bits
 
 
@@ -62,7 +63,7 @@ class _TreeAllReduce(torch.autograd.Function):
 def tree_all_reduce(t: torch.Tensor, group=None) -> torch.Tensor:
     """Sum of ``t`` over the ranks of ``group`` in the fixed pairwise order, same bits everywhere."""
     n = world_size(group)
-    if n == 1:
+    if n == 1 or planted.active("tp_reduce_skipped"):  # the latter: the gate's self-test only
         return t
     if n & (n - 1):
         raise ValueError(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from . import planted
+
 
 def silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
     """``silu(gate) * up``: silu in float32 as ``g / (1 + exp(-g))``, rounded to ``gate``'s dtype,
@@ -14,4 +16,6 @@ def silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
     """
     g32 = gate.to(torch.promote_types(gate.dtype, torch.float32))  # float64 stays float64
     act = g32 / (1.0 + torch.exp(-g32))
+    if planted.active("silu_glu_sign_flip"):  # the parity gate's self-test only
+        act = -act
     return act.to(gate.dtype) * up.to(gate.dtype)

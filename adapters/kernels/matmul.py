@@ -1,0 +1,213 @@
+"""Batch-, N- and TP-invariant matmul: ``y_MN = x_MK @ w_NK.T`` with a declared K-tile order.
+
+How the PyTorch backend (the reference; ``triton/matmul.py`` is the CUDA backend, same tile order,
+bf16 tensor-core tile dots) obtains the invariances:
+
+* K is cut into tiles of ``kp.matmul_k_block``. Each tile partial is one float32 dot product
+  (operands upcast to float32, so bf16 products are exact; float64 stays float64 for gradient
+  checks) rounded once to ``kp.matmul_accumulation_dtype``; tiles are combined in
+  ``kp.matmul_tile_order``.
+* Batch invariance: one GEMM per K tile over exactly ``k_block`` values, on the rows padded to a
+  multiple of ``M_TILE`` (plain ``torch.matmul`` on 1 row is a GEMV with another summation order);
+  a GEMM whose reduction length is fixed computes each output from its row and column alone, so a
+  row's bits never depend on which other rows are in the call. (Until 2026-11-30 every GEMM was a
+  fixed ``M_TILE x k_block x N_TILE`` block on expanded operands, ``M*N*K/64`` memory;
+  ``tests/sglang/test_sglang_matmul.py`` pins the per-tile GEMM to that form, bit for bit.)
+* N invariance: a column's bits depend only on its weight row, so a column-parallel shard (starting
+  at a multiple of ``N_TILE``, 64, as the model pads) reproduces the full result's columns.
+* Memory: tiles are upcast one at a time and combined as they are produced (``streamed_matmul``):
+  no permanent float32 weight copy, no ``[T, M, N]`` stack of partials.
+* TP invariance: a row-parallel rank holding a whole subtree of tiles computes that subtree; the
+  fixed-tree all-reduce (``all_reduce.py``) finishes the tree.
+
+K not a multiple of the block: the last tile is zero-padded to the block width (the documented
+fallback). That is still batch invariant, but TP invariance then needs each rank's K to be whole
+tiles, which the contract's layout validation guarantees for the shapes it admits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ._dtypes import dtype_of
+from .all_reduce import pairwise_sum
+from .registry import kernel
+
+M_TILE = 64  # rows per GEMM call
+N_TILE = 64  # columns per GEMM call
+
+
+def first_level_block(num_tiles: int) -> int:
+    """SGLang's first-level run length: start at T, halve while even and greater than 2.
+
+    Kept identical to the generated ``schema.first_level_block`` (a test pins the two together).
+    """
+    block = num_tiles
+    while block % 2 == 0 and block > 2:
+        block //= 2
+    return block
+
+
+def sequential_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Left fold ``((p0 + p1) + p2) + ...`` in the parts' dtype."""
+    acc = parts[0]
+    for part in parts[1:]:
+        acc = acc + part
+    return acc
+
+
+def _sglang_first_level(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    block = first_level_block(len(parts))
+    runs = [sequential_sum(parts[i : i + block]) for i in range(0, len(parts), block)]
+    return pairwise_sum(runs)
+
+
+def _binary(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    return pairwise_sum(list(parts))
+
+
+TILE_ORDERS: dict[str, Callable[[Sequence[torch.Tensor]], torch.Tensor]] = {
+    "sglang_first_level": _sglang_first_level,
+    "binary": _binary,
+}
+
+
+def combine_tiles(parts: Sequence[torch.Tensor], order: str) -> torch.Tensor:
+    """Sum tile partials (each ``[M, N]`` in the accumulation dtype) in the named order."""
+    try:
+        combine = TILE_ORDERS[order]
+    except KeyError:
+        raise ValueError(
+            f"unknown matmul_tile_order {order!r}; known: {sorted(TILE_ORDERS)}"
+        ) from None
+    return combine(parts)
+
+
+def _gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for 16-bit and float32 operands; float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _k_tile(t_MK: torch.Tensor, t: int, k_block: int, rows: int, gd: torch.dtype) -> torch.Tensor:
+    """K tile ``t`` of ``t_MK`` as a ``[rows, k_block]`` GEMM operand in ``gd`` (zero padded)."""
+    lo = t * k_block
+    tile = t_MK[:, lo : lo + k_block].to(gd)
+    return F.pad(tile, (0, k_block - tile.shape[1], 0, rows - tile.shape[0]))
+
+
+def _tile_product(x_MK: torch.Tensor, w_NK: torch.Tensor, t: int, k_block: int) -> torch.Tensor:
+    """``P_MN = x[:, tile t] @ w[:, tile t].T``: one float32 (float64) GEMM over exactly
+    ``k_block`` values, rows and columns padded to multiples of ``M_TILE`` / ``N_TILE`` (BLAS
+    picks GEMV-like kernels, with other summation orders, for very thin operands).
+
+    Only the tile's operands are upcast, for this call: no weight copy outlives it."""
+    M, N = x_MK.shape[0], w_NK.shape[0]
+    gd = _gemm_dtype(torch.promote_types(x_MK.dtype, w_NK.dtype))
+    x_MpKb = _k_tile(x_MK, t, k_block, math.ceil(M / M_TILE) * M_TILE, gd)
+    w_NpKb = _k_tile(w_NK, t, k_block, math.ceil(N / N_TILE) * N_TILE, gd)
+    return (x_MpKb @ w_NpKb.T)[:M, :N]
+
+
+class _RunStack:
+    """Streaming form of ``pairwise_sum``: push parts in order, ``total()`` gives the adjacent
+    pairwise sum level by level with an odd last one carried (a binary counter whose leftover
+    levels are merged smallest first, which is the same association). Holds at most log2(n)
+    partial sums instead of all n parts."""
+
+    def __init__(self) -> None:
+        self.levels: list[tuple[int, torch.Tensor]] = []  # (number of parts, their sum)
+
+    def push(self, part: torch.Tensor) -> None:
+        size = 1
+        while self.levels and self.levels[-1][0] == size:
+            left = self.levels.pop()[1]
+            part = left + part
+            size *= 2
+        self.levels.append((size, part))
+
+    def total(self) -> torch.Tensor:
+        acc = self.levels[-1][1]
+        for _, left in reversed(self.levels[:-1]):
+            acc = left + acc
+        return acc
+
+
+def _run_length(order: str, num_tiles: int) -> int:
+    """Tiles per sequential first-level run in the named order (then runs are pairwise summed)."""
+    if order not in TILE_ORDERS:
+        raise ValueError(f"unknown matmul_tile_order {order!r}; known: {sorted(TILE_ORDERS)}")
+    return first_level_block(num_tiles) if order == "sglang_first_level" else 1
+
+
+def streamed_matmul(
+    x_MK: torch.Tensor, w_NK: torch.Tensor, k_block: int, acc_dtype: torch.dtype, order: str
+) -> torch.Tensor:
+    """``combine_tiles(tile_partials(x, w, k_block, acc), order)`` without holding the ``T``
+    partials: one GEMM per K tile, rounded to ``acc_dtype``, added into its run in order, each
+    finished run pushed onto a ``_RunStack``. Extra memory: O(log T) ``[M, N]`` accumulators."""
+    T = max(1, math.ceil(x_MK.shape[1] / k_block))
+    block = _run_length(order, T)
+    stack = _RunStack()
+    for r in range(0, T, block):
+        run_MN = _tile_product(x_MK, w_NK, r, k_block).to(acc_dtype)
+        for t in range(r + 1, min(r + block, T)):
+            run_MN = run_MN + _tile_product(x_MK, w_NK, t, k_block).to(acc_dtype)
+        stack.push(run_MN)
+    return stack.total()
+
+
+def tile_partials(
+    x_MK: torch.Tensor, w_NK: torch.Tensor, k_block: int, acc_dtype: torch.dtype
+) -> torch.Tensor:
+    """All per-K-tile partial products ``P_TMN[t] = x[:, tile t] @ w[:, tile t].T``, each a float32
+    dot over exactly ``k_block`` values (zero padded) rounded once to ``acc_dtype``.
+
+    The readable spec (and a test helper): it holds all ``T`` partials, so ``invariant_matmul``
+    streams them instead (``streamed_matmul``, same bits)."""
+    T = max(1, math.ceil(x_MK.shape[1] / k_block))
+    return torch.stack([_tile_product(x_MK, w_NK, t, k_block).to(acc_dtype) for t in range(T)])
+
+
+def reference_matmul(
+    x_MK: torch.Tensor,
+    w_NK: torch.Tensor,
+    kp,
+    *,
+    out_dtype: torch.dtype | None = None,
+    tile_order: str | None = None,
+) -> torch.Tensor:
+    """The PyTorch backend of ``invariant_matmul`` (CPU reference; any device)."""
+    lead = x_MK.shape[:-1]
+    x2 = x_MK.reshape(-1, x_MK.shape[-1])
+    acc = dtype_of(kp.matmul_accumulation_dtype)
+    y_MN = streamed_matmul(x2, w_NK, kp.matmul_k_block, acc, tile_order or kp.matmul_tile_order)
+    y_MN = y_MN.to(out_dtype or x_MK.dtype)
+    return y_MN.reshape(*lead, w_NK.shape[0])
+
+
+def invariant_matmul(
+    x_MK: torch.Tensor,
+    w_NK: torch.Tensor,
+    kp,
+    *,
+    out_dtype: torch.dtype | None = None,
+    tile_order: str | None = None,
+) -> torch.Tensor:
+    """``x @ w.T`` with batch/N/TP invariance; leading dims of ``x`` are kept. Runs the backend the
+    registry names for ``x``'s device (``registry.kernel``).
+
+    ``out_dtype`` defaults to ``x``'s dtype; row-parallel callers ask for the accumulation dtype so
+    the all-reduce continues the tree before the single final cast. ``tile_order`` overrides
+    ``kp.matmul_tile_order`` (the plain-binary variant passes ``"binary"``).
+    """
+    impl = kernel("invariant_matmul", x_MK.device)
+    return impl(x_MK, w_NK, kp, out_dtype=out_dtype, tile_order=tile_order)
+
+
+def binary_matmul(x_MK: torch.Tensor, w_NK: torch.Tensor, kp, **kw) -> torch.Tensor:
+    """The same tiles combined by a plain binary tree over all tiles (Megatron's public order)."""
+    return invariant_matmul(x_MK, w_NK, kp, tile_order="binary", **kw)

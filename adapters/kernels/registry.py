@@ -1,0 +1,75 @@
+"""One registry: which backend implements each device-specific contract op on a device.
+
+Two backends share every op's semantics (the contract's K block, per-tile rounding to the
+accumulation dtype, its tile order, fixed KV chunks at absolute positions, fixed vocab blocks):
+``torch``, the PyTorch reference (CPU, CI, and any device), and ``triton`` (CUDA: tensor-core
+tile dots). The rollout and the trainer look ops up here by the tensor's device, so on one device
+they always run the same backend; parity is per device. Ops not listed (norm, RoPE, SiLU-GLU,
+residual, log-softmax, all-reduce) are device-generic PyTorch, shared by both backends.
+
+``CONTRACTGEN_KERNEL_BACKEND=torch|triton`` overrides the device default (benchmarks; the Triton
+interpreter on CPU with ``TRITON_INTERPRET=1``). A process must not change it between the rollout
+and the trainer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from functools import cache
+
+import torch
+
+ENV = "CONTRACTGEN_KERNEL_BACKEND"
+
+# backend -> op -> "module:function" (lazy: importing the torch backend never imports triton)
+BACKENDS: dict[str, dict[str, str]] = {
+    "torch": {
+        "invariant_matmul": "contractgen.adapters.kernels.matmul:reference_matmul",
+        "chunked_attention": "contractgen.adapters.kernels.attention:reference_attention",
+    },
+    "triton": {
+        "invariant_matmul": "contractgen.adapters.kernels.triton.matmul:triton_matmul",
+        "chunked_attention": "contractgen.adapters.kernels.triton.attention:triton_attention",
+    },
+}
+
+# device type -> default backend; a device type not listed runs the reference
+DEVICE_BACKENDS: dict[str, str] = {"cpu": "torch", "cuda": "triton"}
+
+
+@cache
+def _triton_usable() -> bool:
+    try:
+        importlib.import_module("triton")
+    except ImportError:
+        return False
+    return True
+
+
+def backend_for(device: torch.device | str) -> str:
+    """The backend name for ``device``: the override, else the device default; ``triton`` falls
+    back to ``torch`` (same semantics, other tile-dot bits) only where triton is not installed."""
+    name = os.environ.get(ENV) or DEVICE_BACKENDS.get(torch.device(device).type, "torch")
+    if name not in BACKENDS:
+        raise ValueError(f"{ENV}={name!r} is not a kernel backend; known: {sorted(BACKENDS)}")
+    if name == "triton" and not _triton_usable():
+        return "torch"
+    return name
+
+
+@cache
+def _resolve(backend: str, op: str) -> Callable:
+    try:
+        target = BACKENDS[backend][op]
+    except KeyError:
+        known = sorted(BACKENDS.get(backend, {}))
+        raise ValueError(f"kernel op {op!r} has no {backend!r} backend; known: {known}") from None
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def kernel(op: str, device: torch.device | str) -> Callable:
+    """The implementation of ``op`` for tensors on ``device``."""
+    return _resolve(backend_for(device), op)

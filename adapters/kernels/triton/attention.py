@@ -1,0 +1,181 @@
+"""Triton causal GQA attention over the contract's fixed KV chunks (flash-style).
+
+One program per (block of ``BLOCK_Q`` query rows of one sequence, query head). It visits the KV
+chunks of ``kp.attention_kv_chunk`` keys from absolute position 0 in order, up to the chunk that
+holds the block's last position (later chunks are causally empty: skipped). Per chunk: scores
+``q k^T`` as one tensor-core dot (bf16 operands, float32 accumulate) times the scale, keys past a
+query's position masked to -inf, online softmax in float32 (``m``, ``l_sum``, ``acc``), ``p`` rounded to
+``v``'s dtype for the ``p v`` dot (as FA3 does), float32 accumulate. A chunk that is wholly after a
+query's position leaves its state exactly unchanged (``alpha = 1``, ``p = 0``), so a query's bits
+depend only on its own row, its position and the keys: prefill of any length, packed sequences and
+one decode step against a KV cache give the same bits (the tile shape never changes). Also returns
+the log-sum-exp per (query, head), for a backward from the saved output.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .._dtypes import dtype_of
+from ..attention import reference_attention
+from .matmul import INTERPRET, _round
+
+BLOCK_Q = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
+
+
+@triton.jit
+def _dot(a, b):
+    if INTERPRET:  # the interpreter's dot misreads bf16 bits: upcast (products stay exact)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _chunk(
+    q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
+    CHUNK: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    offs_k = c * CHUNK + tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, D)
+    kmask = offs_k < klen
+    k = tl.load(
+        k_ptr + (k0 + offs_k)[:, None] * sk + kvh * skh + offs_d[None, :],
+        mask=kmask[:, None],
+        other=0.0,
+    )
+    v = tl.load(
+        v_ptr + (k0 + offs_k)[:, None] * sv + kvh * svh + offs_d[None, :],
+        mask=kmask[:, None],
+        other=0.0,
+    )
+    s = _dot(q, tl.trans(k)) * scale
+    s = tl.where(offs_k[None, :] <= pos[:, None], s, -float("inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(_round(p, v.dtype), v)
+    return m_new, l_sum, acc
+
+
+@triton.jit
+def _attn_fwd(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, pos_ptr, blk_ptr,
+    sq, sqh, sk, skh, sv, svh, so, soh, slse, scale,
+    REP: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
+    MAX_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // REP
+    q0 = tl.load(blk_ptr + 4 * b)
+    q1 = tl.load(blk_ptr + 4 * b + 1)
+    k0 = tl.load(blk_ptr + 4 * b + 2)
+    klen = tl.load(blk_ptr + 4 * b + 3)
+    offs_q = q0 + tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, D)
+    qmask = offs_q < q1
+    pos = tl.load(pos_ptr + offs_q, mask=qmask, other=0)
+    q = tl.load(
+        q_ptr + offs_q[:, None] * sq + h * sqh + offs_d[None, :], mask=qmask[:, None], other=0.0
+    )
+    m = tl.full((BLOCK_Q,), -float("inf"), tl.float32)
+    l_sum = tl.zeros((BLOCK_Q,), tl.float32)
+    acc = tl.zeros((BLOCK_Q, D), tl.float32)
+    last = tl.max(pos, 0) // CHUNK
+    if INTERPRET:  # the interpreter loops only to compile-time bounds
+        for c in range(MAX_CHUNKS):
+            if c <= last:
+                m, l_sum, acc = _chunk(
+                    q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
+                    CHUNK, D,
+                )  # fmt: skip
+    else:
+        for c in range(0, last + 1):
+            m, l_sum, acc = _chunk(
+                q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
+                CHUNK, D,
+            )  # fmt: skip
+    o = acc / l_sum[:, None]
+    tl.store(
+        o_ptr + offs_q[:, None] * so + h * soh + offs_d[None, :],
+        _round(o, o_ptr.dtype.element_ty),
+        mask=qmask[:, None],
+    )
+    tl.store(lse_ptr + offs_q * slse + h, m + tl.log(l_sum), mask=qmask)
+
+
+def _blocks(cu_q: list[int], cu_k: list[int], device) -> torch.Tensor:
+    """Rows ``[q0, q1)`` of one sequence per program, with that sequence's first key row and key
+    count: ``[num_blocks, 4]`` int32."""
+    rows = [
+        (q, min(q + BLOCK_Q, cu_q[i + 1]), cu_k[i], cu_k[i + 1] - cu_k[i])
+        for i in range(len(cu_q) - 1)
+        for q in range(cu_q[i], cu_q[i + 1], BLOCK_Q)
+    ]
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 4)
+
+
+def supports(q_LHD: torch.Tensor, k_SKD: torch.Tensor, kp, chunk: int) -> bool:
+    """bf16/fp16 q, k, v of one dtype, float32 softmax, power-of-two head dim and chunk >= 16."""
+    D = q_LHD.shape[-1]
+    return (
+        q_LHD.dtype in (torch.bfloat16, torch.float16)
+        and k_SKD.dtype == q_LHD.dtype
+        and dtype_of(kp.attention_softmax_dtype) == torch.float32
+        and D >= 16
+        and D & (D - 1) == 0
+        and chunk >= 16
+        and chunk & (chunk - 1) == 0
+    )
+
+
+def triton_attention_lse(
+    q_LHD, k_SKD, v_SKD, q_positions, kp, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
+    kv_chunk=None,
+):  # fmt: skip
+    """``(o_LHD, lse_LH)``: the attention output and the float32 log-sum-exp of every row."""
+    chunk = kv_chunk or kp.attention_kv_chunk
+    L, H, D = q_LHD.shape
+    S, KVH = k_SKD.shape[0], k_SKD.shape[1]
+    scale = D**-0.5 if scale is None else scale
+    cu_q = [0, L] if cu_seqlens_q is None else [int(c) for c in cu_seqlens_q.tolist()]
+    cu_k = [0, S] if cu_seqlens_k is None else [int(c) for c in cu_seqlens_k.tolist()]
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"cu_seqlens_q has {len(cu_q)} entries, cu_seqlens_k {len(cu_k)}")
+    q, k, v = q_LHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
+    o_LHD = torch.empty_like(q)
+    lse_LH = torch.empty((L, H), dtype=torch.float32, device=q.device)
+    blk = _blocks(cu_q, cu_k, q.device)
+    if L == 0 or blk.shape[0] == 0:
+        return o_LHD, lse_LH
+    pos = q_positions.to(device=q.device, dtype=torch.int32).contiguous()
+    max_k = max(b - a for a, b in itertools.pairwise(cu_k))
+    max_chunks = triton.next_power_of_2(max(1, math.ceil(max_k / chunk)))
+    _attn_fwd[(blk.shape[0], H)](
+        q, k, v, o_LHD, lse_LH, pos, blk,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        o_LHD.stride(0), o_LHD.stride(1), lse_LH.stride(0), scale,
+        H // KVH, chunk, D, BLOCK_Q, max_chunks,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
+    return o_LHD, lse_LH
+
+
+def triton_attention(
+    q_LHD, k_SKD, v_SKD, q_positions, kp, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
+    kv_chunk=None,
+):  # fmt: skip
+    """The Triton backend of ``chunked_attention`` (same signature); inputs it cannot put on
+    tensor cores (float32/float64 checks) run the reference."""
+    kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
+    if not supports(q_LHD, k_SKD, kp, kv_chunk or kp.attention_kv_chunk):
+        return reference_attention(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)
+    return triton_attention_lse(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)[0]

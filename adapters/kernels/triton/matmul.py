@@ -1,0 +1,288 @@
+"""Triton invariant matmul: ``y_MN = x_MK @ w_NK.T`` in the contract's tile order.
+
+Per ``BLOCK_M x BLOCK_N`` output tile: every ``k_block``-wide K tile is one ``tl.dot`` of bf16
+operands with float32 accumulation (what SGLang's ``matmul_tp_persistent`` and a per-tile
+``torch.mm(..., out_dtype=float32)`` compute), rounded to the accumulation dtype; the tiles of a
+first-level run are added one after another, and finished runs are combined by a binary counter
+(adjacent pairwise, an odd leftover carried, as ``matmul.pairwise_sum``). Every add is float32 of
+the two rounded values, rounded again, as torch's bf16 add.
+
+Invariances: the tile shape (``BLOCK_M``, ``BLOCK_N``, ``k_block``), the warps and the order never
+change with M, N or the call, so a row's bits depend on that row and its column's weights only
+(batch and N invariance) and a rank holding a whole subtree of runs computes that subtree (TP).
+Two launch shapes, same arithmetic per output: ``_mm_persistent`` (one program per SM, looping
+over output tiles; large M) and ``_mm_runs`` + the pairwise combine (one program per (output tile,
+run), for small M where output tiles alone cannot fill the GPU; each weight is read once).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .._dtypes import dtype_of
+from ..all_reduce import pairwise_sum
+from ..matmul import _run_length, reference_matmul
+
+# Triton's CPU interpreter (CI): same kernels, its dot needs float32 operands.
+INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+BLOCK_M = 128
+BLOCK_N = 128
+NUM_WARPS = 8
+NUM_STAGES = 3
+GROUP_M = 8
+
+_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+@triton.jit
+def _tile_dot(x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K: tl.constexpr):
+    """One K tile: ``x[rows, k0:k0+BK] @ w[cols, k0:k0+BK].T`` in float32 (zero padded)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    a = tl.load(
+        x_ptr + offs_m[:, None] * sxm + offs_k[None, :],
+        mask=(offs_m[:, None] < M) & (offs_k[None, :] < K),
+        other=0.0,
+    )
+    b = tl.load(
+        w_ptr + offs_n[None, :] * swn + offs_k[:, None],
+        mask=(offs_n[None, :] < N) & (offs_k[:, None] < K),
+        other=0.0,
+    )
+    if INTERPRET:  # the interpreter's dot misreads bf16 bits: upcast (products stay exact)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _round(v, ACC: tl.constexpr):
+    """float32 ``v`` rounded to nearest-even in ``ACC`` (the GPU default, spelled out: the
+    interpreter truncates otherwise)."""
+    if ACC == tl.float32:
+        return v
+    if INTERPRET and ACC == tl.bfloat16:  # the interpreter's cast rounds ties up: do it by bits
+        u = v.to(tl.uint32, bitcast=True)
+        u = u + 0x7FFF + ((u >> 16) & 1)
+        return (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return v.to(ACC, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _add(a, b, ACC: tl.constexpr):
+    """``a + b`` as torch adds two ``ACC`` tensors: in float32, rounded once to ``ACC``."""
+    return _round(a.to(tl.float32) + b.to(tl.float32), ACC)
+
+
+@triton.jit
+def _run(
+    x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN: tl.constexpr, ACC: tl.constexpr,
+    BK: tl.constexpr,
+):  # fmt: skip
+    """Run ``r``: its ``RUN`` tiles, each rounded to ``ACC``, added left to right."""
+    t0 = r * RUN
+    acc = _round(_tile_dot(x_ptr, w_ptr, offs_m, offs_n, t0 * BK, M, N, K, sxm, swn, BK), ACC)
+    for j in tl.static_range(1, RUN):
+        part = _tile_dot(x_ptr, w_ptr, offs_m, offs_n, (t0 + j) * BK, M, N, K, sxm, swn, BK)
+        acc = _add(acc, _round(part, ACC), ACC)
+    return acc
+
+
+@triton.jit
+def _mm_persistent(
+    x_ptr, w_ptr, y_ptr, M, N, K, sxm, swn, sym,
+    RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, NUM_PROGS: tl.constexpr,
+    ITERS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    # ITERS (>= tiles / programs, rounded up to a power of two so few M values compile apart)
+    # is a compile-time bound: Triton's interpreter cannot loop to a runtime scalar.
+    for i in range(ITERS):
+        tile = pid + i * NUM_PROGS
+        if tile < grid_m * grid_n:
+            _mm_tile(
+                x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN, NUM_RUNS,
+                ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            )  # fmt: skip
+
+
+@triton.jit
+def _mm_tile(
+    x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN: tl.constexpr,
+    NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """One output tile; grouped order: GROUP_M row blocks share each weight column block while it
+    is in L2."""
+    group = tile // (GROUP_M * grid_n)
+    first_m = group * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % (GROUP_M * grid_n)) % size_m
+    pid_n = (tile % (GROUP_M * grid_n)) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    y = _runs_tree(
+        x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N,
+        BLOCK_K,
+    )  # fmt: skip
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptr + offs_m[:, None] * sym + offs_n[None, :], y, mask=mask)
+
+
+@triton.jit
+def _runs_tree(
+    x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """All runs of one output tile, combined by a binary counter: ``s<l>`` holds the sum of
+    ``2**l`` consecutive runs; ``NUM_RUNS`` is a power of two (<= 64), so after the last run
+    every level has merged into ``c``: ``((r0 + r1) + (r2 + r3)) ...``."""
+    s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+    s1 = s0
+    s2 = s0
+    s3 = s0
+    s4 = s0
+    s5 = s0
+    c = s0
+    for r in tl.static_range(NUM_RUNS):
+        c = _run(x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN, ACC, BLOCK_K)
+        if (r + 1) % 2 != 0:
+            s0 = c
+        else:
+            c = _add(s0, c, ACC)
+            if (r + 1) % 4 != 0:
+                s1 = c
+            else:
+                c = _add(s1, c, ACC)
+                if (r + 1) % 8 != 0:
+                    s2 = c
+                else:
+                    c = _add(s2, c, ACC)
+                    if (r + 1) % 16 != 0:
+                        s3 = c
+                    else:
+                        c = _add(s3, c, ACC)
+                        if (r + 1) % 32 != 0:
+                            s4 = c
+                        else:
+                            c = _add(s4, c, ACC)
+                            if (r + 1) % 64 != 0:
+                                s5 = c
+                            else:
+                                c = _add(s5, c, ACC)
+    return c
+
+
+@triton.jit
+def _mm_runs(
+    x_ptr, w_ptr, ws_ptr, M, N, K, sxm, swn, swr, swm,
+    RUN: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Small M: program (output tile, run r) writes run r to ``ws[r]``; the runs are then combined
+    pairwise (``pairwise_sum``, the same adds as the counter)."""
+    pid_n = tl.program_id(0)
+    r = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c = _run(x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN, ACC, BLOCK_K)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(ws_ptr + r * swr + offs_m[:, None] * swm + offs_n[None, :], c, mask=mask)
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _programs(device: torch.device) -> int:
+    return _num_sms(device.index or 0) if device.type == "cuda" else 4
+
+
+def _launch(x_MK: torch.Tensor, w_NK: torch.Tensor, k_block: int, run: int, acc: torch.dtype):
+    M, K = x_MK.shape
+    N = w_NK.shape[0]
+    runs = max(1, math.ceil(K / k_block)) // run
+    grid_m, grid_n = triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N)
+    progs = _programs(x_MK.device)
+    if runs > 1 and grid_m * grid_n < progs:
+        ws_RMN = torch.empty((runs, M, N), dtype=acc, device=x_MK.device)
+        _mm_runs[(grid_n, runs, grid_m)](
+            x_MK, w_NK, ws_RMN, M, N, K, x_MK.stride(0), w_NK.stride(0), ws_RMN.stride(0),
+            ws_RMN.stride(1), run, _TL[acc], BLOCK_M, BLOCK_N, k_block, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+        )  # fmt: skip
+        return pairwise_sum(list(ws_RMN.unbind(0)))
+    y_MN = torch.empty((M, N), dtype=acc, device=x_MK.device)
+    progs = min(progs, grid_m * grid_n)
+    iters = triton.next_power_of_2(triton.cdiv(grid_m * grid_n, progs))
+    _mm_persistent[(progs,)](
+        x_MK, w_NK, y_MN, M, N, K, x_MK.stride(0), w_NK.stride(0), y_MN.stride(0),
+        run, runs, _TL[acc], progs, iters, BLOCK_M, BLOCK_N, k_block, GROUP_M,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
+    return y_MN
+
+
+def supports(x_MK: torch.Tensor, w_NK: torch.Tensor, kp, order: str) -> bool:
+    """Tensor-core tiles need 16-bit operands of one dtype; the counter needs a power-of-two run
+    count (always so for ``sglang_first_level``; ``binary`` over a non-power-of-two tile count
+    runs the reference)."""
+    acc = dtype_of(kp.matmul_accumulation_dtype)
+    if x_MK.dtype not in (torch.bfloat16, torch.float16) or w_NK.dtype != x_MK.dtype:
+        return False
+    if acc not in _TL or kp.matmul_k_block % 16:
+        return False
+    T = max(1, math.ceil(x_MK.shape[-1] / kp.matmul_k_block))
+    runs = T // _run_length(order, T)
+    return runs & (runs - 1) == 0 and runs <= 64
+
+
+class _Matmul(torch.autograd.Function):
+    """Forward: the Triton kernel. Backward: the exact gradient formulas, ``dX = dY W`` and
+    ``dW = dY^T X`` (float32 GEMMs; gradients need not be bitwise)."""
+
+    @staticmethod
+    def forward(ctx, x_MK, w_NK, k_block, run, acc):
+        ctx.save_for_backward(x_MK, w_NK)
+        return _launch(x_MK, w_NK, k_block, run, acc)
+
+    @staticmethod
+    def backward(ctx, g_MN):
+        x_MK, w_NK = ctx.saved_tensors
+        g = g_MN.float()
+        dx = (g @ w_NK.float()).to(x_MK.dtype) if ctx.needs_input_grad[0] else None
+        dw = (g.T @ x_MK.float()).to(w_NK.dtype) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None, None
+
+
+def triton_matmul(
+    x_MK: torch.Tensor,
+    w_NK: torch.Tensor,
+    kp,
+    *,
+    out_dtype: torch.dtype | None = None,
+    tile_order: str | None = None,
+) -> torch.Tensor:
+    """The Triton backend of ``invariant_matmul`` (same signature). Operands it cannot put on
+    tensor cores (float32/float64 gradient checks) run the reference."""
+    order = tile_order or kp.matmul_tile_order
+    if not supports(x_MK, w_NK, kp, order):
+        return reference_matmul(x_MK, w_NK, kp, out_dtype=out_dtype, tile_order=tile_order)
+    lead = x_MK.shape[:-1]
+    x2 = x_MK.reshape(-1, x_MK.shape[-1]).contiguous()
+    w2 = w_NK.contiguous()
+    acc = dtype_of(kp.matmul_accumulation_dtype)
+    T = max(1, math.ceil(x2.shape[1] / kp.matmul_k_block))
+    run = _run_length(order, T)
+    y_MN = _Matmul.apply(x2, w2, kp.matmul_k_block, run, acc)
+    return y_MN.to(out_dtype or x_MK.dtype).reshape(*lead, w_NK.shape[0])

@@ -1,0 +1,175 @@
+"""What parity cannot prove: agreement with transformers, per layout, and the trainer's gradients.
+
+Both sides of the gate compute with one kernel library, so a bug they share passes bitwise parity.
+These checks compare each side with an independent implementation instead: transformers' float32
+forward on sequences spanning several KV chunks (``reference.per_layout``), and float64 autograd
+through transformers for the gradient of the scored logprobs (``grads.per_layout``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .layouts import ParityLayout
+from .reference import (
+    LOGPROB_TOLERANCE,
+    hf_grads,
+    hf_logprobs,
+    hf_model,
+    hf_name,
+    max_abs_diff,
+    megatron_shard,
+    reference_sequences,
+    transformers_reason,
+)
+
+# max |trainer grad - float64 grad| / max |float64 grad|, per parameter tensor, trainer in
+# float32 (--dtype float32 for every kernel dtype). Measured ~1e-6 on the reference model.
+GRAD_TOLERANCE = 1e-4
+
+PP_GRADS_NOTE = (
+    "not supported: the trainer's gradient path drives PP=1 only (the CPU pipeline loop is "
+    "forward-only); this layout's backward is not gated"
+)
+
+
+@dataclass
+class Reference:
+    """transformers' float32 logprobs of the reference sequences."""
+
+    name: str
+    sequences: list[list[int]]
+    want: list[torch.Tensor]
+
+
+def _profile(contract_id: str):
+    from ..vendored import load_target
+
+    return load_target("sglang").schema.model_profile_for(contract_id)
+
+
+def reference_for(config: Any) -> tuple[Reference | None, str | None]:
+    """(the reference, None) or (None, why there is none)."""
+    from .rollout import model_arch
+
+    if not config.hf_reference:
+        return None, "--no-reference given"
+    reason = transformers_reason()
+    if reason is not None:
+        return None, reason
+    arch, _ = model_arch(config.contract_id, config.weights)
+    hf_arch = _profile(config.contract_id).hf_architecture
+    model = hf_model(config.weights, arch, hf_arch, torch.float32)
+    seqs = reference_sequences(arch.vocab_size, arch.max_position_embeddings)
+    return Reference(hf_name(config.weights), seqs, hf_logprobs(model, seqs)), None
+
+
+def _entry(side: str, name: str, tp: int, pp: int, cp: int, got, ref: Reference) -> dict:
+    diff = max_abs_diff(got, ref.want)
+    return {
+        "side": side,
+        "name": name,
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "max_abs_diff": diff,
+        "tokens_compared": sum(t.numel() for t in ref.want),
+        "within_tolerance": diff <= LOGPROB_TOLERANCE,
+    }
+
+
+def rollout_reference(run: Any, ref: Reference, tp: int, planted: tuple[str, ...] = ()) -> dict:
+    """The rollout at ``tp``, every kernel dtype float32, one prefill per sequence, vs transformers."""
+    res = run.rollout(
+        tp,
+        dtype_override="float32",
+        rescore_only=tuple(tuple(s) for s in ref.sequences),
+        planted_bugs=run.config.planted_bugs + planted,
+    )
+    return _entry("rollout", f"rollout tp{tp}", tp, 1, 1, res.prefill_logprobs, ref)
+
+
+def trainer_reference(
+    run: Any, ref: Reference, layout: ParityLayout, planted: tuple[str, ...] = ()
+) -> dict:
+    """The trainer at ``layout``, every kernel dtype float32, vs transformers."""
+    from ..adapters.megatron.trainer import TrainerRun
+
+    res = run.trainer_run(
+        layout, ref.sequences, TrainerRun(dtype_override="float32", planted_bugs=planted)
+    )
+    name = f"trainer tp{layout.tp}pp{layout.pp}cp{layout.cp}"
+    return _entry("trainer", name, layout.tp, layout.pp, layout.cp, res.logprobs, ref)
+
+
+def reference_report(ref: Reference, per_layout: list[dict]) -> dict:
+    return {
+        "name": ref.name,
+        "dtype": "float32",
+        "tolerance": LOGPROB_TOLERANCE,
+        "sequence_lengths": [len(s) for s in ref.sequences],
+        "max_abs_diff": max(e["max_abs_diff"] for e in per_layout),
+        "within_tolerance": all(e["within_tolerance"] for e in per_layout),
+        "per_layout": per_layout,
+    }
+
+
+@dataclass
+class GradReference:
+    """float64 autograd gradients (HF names) of the trainer's loss on the gate's sequences."""
+
+    arch: Any
+    sequences: list[list[int]]
+    prompt_lens: list[int]
+    grads: dict[str, torch.Tensor]
+
+
+def grad_reference(run: Any) -> tuple[GradReference | None, str | None]:
+    from .rollout import model_arch
+
+    reason = transformers_reason()
+    if reason is not None:
+        return None, reason
+    config = run.config
+    arch, _ = model_arch(config.contract_id, config.weights)
+    hf_arch = _profile(config.contract_id).hf_architecture
+    model = hf_model(config.weights, arch, hf_arch, torch.float64)
+    base = run.rollout(1)
+    grads = hf_grads(model, base.sequences, base.prompt_lens)
+    return GradReference(arch, base.sequences, base.prompt_lens, grads), None
+
+
+def layout_grads(run: Any, ref: GradReference, layout: ParityLayout) -> dict:
+    """TP rank 0's gradients at ``layout`` (trainer in float32) vs float64 autograd."""
+    from ..adapters.megatron.model import padded_vocab_size
+    from ..adapters.megatron.trainer import TrainerRun
+    from ..vendored import load_target
+
+    entry: dict[str, Any] = {"name": layout.name, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp}
+    if layout.pp > 1:
+        return {**entry, "supported": False, "within_tolerance": None, "note": PP_GRADS_NOTE}
+    run_ = TrainerRun(dtype_override="float32", grads=True, prompt_lens=tuple(ref.prompt_lens))
+    got = run.trainer_run(layout, ref.sequences, run_).grads
+    kp = load_target("megatron").schema.kernel_policy_for(run.config.contract_id)
+    padded = padded_vocab_size(ref.arch, layout.tp, kp)
+    want = megatron_shard(ref.grads, ref.arch, got, tp=layout.tp, padded=padded)
+    worst_abs, worst_rel, worst_name = 0.0, 0.0, None
+    for name, g in got.items():
+        w = want[name].double()
+        d = float((g.double() - w).abs().max())
+        rel = d / max(float(w.abs().max()), 1e-30)
+        worst_abs = max(worst_abs, d)
+        if rel > worst_rel:
+            worst_rel, worst_name = rel, name
+    return {
+        **entry,
+        "supported": True,
+        "parameters_compared": len(got),
+        "max_abs_diff": worst_abs,
+        "max_rel_diff": worst_rel,
+        "worst_parameter": worst_name,
+        "within_tolerance": worst_rel <= GRAD_TOLERANCE,
+    }

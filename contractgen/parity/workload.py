@@ -1,0 +1,49 @@
+"""The gate's workload: concurrent requests of different lengths (torch-free: the CLI reads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """One request of the gate's workload (token ids are drawn from the model's vocab)."""
+
+    rid: str
+    prompt_len: int
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    arrival_step: int
+
+
+# Greedy and seeded sampling alternate; requests join at staggered decode steps.
+TEMPERATURES = (0.0, 0.8, 0.0, 1.0)
+
+
+def make_workload(
+    requests: int = 4, prompt_tokens: int = 70, new_tokens: int = 10
+) -> tuple[PromptSpec, ...]:
+    """``requests`` concurrent requests of different lengths (the longest prompt has
+    ``prompt_tokens``, the others an even spread below it), ``new_tokens`` each, greedy and seeded
+    sampling, joining at different steps. The defaults give 40 scored tokens, and a 70-token
+    prompt spans two 64-position KV chunks (prefill and decode cross a chunk boundary)."""
+    if min(requests, prompt_tokens, new_tokens) < 1:
+        raise ValueError("--requests, --prompt-tokens and --new-tokens must each be >= 1")
+    return tuple(
+        PromptSpec(
+            rid=f"r{i}",
+            prompt_len=max(1, prompt_tokens * ((i + requests - 1) % requests + 1) // requests),
+            max_new_tokens=new_tokens,
+            temperature=TEMPERATURES[i % len(TEMPERATURES)],
+            seed=i,
+            arrival_step=i % 3,
+        )
+        for i in range(requests)
+    )
+
+
+DEFAULT_WORKLOAD = make_workload()
+
+# Named workload presets of ``contractgen parity --workload``: (requests, prompt tokens, new tokens).
+WORKLOADS: dict[str, tuple[int, int, int]] = {"default": (4, 70, 10)}

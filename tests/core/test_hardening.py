@@ -1,0 +1,190 @@
+"""Issue 12: hostile input exits 2 with ``file:line:col: field: message``, writes nothing, and
+never shows a traceback. Each test pins one finding of the issue."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from .helpers import V1_ID, V1_YAML, cli, files_under, make_project
+
+V2_ID = "qwen3_dense_true_on_policy_v2"
+PROBLEM = re.compile(r"^[^:\n]+:\d+:\d+: .+$")
+
+
+def _project_with(tmp_path: Path, old: str, new: str, config: str = "") -> Path:
+    root = make_project(tmp_path / "p", config=config)
+    path = root / "contracts" / f"{V1_ID}.yaml"
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+    return root
+
+
+def _assert_refused(root: Path, *args: str, where: str = "", field: str = "") -> str:
+    before = files_under(root)
+    result = cli("--root", root, *(args or ("generate",)))
+    assert result.exit_code == 2, (result.output, result.stderr, result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines and all(PROBLEM.match(line) for line in lines), result.stderr
+    if where:
+        assert any(line.startswith(where) for line in lines), result.stderr
+    if field:
+        assert any(f": {field}: " in line for line in lines), result.stderr
+    assert files_under(root) == before, "an invalid project must write nothing"
+    return result.stderr
+
+
+# --- sizes: bounded, and the tile-order proof iterates ---------------------------------------
+
+
+def test_long_tile_chain_does_not_recurse(tmp_path: Path) -> None:
+    # 256256 = 2002 tiles of 128: the TP=1 tree is a left fold 1001 deep (RecursionError before)
+    root = _project_with(tmp_path, "intermediate_size: 3072", "intermediate_size: 256256")
+    err = _assert_refused(root, field="model_profile.checkpoints.0.intermediate_size")
+    assert "TP=4" in err and "RecursionError" not in err
+
+
+def test_huge_tile_count_is_refused_not_built(tmp_path: Path) -> None:
+    root = _project_with(
+        tmp_path,
+        "matmul_k_block: 128",
+        "matmul_k_block: 1",
+    )
+    path = root / "contracts" / f"{V1_ID}.yaml"
+    path.write_text(
+        path.read_text().replace("intermediate_size: 3072", "intermediate_size: 16777216")
+    )
+    err = _assert_refused(root, field="model_profile.checkpoints.0.intermediate_size")
+    assert "more than 65536 tiles" in err
+
+
+@pytest.mark.parametrize("value", ["1000000000000000", "1" + "0" * 60])
+def test_sizes_are_bounded(tmp_path: Path, value: str) -> None:
+    root = _project_with(tmp_path, "vocab_size: 151936", f"vocab_size: {value}")
+    err = _assert_refused(
+        root, where=f"contracts/{V1_ID}.yaml:35:", field="model_profile.checkpoints.0.vocab_size"
+    )
+    assert "less than or equal to 16777216" in err
+
+
+# --- values YAML reads in surprising ways ------------------------------------------------------
+
+
+def test_yaml11_exponent_gets_a_hint(tmp_path: Path) -> None:
+    root = _project_with(tmp_path, "theta: 1000000.0", "theta: 1e6")
+    err = _assert_refused(
+        root, where=f"contracts/{V1_ID}.yaml:32:", field="model_profile.rope.theta"
+    )
+    assert "YAML 1.1" in err and "write 1.0e+6" in err
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_non_finite_floats_point_at_the_field(tmp_path: Path, value: str) -> None:
+    root = _project_with(tmp_path, "theta: 1000000.0", f"theta: {value}")
+    err = _assert_refused(
+        root, where=f"contracts/{V1_ID}.yaml:32:30:", field="model_profile.rope.theta"
+    )
+    assert "finite" in err
+
+
+# --- supersedes ------------------------------------------------------------------------------
+
+
+def test_contract_superseding_itself_is_refused_at_its_line(tmp_path: Path) -> None:
+    root = _project_with(tmp_path, "supersedes: null", f"supersedes: {V1_ID}")
+    err = _assert_refused(root, "list", where=f"contracts/{V1_ID}.yaml:14:1:", field="supersedes")
+    assert "cannot supersede itself" in err
+
+
+def test_two_contract_supersedes_cycle_is_refused(tmp_path: Path) -> None:
+    root = _project_with(tmp_path, "supersedes: null", f"supersedes: {V2_ID}")
+    err = _assert_refused(root, "list", field="supersedes")
+    assert f"contracts/{V1_ID}.yaml:14:1:" in err and f"contracts/{V2_ID}.yaml:13:1:" in err
+    assert "cycle" in err
+    result = cli("--root", root, "breaking", "--against", root / "contracts")
+    assert result.exit_code == 2, result.output
+
+
+def test_unknown_supersedes_points_at_its_line(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    path = root / "contracts" / f"{V2_ID}.yaml"
+    path.write_text(path.read_text().replace(f"supersedes: {V1_ID}", "supersedes: nope_v1"))
+    _assert_refused(root, "list", where=f"contracts/{V2_ID}.yaml:13:1:", field="supersedes")
+
+
+# --- the contracts folder ------------------------------------------------------------------
+
+
+def test_fifo_named_yaml_does_not_hang(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    os.mkfifo(root / "contracts" / "x.yaml")
+    err = _assert_refused(root, where="contracts/x.yaml:1:1:")
+    assert "not a regular file" in err
+
+
+def test_yml_files_are_not_silently_ignored(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    (root / "contracts" / "foo_v1.yml").write_bytes(V1_YAML.read_bytes())
+    err = _assert_refused(root, "list", where="contracts/foo_v1.yml:1:1:")
+    assert "rename it to foo_v1.yaml" in err
+
+
+# --- contractgen.toml ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generated", [".", "..", "/tmp", "docs", "contracts", "a/../b"])
+def test_generated_dir_must_be_a_folder_of_its_own(tmp_path: Path, generated: str) -> None:
+    root = make_project(tmp_path / "p", config=f'# project\ngenerated = "{generated}"\n')
+    (root / "docs").mkdir()
+    (root / "docs" / "guide.md").write_text("a file contractgen did not write\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    verbs = ("generate",) if generated in ("docs", "contracts") else ("generate", "check")
+    for verb in verbs:
+        err = _assert_refused(root, verb, where="contractgen.toml:2:1:", field="generated")
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_generate_never_deletes_a_file_without_the_header(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    assert cli("--root", root, "generate").exit_code == 0
+    stray = root / "generated" / "notes.txt"
+    stray.write_text("mine\n")
+    err = _assert_refused(root, "generate", field="generated")
+    assert "notes.txt" in err and stray.read_text() == "mine\n"
+
+
+def test_generated_dir_symlinked_out_of_the_project_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = make_project(tmp_path / "p")
+    (root / "generated").symlink_to(outside)
+    _assert_refused(root, "generate", field="generated")
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "where", "field"),
+    [
+        ("targets = 5\n", "contractgen.toml:1:1:", "targets"),
+        ("generated = 3\n", "contractgen.toml:1:1:", "generated"),
+        ("contracts = []\n", "contractgen.toml:1:1:", "contracts"),
+        ("[targets.sglang]\npackage = 7\n", "contractgen.toml:2:1:", "targets.sglang.package"),
+        ("[targets.sglang]\ninit = 'no'\n", "contractgen.toml:2:1:", "targets.sglang.init"),
+        ("[targets.vllm]\n", "contractgen.toml:1:1:", "targets.vllm"),
+        ("colour = 1\n", "contractgen.toml:1:1:", "colour"),
+        ("generated = [\n", "contractgen.toml:", ""),
+    ],
+)
+def test_bad_config_values_name_the_key(
+    tmp_path: Path, config: str, where: str, field: str
+) -> None:
+    root = make_project(tmp_path / "p", config=config)
+    for verb in ("list", "generate"):
+        _assert_refused(root, verb, where=where, field=field)

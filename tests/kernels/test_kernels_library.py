@@ -1,0 +1,97 @@
+"""One kernel library: the registry, the old import paths, and the bounded-memory reference whose
+bits equal the previous (expanded) formulation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from contractgen.adapters import kernels as K
+from contractgen.adapters.kernels import attention, logsoftmax, matmul, registry
+
+
+def _r(*shape, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def test_registry_picks_the_reference_on_cpu(monkeypatch):
+    monkeypatch.delenv(registry.ENV, raising=False)
+    assert registry.backend_for("cpu") == "torch"
+    assert registry.kernel("invariant_matmul", "cpu") is matmul.reference_matmul
+    assert registry.kernel("chunked_attention", "cpu") is attention.reference_attention
+
+
+def test_registry_names_the_valid_choices(monkeypatch):
+    monkeypatch.setenv(registry.ENV, "cutlass")
+    with pytest.raises(
+        ValueError, match=r"CONTRACTGEN_KERNEL_BACKEND='cutlass'.*\['torch', 'triton'\]"
+    ):
+        registry.backend_for("cpu")
+    monkeypatch.delenv(registry.ENV)
+    with pytest.raises(ValueError, match="kernel op 'softmax' has no 'torch' backend"):
+        registry.kernel("softmax", "cpu")
+
+
+def test_old_import_paths_are_the_same_modules():
+    import contractgen.adapters.sglang.kernels as old
+    from contractgen.adapters.sglang.kernels import matmul as old_matmul
+
+    assert old_matmul is matmul
+    assert old.invariant_matmul is K.invariant_matmul
+    assert old.all_reduce is K.all_reduce
+
+
+def _expanded_partials(x_MK, w_NK, k_block, acc):
+    """The formulation used until 2026-11-30: every GEMM a fixed 64 x k_block x 64 block on
+    operands expanded to M*N*K/64 elements."""
+    M, Kd = x_MK.shape
+    N = w_NK.shape[0]
+    T = math.ceil(Kd / k_block)
+    Mp, Np = math.ceil(M / 64) * 64, math.ceil(N / 64) * 64
+    w32 = F.pad(w_NK.float(), (0, T * k_block - Kd, 0, Np - N))
+    w_t = w32.view(Np // 64, 64, T, k_block).permute(2, 0, 3, 1)
+    x32 = F.pad(x_MK.float(), (0, T * k_block - Kd, 0, Mp - M))
+    x_t = x32.view(Mp // 64, 64, T, k_block).permute(2, 0, 1, 3)
+    nM, nN = Mp // 64, Np // 64
+    a = x_t.unsqueeze(2).expand(T, nM, nN, 64, k_block).reshape(-1, 64, k_block)
+    b = w_t.unsqueeze(1).expand(T, nM, nN, k_block, 64).reshape(-1, k_block, 64)
+    p = torch.bmm(a, b).view(T, nM, nN, 64, 64).permute(0, 1, 3, 2, 4)
+    return p.reshape(T, Mp, Np)[:, :M, :N].to(acc)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 256, 96), (70, 640, 200), (130, 4864, 64)])
+@pytest.mark.parametrize("order", ["sglang_first_level", "binary"])
+def test_streamed_matmul_keeps_the_expanded_bits(kp, m, k, n, order):
+    x, w = _r(m, k), _r(n, k, seed=1)
+    old = matmul.combine_tiles(list(_expanded_partials(x, w, 128, torch.bfloat16)), order)
+    assert torch.equal(K.invariant_matmul(x, w, kp, tile_order=order), old.to(torch.bfloat16))
+
+
+def test_no_weight_copy_outlives_a_call(kp):
+    w = _r(64, 256)
+    K.invariant_matmul(_r(3, 256), w, kp)
+    assert not hasattr(w, "_contractgen_tiles")
+
+
+def test_attention_query_blocks_do_not_change_bits(kp, monkeypatch):
+    L, H, KVH, D = 90, 4, 2, 16
+    q, k, v = _r(L, H, D), _r(L, KVH, D, seed=1), _r(L, KVH, D, seed=2)
+    whole = K.chunked_attention(q, k, v, torch.arange(L), kp)
+    monkeypatch.setattr(attention, "_BLOCK_ELEMENTS", H * kp.attention_kv_chunk * D * 7)
+    assert torch.equal(K.chunked_attention(q, k, v, torch.arange(L), kp), whole)
+    assert torch.equal(K.chunked_attention(q[-1:], k, v, torch.tensor([L - 1]), kp)[0], whole[-1])
+
+
+def test_logprob_row_blocks_and_fused_lm_head_keep_bits(kp, monkeypatch):
+    T, Hd, V = 40, 128, 1000
+    h, w = _r(T, Hd), _r(V, Hd, seed=1)
+    ids = torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(3))
+    logits = K.invariant_matmul(h, w, kp)
+    whole = K.token_logprobs(logits, ids, kp, V)
+    monkeypatch.setattr(logsoftmax, "_BLOCK_ELEMENTS", V * 6)
+    assert torch.equal(K.token_logprobs(logits, ids, kp, V), whole)
+    assert torch.equal(logsoftmax.lm_head_token_logprobs(h, w, ids, kp, V), whole)

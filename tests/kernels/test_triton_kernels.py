@@ -1,0 +1,125 @@
+"""The Triton backend's invariances, each next to a twin showing the stock op lacks them.
+
+On a CUDA device these run the compiled kernels (``gpu``); without one, Triton's interpreter runs
+the same kernels on CPU at small shapes (CI). Bits are compared within the backend only (parity is
+per device); the interpreter's float32 dot stands in for the tensor-core dot.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined
+pytest.importorskip("triton")
+
+from contractgen.adapters.kernels import tree_sum  # noqa: E402
+from contractgen.adapters.kernels.attention import reference_attention  # noqa: E402
+from contractgen.adapters.kernels.triton import attention as tatt  # noqa: E402
+from contractgen.adapters.kernels.triton import matmul as tmm  # noqa: E402
+
+pytestmark = [pytest.mark.gpu] if CUDA else []
+DEV = "cuda" if CUDA else "cpu"
+BF = torch.bfloat16
+
+
+def _r(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(BF).to(DEV)
+
+
+def _split_k(x, w, kp, tp, mm):
+    """Row-parallel: each rank's K slice in the accumulation dtype, then the fixed tree."""
+    kk = x.shape[1] // tp
+    acc = getattr(torch, kp.matmul_accumulation_dtype)
+    parts = [
+        mm(x[:, i * kk : (i + 1) * kk].contiguous(), w[:, i * kk : (i + 1) * kk].contiguous()).to(
+            acc
+        )
+        for i in range(tp)
+    ]
+    return tree_sum(parts).to(x.dtype)
+
+
+@pytest.mark.parametrize("m,k,n", [(3, 640, 200), (130, 1024, 130)])
+def test_triton_matmul_batch_and_decode_invariant(kp, m, k, n, monkeypatch):
+    x, w = _r(m, k), _r(n, k, seed=1)
+    full = tmm.triton_matmul(x, w, kp)
+    for i in (0, m // 2, m - 1):  # one row: the small-M (per-run) launch
+        assert torch.equal(tmm.triton_matmul(x[i : i + 1], w, kp)[0], full[i])
+    other = torch.cat([_r(5, k, seed=7), x[m // 2 : m // 2 + 1]])
+    assert torch.equal(tmm.triton_matmul(other, w, kp)[-1], full[m // 2])
+    monkeypatch.setattr(tmm, "_programs", lambda device: 10_000)  # force the per-run launch
+    assert torch.equal(tmm.triton_matmul(x, w, kp), full)
+    monkeypatch.setattr(tmm, "_programs", lambda device: 1)  # one persistent program
+    assert torch.equal(tmm.triton_matmul(x, w, kp), full)
+
+
+def test_twin_stock_matmul_is_not_batch_invariant():
+    """cuBLAS / CPU BLAS: some row alone differs from the same row inside a larger batch."""
+    x, w = _r(256, 2048), _r(512, 2048, seed=1)
+    full = x @ w.T if CUDA else (x.float() @ w.float().T)
+    alone = [(x[i : i + 1] @ w.T) if CUDA else (x[i : i + 1].float() @ w.float().T) for i in (0, 7)]
+    assert any(not torch.equal(a[0], full[i]) for a, i in zip(alone, (0, 7), strict=True))
+
+
+@pytest.mark.parametrize("k,tp", [(1024, 2), (2432 * 2, 2), (2048, 4)])
+def test_triton_matmul_tp_split_equals_tp1(kp, k, tp):
+    x, w = _r(9, k), _r(64, k, seed=1)
+    acc = getattr(torch, kp.matmul_accumulation_dtype)
+    split = _split_k(x, w, kp, tp, lambda a, b: tmm.triton_matmul(a, b, kp, out_dtype=acc))
+    assert torch.equal(split, tmm.triton_matmul(x, w, kp))
+
+
+def test_twin_stock_matmul_tp_split_differs(kp):
+    x, w = _r(16, 4864), _r(128, 4864, seed=1)
+    split = _split_k(x, w, kp, 2, lambda a, b: a @ b.T)
+    assert not torch.equal(split, x @ w.T)
+
+
+def _qkv(L, H=4, KVH=2, D=32):
+    return _r(L, H, D), _r(L, KVH, D, seed=1), _r(L, KVH, D, seed=2)
+
+
+def test_triton_attention_prefill_decode_packed_invariant(kp):
+    L = 150
+    q, k, v = _qkv(L)
+    pos = torch.arange(L, device=DEV)
+    full = tatt.triton_attention(q, k, v, pos, kp)
+    for p in (0, 63, 64, L - 1):  # one decode step against the cache of keys 0..p
+        got = tatt.triton_attention(q[p : p + 1], k[: p + 1], v[: p + 1], pos[p : p + 1], kp)
+        assert torch.equal(got[0], full[p])
+    assert torch.equal(tatt.triton_attention(q[:70], k[:70], v[:70], pos[:70], kp), full[:70])
+    cu = torch.tensor([0, 70, 70 + L])
+    packed = tatt.triton_attention(
+        torch.cat([q[:70], q]),
+        torch.cat([k[:70], k]),
+        torch.cat([v[:70], v]),
+        torch.cat([pos[:70], pos]),
+        kp,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+    )
+    assert torch.equal(packed[70:], full)
+
+
+def test_triton_attention_is_close_to_the_reference(kp):
+    q, k, v = _qkv(100)
+    pos = torch.arange(100, device=DEV)
+    got = tatt.triton_attention(q, k, v, pos, kp).float()
+    ref = reference_attention(q, k, v, pos, kp).float()
+    assert (got - ref).norm() / ref.norm() < 1e-2
+
+
+def test_twin_other_kv_chunking_differs(kp):
+    """The bits follow the contract's chunking: another chunk size (a split-KV kernel tuned
+    differently for decode) changes them."""
+    q, k, v = _qkv(150)
+    pos = torch.arange(150, device=DEV)
+    a = tatt.triton_attention(q, k, v, pos, kp)
+    b = tatt.triton_attention(q, k, v, pos, kp, kv_chunk=2 * kp.attention_kv_chunk)
+    assert not torch.equal(a, b)
