@@ -26,6 +26,7 @@ COMMANDS = (
     "parity",
     "breaking",
     "new",
+    "add_checkpoint",
     "plan",
     "handshake",
     "adopt",
