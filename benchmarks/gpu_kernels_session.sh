@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The kernel-library GPU session (issue 10), run on a lent H200 from a copy of the worktree:
-# gpu-marked kernel tests, the benchmark table (bench_kernels.py), the parity gate on CUDA.
+# gpu-marked kernel tests, the benchmark table (bench_kernels.py), on two GPUs the tree all-reduce
+# vs NCCL (bench_allreduce.py), the parity gate on CUDA.
 # Expects the cp312 wheels (megatron-core, pydantic, ...) in ${WHL:-.whl}/ and, optionally, a
 # scratch copy of SGLang's tp_invariant_ops.py at $SGL (never committed). Writes under $OUT.
 set -uo pipefail
@@ -8,7 +9,7 @@ export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 WHL=${WHL:-.whl}
-SECTIONS=${SECTIONS:-linear,memory,attention,rollout}
+SECTIONS=${SECTIONS:-attention,memory,rollout,linear}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WHL"/*.whl || exit 1
 export PYTHONPATH=/tmp/site
@@ -19,7 +20,11 @@ SG=()
 [ -n "${SGL:-}" ] && [ -f "$SGL" ] && SG=(--sglang "$SGL")
 timeout "${BENCH_TIMEOUT:-330}" python3 benchmarks/bench_kernels.py --device cuda --sections "$SECTIONS" "${SG[@]}" \
   --json "$OUT/kernels_h200.json" 2>&1 | tee "$OUT/bench.log" | grep -v '^{'
-if [ -n "${PARITY:-1}" ]; then
-  timeout 150 contractgen parity --device cuda --contract qwen3_dense_true_on_policy_v1 --layouts tp1 --quiet \
-    --json "$OUT/parity_v1_cuda_tp1_triton.json" 2>&1 | tee "$OUT/parity.txt" | grep -v -i warn
+NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+if [ "$NGPU" -ge 2 ]; then
+  timeout 120 python3 benchmarks/bench_allreduce.py --world 2 --json "$OUT/allreduce_tp2.json" 2>&1 | tail -n 12 | tee "$OUT/allreduce.log"
 fi
+LAYOUTS=${LAYOUTS:-tp1}
+[ "$NGPU" -ge 2 ] && LAYOUTS=${LAYOUTS_2GPU:-tp1,tp2,pp2,cp2}
+timeout "${PARITY_TIMEOUT:-240}" contractgen parity --device cuda --contract qwen3_dense_true_on_policy_v1 \
+  --layouts "$LAYOUTS" --quiet --json "$OUT/parity_v1_cuda_triton.json" 2>&1 | tee "$OUT/parity.txt" | grep -v -i warn

@@ -266,7 +266,7 @@ def _session_worker(rank: int, job: _Job, commands: Any, results: Any) -> None:
         while (command := commands.get()) is not None:
             sequences, run = command
             try:
-                from contractgen.adapters.sglang.kernels.planted import planted
+                from contractgen.adapters.kernels.planted import planted
 
                 step = runtime.stage_grads if run.grads else runtime.stage_logprobs
                 with planted(run.planted_bugs):

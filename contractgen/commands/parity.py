@@ -128,7 +128,7 @@ def command(
         weights = random_weights(arch, seed=0)
     else:
         weights = str(checkpoint)
-    from ..adapters.sglang.kernels.planted import BUGS
+    from ..adapters.kernels.planted import BUGS
 
     if unknown := sorted(set(plant_bugs) - set(BUGS)):
         fail(f"error: --plant-bug {unknown[0]!r}: unknown; known: {', '.join(sorted(BUGS))}")

@@ -68,7 +68,7 @@ class SharedBug:
 
 
 def shared_bugs() -> list[SharedBug]:
-    from ..adapters.sglang.kernels.planted import BUGS
+    from ..adapters.kernels.planted import BUGS
 
     return [SharedBug(b) for b in sorted(BUGS)]
 

@@ -95,7 +95,7 @@ def _prompts(workload: Sequence[PromptSpec], vocab_size: int) -> list[list[int]]
 
 
 def _run(job: RolloutJob, group=None, device: str | None = None) -> RolloutResult:
-    from ..adapters.sglang.kernels.planted import planted
+    from ..adapters.kernels.planted import planted
 
     with planted(job.planted_bugs):
         return _run_unplanted(job, group, device)
