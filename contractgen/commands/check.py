@@ -52,10 +52,6 @@ def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
     sync or generate left behind, and sibling repos whose schema.py copies differ from each
     other. Files of the repo's own in a vendored package are listed as
     notes and left alone.
-
-    \b
-    Example:
-      contractgen check --repo sglang=../sglang --repo megatron=../Megatron-LM --json
     """
     targets = parse_repo_options(repos)
     for target, path in targets:
