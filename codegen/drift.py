@@ -144,6 +144,38 @@ def check_repo(
     return found
 
 
+# The one vendored file meant to be byte-identical in every sibling repo.
+SHARED_FILE = "schema.py"
+
+
+def check_siblings(repos: list[tuple[str, Path]], config: ProjectConfig) -> list[Drift]:
+    """Sibling repos' copies of the shared ``schema.py`` compared with each other.
+
+    Independent of what the contracts render now: two repos whose copies differ (the public
+    miles and Megatron copies differ by a blank line) are named, with the diff between them.
+    """
+    copies = []
+    for target, repo in repos:
+        rel = f"{config.package(target)}/{SHARED_FILE}"
+        path = safe_destination(repo, rel)
+        if path.is_file():
+            copies.append((target, repo, rel, path.read_bytes()))
+    found = []
+    for i, (t1, r1, rel1, c1) in enumerate(copies):
+        for t2, r2, rel2, c2 in copies[i + 1 :]:
+            if c1 != c2:
+                a, b = f"{t1}:{r1.as_posix()}/{rel1}", f"{t2}:{r2.as_posix()}/{rel2}"
+                lines = difflib.unified_diff(
+                    c1.decode("utf-8", "replace").splitlines(keepends=True),
+                    c2.decode("utf-8", "replace").splitlines(keepends=True),
+                    a,
+                    b,
+                )
+                diff = "".join(x if x.endswith("\n") else x + "\n" for x in lines)
+                found.append(Drift("sibling", f"{t1}/{t2}", f"{a} != {b}", rel2, diff))
+    return found
+
+
 def resolve_target_name(name: str) -> str:
     """Accept a target name (sglang, megatron, launcher) or its repo name (Megatron-LM, miles)."""
     if name in TARGETS:
@@ -160,6 +192,7 @@ __all__ = [
     "UnsafePathError",
     "check_generated",
     "check_repo",
+    "check_siblings",
     "extra_files",
     "leftover_temp_files",
     "target_files",

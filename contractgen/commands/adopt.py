@@ -50,10 +50,6 @@ def command(
     (-). Exit 1 (nothing written) when a public name would be dropped that no generated module
     provides and --allow-drop does not name; else syncs the package (the repo's own other files
     are left alone).
-
-    \b
-    Example:
-      contractgen adopt --repo sglang=../sglang --repo megatron=../Megatron-LM --dry-run
     """
     project = project_from(ctx)
     targets = parse_repo_options(repos)

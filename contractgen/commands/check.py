@@ -8,7 +8,13 @@ import sys
 import click
 
 from ..codegen.config import ConfigError
-from ..codegen.drift import check_generated, check_repo, extra_files, target_files
+from ..codegen.drift import (
+    check_generated,
+    check_repo,
+    check_siblings,
+    extra_files,
+    target_files,
+)
 from ..codegen.writer import UnsafePathError
 from ..schema.errors import ContractError
 from ._common import (
@@ -42,13 +48,10 @@ def _errors_as_json(exc: Exception) -> list[dict]:
 def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
     """Exit 0 when generated/ (and every --repo) matches what the contracts render, else 1.
 
-    Reports stale, missing and orphaned files with a unified diff, and temp files an interrupted
-    sync or generate left behind. Files of the repo's own in a vendored package are listed as
+    Reports stale, missing and orphaned files with a unified diff, temp files an interrupted
+    sync or generate left behind, and sibling repos whose schema.py copies differ from each
+    other. Files of the repo's own in a vendored package are listed as
     notes and left alone.
-
-    \b
-    Example:
-      contractgen check --repo sglang=../sglang --repo megatron=../Megatron-LM --json
     """
     targets = parse_repo_options(repos)
     for target, path in targets:
@@ -68,6 +71,7 @@ def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
             files = target_files(rendered, target, project.config)
             for rel in extra_files(files, path, project.config.package(target))[1]:
                 notes.append(f"{target}:{path.as_posix()}/{rel}")
+        drift += check_siblings(targets, project.config)
     except (ContractError, ConfigError, UnsafePathError) as exc:
         if not as_json:
             raise

@@ -275,3 +275,29 @@ def test_check_json_prints_errors_as_json(tmp_path: Path) -> None:
     (error,) = report["errors"]
     assert error["file"] == f"contracts/{V1_ID}.yaml" and error["line"] == 32
     assert error["field"] == "model_profile.rope.theta"
+
+
+def test_check_names_drift_between_sibling_copies(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    assert cli("--root", root, "generate").exit_code == 0
+    repos = {t: tmp_path / t for t in ("sglang", "megatron", "launcher")}
+    for path in repos.values():
+        path.mkdir()
+    args = [a for t, p in repos.items() for a in ("--repo", f"{t}={p}")]
+    assert cli("--root", root, "sync", *args).exit_code == 0
+    assert cli("--root", root, "check", *args).exit_code == 0
+    # as in the public stack: one copy with a blank line fewer after the imports
+    schema = repos["megatron"] / "megatron/core/true_on_policy/schema.py"
+    schema.write_text(
+        schema.read_text().replace("Literal\n\nSCHEMA_VERSION", "Literal\nSCHEMA_VERSION", 1)
+    )
+    result = cli("--root", root, "check", *args)
+    assert result.exit_code == 1
+    lines = [line for line in result.stdout.splitlines() if line.startswith("sibling: ")]
+    sglang = f"sglang:{repos['sglang'].as_posix()}/python/sglang/srt/true_on_policy/schema.py"
+    megatron = f"megatron:{repos['megatron'].as_posix()}/megatron/core/true_on_policy/schema.py"
+    launcher = f"launcher:{repos['launcher'].as_posix()}/miles/true_on_policy/schema.py"
+    assert lines == [
+        f"sibling: {sglang} != {megatron}",
+        f"sibling: {megatron} != {launcher}",
+    ], result.stdout
