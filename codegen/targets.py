@@ -1,4 +1,8 @@
-"""The three targets: one registry entry each, looked up by name.
+"""The three targets: one registry entry each, looked up by name or by role.
+
+A role says what a target does in a true-on-policy run: ``rollout`` (generates and scores
+sequences), ``trainer`` (recomputes logprobs and steps), ``launcher`` (renders the launch). The
+parity gate pairs the rollout target with the trainer target by role, never by name.
 
 A target names the sibling repository, where the vendored package lives in it by default, and the
 public class names its ``runtime_policy.py`` must keep so the generated module can replace the
@@ -8,6 +12,9 @@ hand-kept one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["rollout", "trainer", "launcher"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,7 @@ class Target:
     # it is the id string. Kept as the public repos have it.
     id_constant_is_object: bool
     summary: str
+    role: Role
     # Other names the public module gives its contract class (kept so imports keep working).
     contract_class_aliases: tuple[str, ...] = ()
     # DEFAULT_RUNTIME_POLICY (no contract active) values that are not False/None in the public
@@ -39,6 +47,7 @@ TARGETS: dict[str, Target] = {
             contract_class="SGLangTrueOnPolicyContract",
             id_constant_is_object=False,
             summary="SGLang rollout engine",
+            role="rollout",
         ),
         Target(
             name="megatron",
@@ -48,6 +57,7 @@ TARGETS: dict[str, Target] = {
             contract_class="MegatronTrueOnPolicyContract",
             id_constant_is_object=False,
             summary="Megatron trainer",
+            role="trainer",
             # The public default also has attention_backend="default"; ours keeps None, which
             # adapters/megatron looks up as stock attention.
             off_values=(("cast_qk_norm_input_before_weight_mul", True),),
@@ -60,6 +70,7 @@ TARGETS: dict[str, Target] = {
             contract_class="LauncherTrueOnPolicyContract",
             id_constant_is_object=True,
             summary="Miles launcher",
+            role="launcher",
             contract_class_aliases=("TrueOnPolicyContract",),
         ),
     )
@@ -80,3 +91,12 @@ def get_target(name: str) -> Target:
         return TARGETS[name]
     except KeyError:
         raise UnknownTargetError(name) from None
+
+
+def target_for_role(role: Role) -> Target:
+    """The one target with ``role``; a role with none or several is a registry bug, named."""
+    found = [t for t in TARGETS.values() if t.role == role]
+    if len(found) != 1:
+        roles = ", ".join(f"{t.name}={t.role}" for t in TARGETS.values())
+        raise LookupError(f"expected one target with role {role!r}, found {len(found)} ({roles})")
+    return found[0]
