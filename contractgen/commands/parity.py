@@ -16,6 +16,23 @@ DEFAULT_CONTRACT = "qwen3_dense_true_on_policy_v1"
 DEFAULT_LAYOUTS = "tp1,tp2,pp2,cp2"
 
 
+def _check_checkpoint(checkpoint: Path, profile) -> None:
+    """Exit 2 with one line when the checkpoint's config.json is unreadable or its model is not
+    one the contract's profile covers (before any worker starts; no weights are read)."""
+    from ..adapters.sglang.checkpoint import covered_dims, hf_config_fields, read_hf_config
+
+    where = checkpoint / "config.json"
+    try:
+        covered_dims(profile, hf_config_fields(read_hf_config(checkpoint)), where=str(where))
+    except json.JSONDecodeError as exc:
+        fail(f"error: {where}:{exc.lineno}:{exc.colno}: does not parse as JSON ({exc.msg})")
+    except KeyError as exc:
+        fail(f"error: {where}: missing key {exc.args[0]!r} (expected a Hugging Face config.json)")
+    except ValueError as exc:  # CheckpointError, or JSON that does not parse
+        text = str(exc)
+        fail(f"error: {text}" if text.startswith(str(checkpoint)) else f"error: {where}: {text}")
+
+
 @click.command("parity")
 @click.option(
     "--contract", "contract_id", default=DEFAULT_CONTRACT, show_default=True, help="Contract id."
@@ -127,7 +144,14 @@ def command(
         arch = ModelArch.from_profile(schema.model_profile_for(contract_id))
         weights = random_weights(arch, seed=0)
     else:
+        from ..adapters.sglang.checkpoint import CheckpointError, check_checkpoint
+
+        try:  # a checkpoint the profile does not cover: one line, exit 2
+            check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
+        except CheckpointError as exc:
+            fail(f"error: {exc}")
         weights = str(checkpoint)
+        _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
     from ..adapters.kernels.planted import BUGS
 
     if unknown := sorted(set(plant_bugs) - set(BUGS)):

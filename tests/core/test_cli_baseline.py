@@ -16,6 +16,7 @@ FLAGS = {
     "generate": ["--help"],
     "check": ["--repo NAME=PATH", "--json", "--help"],
     "sync": ["--repo NAME=PATH", "--dry-run", "--force", "--help"],
+    "add-checkpoint": ["--name TEXT", "--tp-sizes", "--dry-run", "--help"],
 }
 GLOBAL_FLAGS = ["--version", "--root DIRECTORY", "--contracts DIRECTORY", "--help"]
 
@@ -78,7 +79,7 @@ def test_exit_0_ok() -> None:
 def test_exit_1_drift(project: Path) -> None:
     result = cli("--root", project, "check")  # generated/ not written yet
     assert result.exit_code == 1
-    assert result.output.count("missing: generated/") == 9
+    assert result.output.count("missing: generated/") == 12
 
 
 @pytest.mark.parametrize(

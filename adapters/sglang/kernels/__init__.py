@@ -11,6 +11,7 @@ from contractgen.adapters.kernels import __all__  # noqa: F401
 
 _MOVED = (
     "_dtypes",
+    "planted",
     "all_reduce",
     "attention",
     "linear",
