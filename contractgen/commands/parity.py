@@ -115,6 +115,7 @@ def command(
         "ignore:Apex is not installed:UserWarning,"
         "ignore:Transformer Engine and Apex are not installed:UserWarning",
     )
+    from ..parity import ROLLOUT
     from ..parity.gate import check_layouts, passed, run_gate, table
     from ..parity.harness import GateConfig
     from ..parity.layouts import (
@@ -130,7 +131,7 @@ def command(
     from ..vendored import load_target
 
     use_project_from(ctx)
-    schema = load_target("sglang").schema
+    schema = load_target(ROLLOUT).schema
     schema.get_contract_schema(contract_id)  # unknown ids: exit 2 listing the known ones
     if device == "cuda":
         import torch
