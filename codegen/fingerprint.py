@@ -1,7 +1,11 @@
 """Fingerprints and the generated-file header.
 
-A contract's fingerprint is the sha256 of its canonical JSON (sorted keys, no whitespace, UTF-8),
-leaving out ``description``, which documents and does not change numerics. A generated file's
+A contract has two kinds of fingerprint. Its numerics fingerprint is the sha256 of its canonical
+JSON (sorted keys, no whitespace, UTF-8) leaving out ``description`` (documentation) and
+``runtime_policy``; each target's runtime policy has a fingerprint of its own. So adding a target
+to a shipped contract leaves the numerics fingerprint (what rollout and trainer agree on in the
+handshake) unchanged, while any change of identity, model profile, parallel support or kernel
+policy changes it. A generated file's
 header records the sha256 of its own body, so anyone holding the file (a sibling repo's CI
 without contractgen installed) can tell whether it was edited by hand.
 """
@@ -15,6 +19,7 @@ import re
 GENERATOR = "contractgen"
 GENERATOR_FORMAT = 1  # bump only when templates change what is generated
 DOC_ONLY_FIELDS = ("description",)
+PER_TARGET_FIELDS = ("runtime_policy",)  # fingerprinted per target, not in the numerics one
 _BODY_HASH = re.compile(rb"^# sha256: ([0-9a-f]{64})\n", re.MULTILINE)
 
 
@@ -23,9 +28,19 @@ def canonical_json(data: object) -> bytes:
 
 
 def contract_fingerprint(data: dict) -> str:
-    """sha256 of a contract's canonical data, documentation fields left out."""
-    payload = {k: v for k, v in data.items() if k not in DOC_ONLY_FIELDS}
+    """The numerics fingerprint: sha256 of a contract's canonical data, documentation and
+    per-target runtime policies left out."""
+    left_out = DOC_ONLY_FIELDS + PER_TARGET_FIELDS
+    payload = {k: v for k, v in data.items() if k not in left_out}
     return "sha256:" + hashlib.sha256(canonical_json(payload)).hexdigest()
+
+
+def policy_fingerprints(data: dict) -> dict[str, str]:
+    """sha256 of each target's runtime policy (its canonical JSON alone), by target name."""
+    return {
+        target: "sha256:" + hashlib.sha256(canonical_json(policy)).hexdigest()
+        for target, policy in sorted(data["runtime_policy"].items())
+    }
 
 
 def header(sources: list[str], fingerprints: dict[str, str], body: bytes) -> bytes:

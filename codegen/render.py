@@ -22,7 +22,7 @@ from ..schema.models import (
 )
 from ..schema.models import FromConfig as FromConfigRule
 from .config import ProjectConfig
-from .fingerprint import GENERATOR_FORMAT, contract_fingerprint, header
+from .fingerprint import GENERATOR_FORMAT, contract_fingerprint, header, policy_fingerprints
 from .literals import INDENT, py_literal, py_str
 from .public_api import (
     PUBLIC_CONTRACT_NAMES,
@@ -258,9 +258,10 @@ def _schema_context(contracts: list[LoadedContract]) -> dict:
         ],
         "ids_tuple": _seq([py_str(lc.id) for lc in contracts], "(", ")"),
         "kernel_fields": _field_docs(KernelPolicy),
-        "dims_fields": _field_docs(ModelDims),
+        "dims_fields": _field_docs(ModelDims, skip=("rope",)),
         "contract_data": py_literal(data),
         "fingerprints": py_literal({cid: contract_fingerprint(d) for cid, d in data.items()}),
+        "policy_fingerprints": py_literal({cid: policy_fingerprints(d) for cid, d in data.items()}),
         "superseded_by": py_literal(superseded_by),
     }
 

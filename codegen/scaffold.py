@@ -7,6 +7,8 @@ Pure: bytes in, bytes out; the ``new`` command does the checks that need the pro
 
 from __future__ import annotations
 
+import json
+
 import yaml
 
 from ..schema.loader import parse_contract
@@ -57,4 +59,78 @@ def scaffold(source: bytes, new_id: str, supersedes: str | None, file: str) -> b
     contract = parse_contract(result, file)
     if contract.id != new_id or contract.supersedes != supersedes:  # a text edit that missed
         raise ScaffoldError(f"{file}: could not set id and supersedes by editing the text")
+    return result
+
+
+def _scalar(value: object) -> str:
+    """A YAML flow scalar: plain where that reads back as the same string, else JSON-quoted."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    plain = text and text[0].isalnum() and all(ch.isalnum() or ch in "._-" for ch in text)
+    if plain and yaml.safe_load(text) == text:
+        return text
+    return json.dumps(text)
+
+
+def flow(value: object) -> str:
+    """``value`` (dicts, lists, scalars) as one YAML flow expression, keys in the given order."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(flow(v) for v in value) + "]"
+    if value is None:
+        return "null"
+    return _scalar(value)
+
+
+def _wrapped_item(entry: dict, indent: int, width: int = 100) -> str:
+    """``- {k: v, …}`` as the contracts write checkpoints: wrapped at ``width``, continuation
+    lines aligned one column inside the brace."""
+    parts = [f"{k}: {flow(v)}" for k, v in entry.items()]
+    lines, line = [], " " * indent + "- {"
+    for i, part in enumerate(parts):
+        piece = part + ("}" if i == len(parts) - 1 else ",")
+        if line.endswith(("{", "\n")) or len(line) + 1 + len(piece) <= width:
+            line += ("" if line.endswith("{") else " ") + piece
+        else:
+            lines.append(line)
+            line = " " * (indent + 3) + piece
+    lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def add_checkpoints(source: bytes, entries: list[dict], file: str) -> bytes:
+    """``source`` with ``entries`` appended to ``model_profile.checkpoints`` (text edit: comments
+    and formatting kept); raises ContractError if the result does not validate."""
+    text = source.decode("utf-8")
+    fields = _top_level(text)
+    profile = fields.get("model_profile", (None, None))[1]
+    if not isinstance(profile, yaml.MappingNode):
+        raise ScaffoldError(f"{file}: no top-level 'model_profile' mapping")
+    seq = next(
+        (
+            v
+            for k, v in profile.value
+            if isinstance(k, yaml.ScalarNode) and k.value == "checkpoints"
+        ),
+        None,
+    )
+    if not isinstance(seq, yaml.SequenceNode) or seq.flow_style or not seq.value:
+        raise ScaffoldError(f"{file}: model_profile.checkpoints is not a block list to append to")
+    last = seq.value[-1]
+    indent = seq.start_mark.column  # the column of the first '-'
+    line_end = text.find("\n", last.end_mark.index)
+    at = len(text) if line_end < 0 else line_end + 1
+    prefix = "" if line_end >= 0 else "\n"
+    added = "".join(_wrapped_item(e, indent) for e in entries)
+    result = (text[:at] + prefix + added + text[at:]).encode("utf-8")
+    contract = parse_contract(result, file)
+    names = [d.name for d in contract.model_profile.checkpoints]
+    if names[-len(entries) :] != [e["name"] for e in entries]:  # a text edit that missed
+        raise ScaffoldError(
+            f"{file}: could not append to model_profile.checkpoints by editing text"
+        )
     return result

@@ -1,4 +1,8 @@
-"""The three targets: one registry entry each, looked up by name.
+"""The three targets: one registry entry each, looked up by name or by role.
+
+A role says what a target does in a true-on-policy run: ``rollout`` (generates and scores
+sequences), ``trainer`` (recomputes logprobs and steps), ``launcher`` (renders the launch). The
+parity gate pairs the rollout target with the trainer target by role, never by name.
 
 A target names the sibling repository, where the vendored package lives in it by default, and the
 public class names its ``runtime_policy.py`` must keep so the generated module can replace the
@@ -8,6 +12,9 @@ hand-kept one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["rollout", "trainer", "launcher"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,7 @@ class Target:
     # it is the id string. Kept as the public repos have it.
     id_constant_is_object: bool
     summary: str
+    role: Role
     # Other names the public module gives its contract class (kept so imports keep working).
     contract_class_aliases: tuple[str, ...] = ()
     # DEFAULT_RUNTIME_POLICY (no contract active) values that are not False/None in the public
@@ -44,6 +52,7 @@ TARGETS: dict[str, Target] = {
             id_constant_is_object=False,
             summary="SGLang rollout engine",
             config_param="server_args",
+            role="rollout",
         ),
         Target(
             name="megatron",
@@ -53,6 +62,7 @@ TARGETS: dict[str, Target] = {
             contract_class="MegatronTrueOnPolicyContract",
             id_constant_is_object=False,
             summary="Megatron trainer",
+            role="trainer",
             # With no contract: Megatron's own attention ("default", as the public module has it).
             off_values=(
                 ("attention_backend", "default"),
@@ -67,6 +77,7 @@ TARGETS: dict[str, Target] = {
             contract_class="LauncherTrueOnPolicyContract",
             id_constant_is_object=True,
             summary="Miles launcher",
+            role="launcher",
             contract_class_aliases=("TrueOnPolicyContract",),
             lookup_param="name",
         ),
@@ -88,3 +99,12 @@ def get_target(name: str) -> Target:
         return TARGETS[name]
     except KeyError:
         raise UnknownTargetError(name) from None
+
+
+def target_for_role(role: Role) -> Target:
+    """The one target with ``role``; a role with none or several is a registry bug, named."""
+    found = [t for t in TARGETS.values() if t.role == role]
+    if len(found) != 1:
+        roles = ", ".join(f"{t.name}={t.role}" for t in TARGETS.values())
+        raise LookupError(f"expected one target with role {role!r}, found {len(found)} ({roles})")
+    return found[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 SCHEMA_VERSION = 1
 
@@ -77,6 +77,14 @@ class RopeSpec(_Model):
     scaling: RopeScaling | None = Field(default=None, description="HF-style rope_scaling, if any.")
 
 
+class CheckpointRope(_Model):
+    """A checkpoint's own RoPE, overriding the profile's (Llama 3.0 and 3.1 share a family but not
+    a frequency schedule)."""
+
+    theta: Annotated[float, Field(gt=0)] = Field(description="RoPE base frequency.")
+    scaling: RopeScaling | None = Field(default=None, description="HF-style rope_scaling, if any.")
+
+
 class ModelDims(_Model):
     """Dimensions of one known checkpoint (or of the tiny reference model)."""
 
@@ -97,6 +105,27 @@ class ModelDims(_Model):
             "dimensions rule some out (e.g. a K that does not split into whole tiles)."
         ),
     )
+    pp_sizes: tuple[PositiveInt, ...] | None = Field(
+        default=None,
+        description=(
+            "Subset of the contract's PP sizes this checkpoint supports, when its layer count rules "
+            "some out (e.g. 126 layers and PP=4)."
+        ),
+    )
+    rope: CheckpointRope | None = Field(
+        default=None,
+        description="This checkpoint's RoPE (theta, scaling) when it differs from model_profile.rope.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_optional(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # A checkpoint without its own rope / pp_sizes serialises as before those fields existed,
+        # so the canonical data (and the fingerprint) of contracts that do not use them is unchanged.
+        data = handler(self)
+        for key in ("pp_sizes", "rope"):
+            if key in data and data[key] is None:
+                del data[key]
+        return data
 
 
 class Architectures(_Model):

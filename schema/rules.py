@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from ..adapters.families import FAMILIES, Family
 from .models import Contract, ModelDims, When
 from .tile_order import split_problem
 
@@ -29,6 +30,41 @@ def _dims_entries(c: Contract) -> Iterator[tuple[str, ModelDims]]:
     for i, dims in enumerate(c.model_profile.checkpoints):
         yield f"model_profile.checkpoints.{i}", dims
     yield "model_profile.reference_model", c.model_profile.reference_model
+
+
+def check_family(c: Contract) -> Iterator[Finding]:
+    """The family is a known one, and the profile states what that family is."""
+    family = FAMILIES.get(c.family)
+    if family is None:
+        yield (
+            "family",
+            f"unknown model family {c.family!r}; known: {', '.join(FAMILIES)} "
+            "(a family is one module in adapters/families/)",
+        )
+        return
+    mp = c.model_profile
+    if mp.architectures.hf not in family.hf_architectures:
+        yield (
+            "model_profile.architectures.hf",
+            f"{family.name} models are {', '.join(family.hf_architectures)} "
+            f"(got {mp.architectures.hf})",
+        )
+    if mp.qk_norm != family.qk_norm:
+        yield (
+            "model_profile.qk_norm",
+            f"must be {str(family.qk_norm).lower()}: {family.name} "
+            f"{'has' if family.qk_norm else 'has no'} QK-norm",
+        )
+    if mp.attention_bias and not family.attention_bias:
+        yield "model_profile.attention_bias", f"must be false: {family.name} has no attention bias"
+    if not family.tied_head:
+        for path, d in _dims_entries(c):
+            if d.tie_word_embeddings:
+                yield f"{path}.tie_word_embeddings", f"{family.name} has no tied LM head"
+
+
+def _family(c: Contract) -> Family | None:
+    return FAMILIES.get(c.family)
 
 
 def check_unique_sizes(c: Contract) -> Iterator[Finding]:
@@ -72,6 +108,7 @@ def check_dims(c: Contract) -> Iterator[Finding]:
     """Each checkpoint's dims split evenly, and into whole tile subtrees, at every allowed TP."""
     kp = c.kernel_policy
     tree = kp.all_reduce == "fixed_tree"
+    family = _family(c)
     for path, d in _dims_entries(c):
         if d.num_attention_heads % d.num_kv_heads:
             yield (
@@ -106,11 +143,8 @@ def check_dims(c: Contract) -> Iterator[Finding]:
             for field, bad, message in checks:
                 if bad:
                     found.setdefault(field, message)
-            row_parallel = {
-                "num_attention_heads": d.num_attention_heads * d.head_dim,
-                "intermediate_size": d.intermediate_size,
-            }
-            for field, k in row_parallel.items():
+            row_parallel = family.row_parallel(d) if family is not None else ()
+            for _, field, k in row_parallel:
                 why = split_problem(k, kp.matmul_k_block, tp, kp.matmul_tile_order)
                 if why:
                     found.setdefault(field, why)
@@ -136,14 +170,23 @@ def check_vocab_block(c: Contract) -> Iterator[Finding]:
 
 
 def check_layers_vs_pp(c: Contract) -> Iterator[Finding]:
+    allowed = c.parallel.training.pp
     for path, d in _dims_entries(c):
-        for pp in c.parallel.training.pp:
+        if d.pp_sizes is not None:
+            extra = sorted(set(d.pp_sizes) - set(allowed))
+            if extra:
+                yield (
+                    f"{path}.pp_sizes",
+                    f"lists PP sizes the contract does not allow: {extra} (allowed: {list(allowed)})",
+                )
+        for pp in allowed if d.pp_sizes is None else sorted(set(allowed) & set(d.pp_sizes)):
             if d.num_layers % pp:
                 yield (
                     f"{path}.num_layers",
                     f"PP={pp} must divide num_layers (got {d.num_layers}); "
                     f"allowed PP sizes that divide it: "
-                    f"{[p for p in range(1, d.num_layers + 1) if d.num_layers % p == 0][:6]}",
+                    f"{[p for p in range(1, d.num_layers + 1) if d.num_layers % p == 0][:6]}; "
+                    "or list the PP sizes this checkpoint supports in pp_sizes",
                 )
 
 
@@ -226,6 +269,7 @@ def check_unobservable_paths(c: Contract) -> Iterator[Finding]:
 
 
 RULES: tuple[Callable[[Contract], Iterator[Finding]], ...] = (
+    check_family,
     check_unique_sizes,
     check_tree_needs_power_of_two,
     check_dims,

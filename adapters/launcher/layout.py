@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..families import Family, family_for
 from . import generated
 
 REFERENCE_MODEL = "reference"
@@ -51,6 +52,12 @@ class Subject:
     support: Any  # schema.ParallelSupport
     kernel: Any  # schema.KernelPolicy
     layout: Layout
+    family: Family | None = None  # which linears are row-parallel; None: the contract's family
+
+    def __post_init__(self) -> None:
+        if self.family is None:
+            name = generated.schema().model_profile_for(self.contract_id).family
+            object.__setattr__(self, "family", family_for(name))
 
 
 @dataclass(frozen=True)
@@ -132,11 +139,11 @@ TILE_RUN_LENGTH: Mapping[str, Callable[[int], int]] = {
 }
 
 
-def _row_parallel_k(dims: Any) -> tuple[tuple[str, int], ...]:
-    """The K (reduction) size of each row-parallel linear: the ones TP splits along K."""
-    return (
-        ("o_proj", dims.num_attention_heads * dims.head_dim),
-        ("down_proj", dims.intermediate_size),
+def _row_parallel_k(s: Subject) -> tuple[tuple[str, int], ...]:
+    """The K (reduction) size of each row-parallel linear (the family says which): TP splits K."""
+    layers = s.family.layer_weights
+    return tuple(
+        (layers[role].hf_name.split(".")[-2], k) for role, _, k in s.family.row_parallel(s.dims)
     )
 
 
@@ -193,7 +200,7 @@ def _model_tp_rules() -> tuple[Callable[[Subject, int], str | None], ...]:
         return None if i % t == 0 else f"does not divide intermediate_size {i}"
 
     def tiles(s: Subject, t: int) -> str | None:
-        problems = [_tile_split(n, k, t, s.kernel) for n, k in _row_parallel_k(s.dims)]
+        problems = [_tile_split(n, k, t, s.kernel) for n, k in _row_parallel_k(s)]
         return "; ".join(p for p in problems if p) or None
 
     def vocab(s: Subject, t: int) -> str | None:
@@ -221,6 +228,11 @@ def _dp_allowed(attr: str, path: str) -> Callable[[Subject, int], str | None]:
         return f"the contract does not allow data parallelism here ({path}: false)"
 
     return rule
+
+
+def _pp_checkpoint(s: Subject, p: int) -> str | None:
+    sizes = s.dims.pp_sizes
+    return None if sizes is None or p in sizes else f"not in {s.dims.name}'s pp_sizes {list(sizes)}"
 
 
 def _pp_layers(s: Subject, p: int) -> str | None:
@@ -304,7 +316,7 @@ AXES: tuple[Axis, ...] = (
     Axis(
         "--pp",
         lambda lay: lay.pp,
-        (_allowed("train_pp_sizes", "parallel.training.pp"), _pp_layers),
+        (_allowed("train_pp_sizes", "parallel.training.pp"), _pp_checkpoint, _pp_layers),
         lambda s: s.support.train_pp_sizes,
     ),
     Axis(

@@ -1,4 +1,4 @@
-"""Hugging Face Qwen3 weights -> one megatron-core model stage, per TP rank.
+"""Hugging Face weights (names from the model family) -> one megatron-core model stage, per TP rank.
 
 The same HF-named weights the rollout loads (``model.load_checkpoint`` reads a checkpoint directory
 with the rollout's own reader; the default gate passes the rollout's in-memory random weights). Layouts: megatron's fused ``linear_qkv`` is, per query group,
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
+from contractgen.adapters.families import LAYER_PREFIX
 from contractgen.adapters.sglang.model import ModelArch
 
 
@@ -57,39 +58,32 @@ def megatron_stage_state_dict(
         if name in wanted:
             out[name] = value
 
-    embed = _rows(_pad_vocab(hf["model.embed_tokens.weight"], padded_vocab_size), tp_rank, tp_size)
+    spec = arch.spec
+    g = {role: w.hf_name for role, w in spec.model_weights.items()}
+    embed = _rows(_pad_vocab(hf[g["embed"]], padded_vocab_size), tp_rank, tp_size)
     put("embedding.word_embeddings.weight", embed)
-    head = hf.get("lm_head.weight", hf["model.embed_tokens.weight"])
+    head = hf.get(g["lm_head"], hf[g["embed"]])
     put("output_layer.weight", _rows(_pad_vocab(head, padded_vocab_size), tp_rank, tp_size))
-    put("decoder.final_layernorm.weight", hf["model.norm.weight"])
+    put("decoder.final_layernorm.weight", hf[g["final_norm"]])
 
     layers = getattr(model.decoder, "layers", [])
     for local, layer in enumerate(layers):
         i = layer.layer_number - 1  # global, 0-based
-        src = f"model.layers.{i}."
+        src = LAYER_PREFIX.format(i=i)
+        w = {role: hf.get(src + spec.hf_name) for role, spec in spec.layer_weights.items()}
         dst = f"decoder.layers.{local}."
-        qkv = fused_qkv(
-            hf[src + "self_attn.q_proj.weight"],
-            hf[src + "self_attn.k_proj.weight"],
-            hf[src + "self_attn.v_proj.weight"],
-            arch,
-        )
+        qkv = fused_qkv(w["q"], w["k"], w["v"], arch)
         put(dst + "self_attention.linear_qkv.weight", _rows(qkv, tp_rank, tp_size))
-        put(
-            dst + "self_attention.linear_proj.weight",
-            _cols(hf[src + "self_attn.o_proj.weight"], tp_rank, tp_size),
-        )
+        put(dst + "self_attention.linear_proj.weight", _cols(w["o"], tp_rank, tp_size))
         if arch.qk_norm:
-            put(dst + "self_attention.q_layernorm.weight", hf[src + "self_attn.q_norm.weight"])
-            put(dst + "self_attention.k_layernorm.weight", hf[src + "self_attn.k_norm.weight"])
-        put(dst + "input_layernorm.weight", hf[src + "input_layernorm.weight"])
-        put(dst + "pre_mlp_layernorm.weight", hf[src + "post_attention_layernorm.weight"])
-        gate = _rows(hf[src + "mlp.gate_proj.weight"], tp_rank, tp_size)
-        up = _rows(hf[src + "mlp.up_proj.weight"], tp_rank, tp_size)
+            put(dst + "self_attention.q_layernorm.weight", w["q_norm"])
+            put(dst + "self_attention.k_layernorm.weight", w["k_norm"])
+        put(dst + "input_layernorm.weight", w["input_norm"])
+        put(dst + "pre_mlp_layernorm.weight", w["post_norm"])
+        gate = _rows(w["gate"], tp_rank, tp_size)
+        up = _rows(w["up"], tp_rank, tp_size)
         put(dst + "mlp.linear_fc1.weight", torch.cat([gate, up], dim=0))
-        put(
-            dst + "mlp.linear_fc2.weight", _cols(hf[src + "mlp.down_proj.weight"], tp_rank, tp_size)
-        )
+        put(dst + "mlp.linear_fc2.weight", _cols(w["down"], tp_rank, tp_size))
 
     missing = sorted(wanted - set(out))
     if missing:

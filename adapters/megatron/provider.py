@@ -52,7 +52,7 @@ class SGLangSpecProvider(BackendSpecProvider):
 
     def layer_norm(self, rms_norm: bool = False, for_qk: bool = False) -> type:
         if not rms_norm:
-            raise ValueError("SGLangSpecProvider supports RMSNorm only (Qwen3 family)")
+            raise ValueError("SGLangSpecProvider supports RMSNorm only (the dense families)")
         return SGLangQKRMSNorm if for_qk else SGLangNorm
 
     def core_attention(self) -> type:
@@ -88,7 +88,8 @@ SPEC_PROVIDER_BY_USE_SGLANG_BACKEND: dict[bool, type[BackendSpecProvider]] = {
 
 
 def get_sglang_layer_spec(config: Any) -> ModuleSpec:
-    """One decoder layer's spec (Qwen3: RMSNorm, QK-norm, SwiGLU, no bias, GQA)."""
+    """One decoder layer's spec (dense families: RMSNorm, QK-norm when the family has it, SwiGLU,
+    no bias, GQA)."""
     policy = policy_for(config)
     backend = SPEC_PROVIDER_BY_USE_SGLANG_BACKEND[bool(policy.use_sglang_backend)]()
     norm = backend.layer_norm(rms_norm=True, for_qk=False)

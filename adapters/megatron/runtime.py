@@ -25,13 +25,12 @@ from .kernels import kernel_module
 from .model import Layout, build_model, make_config, padded_vocab_size
 from .packing import pack_sequences
 from .policy import float32_kernel_policy, generated, policy_for
+from .run_types import BACKENDS, TrainerResult, with_fault
 
 
 def init_distributed(rank: int, layout: Layout, port: int, device: str = "cpu") -> None:
     """Process group on localhost (gloo on CPU, NCCL on CUDA: one GPU per rank), then
     megatron-core's model-parallel groups."""
-    from .trainer import BACKENDS
-
     # megatron-core matches MLP specs by identity, so our MLP subclass is logged as "Unknown MLP
     # type" on every layer; without a tp_group kwarg the MLP takes parallel_state's TP group, the
     # same group megatron would have passed.
@@ -68,8 +67,6 @@ def resolve_kernel_policy(contract_id: str, run: Any) -> Any:
             f"dtype_override must be None, 'bfloat16' or 'float32' (got {run.dtype_override!r})"
         )
     if run.fault is not None and run.fault.kernel_policy:
-        from .trainer import with_fault
-
         kp = with_fault(kp, run.fault.kernel_policy)
     return kp
 
@@ -79,8 +76,6 @@ def build_stage(job: Any, run: Any) -> tuple[Any, Any, int]:
     kp = resolve_kernel_policy(job.contract_id, run)
     config = make_config(job.contract_id, job.arch, job.layout, kernel_policy=kp)
     if run.fault is not None and run.fault.runtime_policy:
-        from .trainer import with_fault
-
         config.true_on_policy_runtime_policy_override = with_fault(
             policy_for(config), run.fault.runtime_policy
         )
@@ -131,7 +126,6 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     """Forward on this rank: ``(TrainerResult or None, layer dumps of this stage or None)``."""
     from .layers import residual_add, split_carrier
     from .pipeline import pipeline_forward
-    from .trainer import TrainerResult
 
     model, config, padded = build_stage(job, run)
     policy = policy_for(config)
@@ -194,7 +188,6 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     from .grads import finalize_grads
-    from .trainer import TrainerResult
 
     if job.layout.pp != 1:
         raise NotImplementedError("stage_grads drives PP=1 only (CPU forward-only pipeline loop)")

@@ -13,53 +13,24 @@ import dataclasses
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .model import Layout, arch_for, load_checkpoint
+from .run_types import BACKENDS, TrainerFault, TrainerResult, TrainerRun, with_fault
 
-# device -> torch.distributed backend of the spawned processes.
-BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
-
-
-@dataclass(frozen=True)
-class TrainerFault:
-    """Fields to flip on the trainer side only (``dataclasses.replace`` on the policies)."""
-
-    runtime_policy: Mapping[str, Any] = field(default_factory=dict)
-    kernel_policy: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class TrainerResult:
-    """Per-sequence logprobs: ``logprobs[i][j] = log p(seq_i[j + 1] | seq_i[: j + 1])``."""
-
-    logprobs: list[torch.Tensor]
-    layer_dumps: list[dict[str, torch.Tensor]] | None = None
-    """Per sequence: ``{"layer.<i>": [len, hidden]}``, the residual stream after layer ``i``
-    (output + residual), comparable with the rollout's ``layer_outputs``."""
-    grads: dict[str, torch.Tensor] | None = None
-
-
-@dataclass(frozen=True)
-class TrainerRun:
-    """One forward variant; several share one set of spawned processes (``trainer_logprobs_runs``)."""
-
-    dtype_override: str | None = None
-    fault: TrainerFault | None = None
-    prefix_tree: bool = False
-    prompt_lens: tuple[int, ...] | None = None
-    dump_layers: bool = False
-    grads: bool = False
-    """Training step instead: loss = summed next-token cross-entropy (megatron-core's
-    ``vocab_parallel_cross_entropy``) of each rank's tokens (with ``prompt_lens``: response
-    tokens only), backward, ``grads.finalize_grads``;
-    the result's ``grads`` holds global rank 0's parameter gradients (first stage, TP/CP rank 0)."""
-    planted_bugs: tuple[str, ...] = ()
-    """Shared-kernel bugs switched on for this run (``kernels.planted``: the parity gate's
-    self-test; the rollout side gets the same ones)."""
+__all__ = [
+    "BACKENDS",
+    "TrainerFault",
+    "TrainerResult",
+    "TrainerRun",
+    "TrainerSession",
+    "trainer_logprobs",
+    "trainer_logprobs_runs",
+    "with_fault",
+]
 
 
 @dataclass(frozen=True)
@@ -276,14 +247,3 @@ def _session_worker(rank: int, job: _Job, commands: Any, results: Any) -> None:
                 results.put((rank, "err", traceback.format_exc(), None, None))
     finally:
         runtime.shutdown()
-
-
-def with_fault(policy: Any, changes: Mapping[str, Any]) -> Any:
-    """``dataclasses.replace`` with a clear error for a misspelt field."""
-    names = {f.name for f in dataclasses.fields(policy)}
-    unknown = sorted(set(changes) - names)
-    if unknown:
-        raise ValueError(
-            f"{type(policy).__name__} has no field(s) {unknown}; fields: {sorted(names)}"
-        )
-    return dataclasses.replace(policy, **changes)

@@ -1,4 +1,5 @@
-"""Qwen3-style dense decoder built only from the contract kernels (the rollout's numerics).
+"""Dense decoder (Qwen3, Llama 3: the family module names its weights and optional blocks) built
+only from the contract kernels (the rollout's numerics).
 
 Weights keep Hugging Face names (``model.layers.{i}.self_attn.q_proj.weight`` …, ``lm_head.weight``)
 so the trainer side loads the same checkpoint. Under TP each rank holds column shards of
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..families import LAYER_PREFIX, Family, family_for
 from .kernels._dtypes import dtype_of
 from .kernels.all_reduce import all_gather_exact, world_size
 from .kernels.attention import chunked_attention
@@ -56,11 +58,19 @@ class ModelArch:
     rope_scaling: tuple | None = None
     activation: str = "silu_glu"
     rope_style: str = "neox"
+    family: str = "qwen3_dense"
+
+    @property
+    def spec(self) -> Family:
+        """The family description (weight names, sharding, optional blocks)."""
+        return family_for(self.family)
 
     @classmethod
     def from_profile(cls, profile, dims=None) -> ModelArch:
-        """From a generated ``ModelProfile`` and one ``ModelDims`` (default: its reference model)."""
+        """From a generated ``ModelProfile`` and one ``ModelDims`` (default: its reference model);
+        RoPE is the checkpoint's own (the generated dims carry it resolved)."""
         dims = dims or profile.reference_model
+        family = family_for(profile.family)
         for what, value, known in (
             ("activation", profile.activation, ACTIVATIONS),
             ("rope_style", profile.rope_style, ROPE_STYLES),
@@ -73,7 +83,7 @@ class ModelArch:
             raise ValueError(
                 "model profile attention_bias=True is not supported by the reference model"
             )
-        scaling = profile.rope_scaling
+        scaling = dims.rope_scaling
         if isinstance(scaling, dict):
             scaling = tuple(sorted(scaling.items()))
         return cls(
@@ -89,56 +99,31 @@ class ModelArch:
             max_position_embeddings=dims.max_position_embeddings,
             norm_eps=profile.norm_eps,
             qk_norm=profile.qk_norm,
-            rope_theta=profile.rope_theta,
+            rope_theta=dims.rope_theta,
             rope_scaling=scaling,
             activation=profile.activation,
             rope_style=profile.rope_style,
+            family=family.name,
         )
 
 
 def weight_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
-    """Every HF-named tensor of the model and its full (unsharded) shape."""
-    hd, q, kv = (
-        arch.hidden_size,
-        arch.num_attention_heads * arch.head_dim,
-        arch.num_kv_heads * arch.head_dim,
-    )
-    shapes = {"model.embed_tokens.weight": (arch.vocab_size, hd), "model.norm.weight": (hd,)}
-    for i in range(arch.num_layers):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (hd,),
-            p + "post_attention_layernorm.weight": (hd,),
-            p + "self_attn.q_proj.weight": (q, hd),
-            p + "self_attn.k_proj.weight": (kv, hd),
-            p + "self_attn.v_proj.weight": (kv, hd),
-            p + "self_attn.o_proj.weight": (hd, q),
-            p + "mlp.gate_proj.weight": (arch.intermediate_size, hd),
-            p + "mlp.up_proj.weight": (arch.intermediate_size, hd),
-            p + "mlp.down_proj.weight": (hd, arch.intermediate_size),
-        }
-        if arch.qk_norm:
-            shapes |= {
-                p + "self_attn.q_norm.weight": (arch.head_dim,),
-                p + "self_attn.k_norm.weight": (arch.head_dim,),
-            }
-    if not arch.tie_word_embeddings:
-        shapes["lm_head.weight"] = (arch.vocab_size, hd)
-    return shapes
+    """Every HF-named tensor of the model and its full (unsharded) shape (from the family)."""
+    return arch.spec.weight_shapes(arch, qk_norm=arch.qk_norm)
 
 
 def random_weights(arch: ModelArch, seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded float32 weights: linears ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norms ~ 1 + N(0, 0.1²)."""
     g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in weight_shapes(arch).items():
-        if name.endswith("norm.weight") or "layernorm" in name:
-            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
-        elif "embed_tokens" in name:
-            out[name] = torch.randn(shape, generator=g)
-        else:
-            out[name] = torch.randn(shape, generator=g) / math.sqrt(shape[1])
-    return out
+    init = {
+        "norm": lambda shape: 1.0 + 0.1 * torch.randn(shape, generator=g),
+        "embedding": lambda shape: torch.randn(shape, generator=g),
+        "linear": lambda shape: torch.randn(shape, generator=g) / math.sqrt(shape[1]),
+    }
+    return {
+        name: init[w.init](w.shape(arch))
+        for name, w in arch.spec.weights(arch, qk_norm=arch.qk_norm).items()
+    }
 
 
 def check_weights(
@@ -177,8 +162,10 @@ class KVCache:
 
 @dataclass
 class _Layer:
-    input_ln: torch.Tensor
-    post_ln: torch.Tensor
+    """One decoder layer's local weights, by the family's weight roles."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
@@ -226,28 +213,35 @@ class ReferenceModel:
         def cols(t, n):
             return t[:, r * n : (r + 1) * n].to(dense).contiguous()
 
+        # local size of each sharded weight: column shards split dim 0, row shards dim 1
+        spec = arch.spec
+        local = {
+            "q": hl * D,
+            "k": kvl * D,
+            "v": kvl * D,
+            "o": hl * D,
+            "gate": il,
+            "up": il,
+            "down": il,
+        }
+        shard = {"column": rows, "row": cols}
+        blocks = spec.blocks(qk_norm=arch.qk_norm, tied=arch.tie_word_embeddings)
         self.layers = []
         for i in range(arch.num_layers):
-            p = f"model.layers.{i}."
-            w = {k[len(p) :]: v for k, v in weights.items() if k.startswith(p)}
-            self.layers.append(
-                _Layer(
-                    input_ln=w["input_layernorm.weight"].to(dense),
-                    post_ln=w["post_attention_layernorm.weight"].to(dense),
-                    q=rows(w["self_attn.q_proj.weight"], hl * D),
-                    k=rows(w["self_attn.k_proj.weight"], kvl * D),
-                    v=rows(w["self_attn.v_proj.weight"], kvl * D),
-                    o=cols(w["self_attn.o_proj.weight"], hl * D),
-                    q_norm=w["self_attn.q_norm.weight"].to(dense) if arch.qk_norm else None,
-                    k_norm=w["self_attn.k_norm.weight"].to(dense) if arch.qk_norm else None,
-                    gate=rows(w["mlp.gate_proj.weight"], il),
-                    up=rows(w["mlp.up_proj.weight"], il),
-                    down=cols(w["mlp.down_proj.weight"], il),
-                )
-            )
-        self.embed = weights["model.embed_tokens.weight"].to(dense)
-        self.final_norm = weights["model.norm.weight"].to(dense)
-        lm = weights["model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"]
+            p = LAYER_PREFIX.format(i=i)
+            layer = {}
+            for role, w in spec.layer_weights.items():
+                if w.block is not None and w.block not in blocks:
+                    layer[role] = None
+                elif w.shard in shard:
+                    layer[role] = shard[w.shard](weights[p + w.hf_name], local[role])
+                else:
+                    layer[role] = weights[p + w.hf_name].to(dense)
+            self.layers.append(_Layer(**layer))
+        names = {role: w.hf_name for role, w in spec.model_weights.items()}
+        self.embed = weights[names["embed"]].to(dense)
+        self.final_norm = weights[names["final_norm"]].to(dense)
+        lm = weights[names["embed"] if arch.tie_word_embeddings else names["lm_head"]]
         vp = math.ceil(arch.vocab_size / (N_TILE * tp)) * N_TILE * tp
         lm = torch.cat([lm, lm.new_zeros(vp - arch.vocab_size, arch.hidden_size)])
         self.lm_head = rows(lm, vp // tp).to(dtype_of(kp.lm_head_input_dtype))
@@ -296,7 +290,7 @@ class ReferenceModel:
         )
         h = self.embed[input_ids].to(dtype_of(kp.residual_dtype))
         for i, L in enumerate(self.layers):
-            x = rms_norm(h, L.input_ln, eps, kp).to(dense)
+            x = rms_norm(h, L.input_norm, eps, kp).to(dense)
             q = self._qk(ops.column_linear(x, L.q, kp).view(T, self.hl, D), L.q_norm, cos, sin)
             k = self._qk(ops.column_linear(x, L.k, kp).view(T, self.kvl, D), L.k_norm, cos, sin)
             v = ops.column_linear(x, L.v, kp).view(T, self.kvl, D)
@@ -316,7 +310,7 @@ class ReferenceModel:
             )
             o = o.reshape(T, self.hl * D).to(dense)
             h = ops.attn_reduce_residual(ops.row_partial(o, L.o, kp), h, kp, self.group)
-            x = rms_norm(h, L.post_ln, eps, kp).to(dense)
+            x = rms_norm(h, L.post_norm, eps, kp).to(dense)
             act = self.act(ops.column_linear(x, L.gate, kp), ops.column_linear(x, L.up, kp), kp)
             h = ops.mlp_reduce_residual(ops.row_partial(act, L.down, kp), h, kp, self.group)
             if layer_outputs is not None:

@@ -186,7 +186,7 @@ def _compare_contract(
     old_cps = old_data["model_profile"].pop("checkpoints")
     new_cps = new_data["model_profile"].pop("checkpoints")
     for path, before, after in _diff(old_data, new_data, ()):
-        add(field_rule(path), path, _dotted(path), before, after)
+        add(field_rule(path, added=before is ABSENT), path, _dotted(path), before, after)
 
     old_by, new_by = _by_name(old_cps), _by_name(new_cps)
     for name, (_, dims) in old_by.items():

@@ -50,6 +50,12 @@ RULES: dict[str, Rule] = {
         # fine: reported as info (--verbose, JSON)
         Rule("CONTRACT_ADDED", False, "a new contract id"),
         Rule("CHECKPOINT_ADDED", False, "a new known checkpoint under an existing id"),
+        Rule(
+            "TARGET_POLICY_ADDED",
+            False,
+            "a runtime policy for a new target under an existing id (its own fingerprint; the "
+            "numerics fingerprint and the other targets' policies are unchanged)",
+        ),
         Rule("CHECKPOINTS_REORDERED", False, "known checkpoints listed in another order"),
         Rule("DESCRIPTION_CHANGED", False, "description edited (documentation only)"),
         Rule(
@@ -94,10 +100,12 @@ SUBFIELD_RULES: dict[tuple[str, ...], str] = {
 }
 
 
-def field_rule(path: str | tuple) -> str:
-    """The rule for a change at ``path`` (a top-level name or a path tuple); an unclassified
-    field is a contractgen bug."""
+def field_rule(path: str | tuple, added: bool = False) -> str:
+    """The rule for a change at ``path`` (a top-level name or a path tuple; ``added``: the value
+    is new there); an unclassified field is a contractgen bug."""
     parts = (path,) if isinstance(path, str) else tuple(path)
+    if added and len(parts) == 2 and parts[0] == "runtime_policy":
+        return "TARGET_POLICY_ADDED"
     for n in range(len(parts), 1, -1):
         if parts[:n] in SUBFIELD_RULES:
             return SUBFIELD_RULES[parts[:n]]

@@ -144,6 +144,12 @@ def command(
         arch = ModelArch.from_profile(schema.model_profile_for(contract_id))
         weights = random_weights(arch, seed=0)
     else:
+        from ..adapters.sglang.checkpoint import CheckpointError, check_checkpoint
+
+        try:  # a checkpoint the profile does not cover: one line, exit 2
+            check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
+        except CheckpointError as exc:
+            fail(f"error: {exc}")
         weights = str(checkpoint)
         _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
     from ..adapters.kernels.planted import BUGS

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from . import ROLLOUT, TRAINER
 from .layouts import ParityLayout
 from .reference import (
     LOGPROB_TOLERANCE,
@@ -48,7 +49,7 @@ class Reference:
 def _profile(contract_id: str):
     from ..vendored import load_target
 
-    return load_target("sglang").schema.model_profile_for(contract_id)
+    return load_target(ROLLOUT).schema.model_profile_for(contract_id)
 
 
 def reference_for(config: Any) -> tuple[Reference | None, str | None]:
@@ -153,7 +154,7 @@ def layout_grads(run: Any, ref: GradReference, layout: ParityLayout) -> dict:
         return {**entry, "supported": False, "within_tolerance": None, "note": PP_GRADS_NOTE}
     run_ = TrainerRun(dtype_override="float32", grads=True, prompt_lens=tuple(ref.prompt_lens))
     got = run.trainer_run(layout, ref.sequences, run_).grads
-    kp = load_target("megatron").schema.kernel_policy_for(run.config.contract_id)
+    kp = load_target(TRAINER).schema.kernel_policy_for(run.config.contract_id)
     padded = padded_vocab_size(ref.arch, layout.tp, kp)
     want = megatron_shard(ref.grads, ref.arch, got, tp=layout.tp, padded=padded)
     worst_abs, worst_rel, worst_name = 0.0, 0.0, None

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..codegen.targets import target_for_role
+
 _DTYPE_FLIP = {"bfloat16": "float32", "float16": "float32", "float32": "bfloat16"}
 
 # kernel-policy string fields: the other legal choice
@@ -41,14 +43,14 @@ class Fault:
         """``sglang.F`` / ``megatron.F`` for runtime fields, ``kernel.F@rollout|trainer``."""
         if self.kind == "kernel":
             return f"kernel.{self.field}@{self.side}"
-        return f"{ {'rollout': 'sglang', 'trainer': 'megatron'}[self.side]}.{self.field}"
+        return f"{target_for_role(self.side).name}.{self.field}"
 
     @property
     def contract_path(self) -> str:
         """The field's path in a contract file (the key of its ``unobservable`` notes)."""
         if self.kind == "kernel":
             return f"kernel_policy.{self.field}"
-        return f"runtime_policy.{ {'rollout': 'sglang', 'trainer': 'megatron'}[self.side]}.{self.field}"
+        return f"runtime_policy.{target_for_role(self.side).name}.{self.field}"
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from . import ROLLOUT
 from .correctness import GRAD_TOLERANCE
 from .harness import GateConfig, GateRun, run_faults, run_layouts, run_rollouts
 from .layouts import LayoutError, layout_problems
@@ -30,7 +31,7 @@ def run_gate(config: GateConfig) -> dict:
     from ..vendored import load_target
 
     t0 = time.perf_counter()
-    schema = load_target("sglang").schema
+    schema = load_target(ROLLOUT).schema
     with GateRun(config) as run:
         return _run_gate(run, schema, t0)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from . import ROLLOUT, TRAINER
 from .faults import Fault, SharedBug, catalogue, flipped, shared_bugs
 from .layouts import ParityLayout
 from .rollout import DEFAULT_WORKLOAD, PromptSpec, RolloutJob, RolloutResult, RolloutSession
@@ -113,7 +114,7 @@ class GateRun:
     def logprob_contract(self) -> str:
         from ..vendored import load_target
 
-        schema = load_target("sglang").schema
+        schema = load_target(ROLLOUT).schema
         return schema.get_contract_schema(self.config.contract_id).logprob_contract
 
     def release_rollout(self, tp: int) -> None:
@@ -350,9 +351,9 @@ def _policies_at(run: GateRun, layout: ParityLayout):
     from ..vendored import load_target
 
     cid = run.config.contract_id
-    kp = load_target("megatron").schema.kernel_policy_for(cid)
-    sg = load_target("sglang").runtime_policy.policy_for(cid, SimpleNamespace(tp_size=layout.tp))
-    mg = load_target("megatron").runtime_policy.policy_for(
+    kp = load_target(TRAINER).schema.kernel_policy_for(cid)
+    sg = load_target(ROLLOUT).runtime_policy.policy_for(cid, SimpleNamespace(tp_size=layout.tp))
+    mg = load_target(TRAINER).runtime_policy.policy_for(
         cid,
         SimpleNamespace(
             tensor_model_parallel_size=layout.tp,
@@ -395,7 +396,7 @@ def unobservable_notes(contract_id: str) -> dict[str, str]:
     """The contract's notes on fields the gate cannot observe (from the generated schema)."""
     from ..vendored import load_target
 
-    return dict(load_target("sglang").schema.CONTRACT_DATA[contract_id].get("unobservable", {}))
+    return dict(load_target(ROLLOUT).schema.CONTRACT_DATA[contract_id].get("unobservable", {}))
 
 
 def _try_shared(run: GateRun, bug: SharedBug, ref, layout: ParityLayout) -> tuple[str, str]:

@@ -44,8 +44,10 @@ def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
     if isinstance(weights, (str, Path)):
         model = transformers.AutoModelForCausalLM.from_pretrained(str(weights), dtype=dtype)
         return model.eval()
-    if arch.rope_scaling is not None:
-        raise ValueError("rope_scaling on an in-memory reference model is not supported")
+    rope = {"rope_type": "default"}
+    if arch.rope_scaling is not None:  # the contract's (type, factor, …), as transformers 5 has it
+        params = dict(arch.rope_scaling)
+        rope = {"rope_type": params.pop("type", None) or params.pop("rope_type"), **params}
     cls = getattr(transformers, hf_architecture)
     config = cls.config_class(
         vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
@@ -53,10 +55,17 @@ def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
         num_attention_heads=arch.num_attention_heads, num_key_value_heads=arch.num_kv_heads,
         head_dim=arch.head_dim, max_position_embeddings=arch.max_position_embeddings,
         rms_norm_eps=arch.norm_eps, tie_word_embeddings=arch.tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": arch.rope_theta},
+        rope_parameters={**rope, "rope_theta": arch.rope_theta},
     )  # fmt: skip
     model = cls(config).to(dtype)
-    model.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, strict=True)
+    missing, unexpected = model.load_state_dict(
+        {k: v.to(dtype) for k, v in weights.items()}, strict=False
+    )
+    # a tied head is one tensor, which transformers also lists under the LM head's name
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    may_miss = {arch.spec.model_weights["lm_head"].hf_name} if tied else set()
+    if unexpected or not set(missing) <= may_miss:
+        raise RuntimeError(f"state dict does not fit {hf_architecture}: {missing=} {unexpected=}")
     return model.eval()
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from . import ROLLOUT
 from .workload import DEFAULT_WORKLOAD, PromptSpec
 
 DTYPE_FIELDS_SUFFIX = "_dtype"
@@ -60,7 +61,7 @@ def policies(
     """(KernelPolicy, SGLang runtime policy) from the generated sglang target, faults applied."""
     from ..vendored import load_target
 
-    gen = load_target("sglang")
+    gen = load_target(ROLLOUT)
     kp = gen.schema.kernel_policy_for(contract_id)
     if dtype_override is not None:
         kp = dataclasses.replace(
@@ -83,7 +84,7 @@ def model_arch(contract_id: str, weights: Any):
     from ..adapters.sglang.model import ModelArch
     from ..vendored import load_target
 
-    profile = load_target("sglang").schema.model_profile_for(contract_id)
+    profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
     if isinstance(weights, (str, os.PathLike)):
         return load_checkpoint(weights, profile)
     return ModelArch.from_profile(profile), weights

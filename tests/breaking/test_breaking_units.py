@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
 from types import SimpleNamespace
 
-from contractgen.codegen.breaking.compare import newest, next_id, positions, public_names
+from contractgen.codegen.breaking.compare import (
+    _compare_contract,
+    newest,
+    next_id,
+    positions,
+    public_names,
+)
+from contractgen.codegen.breaking.rules import RULES
+from contractgen.codegen.fingerprint import contract_fingerprint
+from contractgen.schema.loader import parse_contract
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_next_id_skips_every_existing_version() -> None:
@@ -46,3 +59,24 @@ def test_positions_name_keys_inside_flow_mappings() -> None:
     assert marks[("a", "b", "d")] == (2, 13)
     assert marks[("a", "e", 0, "f")] == (4, 17)
     assert positions(b"a: [unclosed\n") == {}
+
+
+def test_adding_a_target_policy_is_not_breaking_changing_one_is() -> None:
+    """A new target's runtime policy under a shipped id is TARGET_POLICY_ADDED (non-breaking:
+    the numerics fingerprint does not see it); changing an existing target's policy breaks."""
+    source = (ROOT / "contracts" / "qwen3_dense_true_on_policy_v1.yaml").read_bytes()
+    data = parse_contract(source, "v1.yaml").model_dump(mode="json")
+
+    def loaded(d: dict) -> SimpleNamespace:
+        contract = SimpleNamespace(model_dump=lambda mode: copy.deepcopy(d), id=d["id"])
+        return SimpleNamespace(contract=contract, source=source, id=d["id"])
+
+    added = copy.deepcopy(data)
+    added["runtime_policy"]["vllm"] = {"enabled": True, "batch_invariant": True}
+    found = _compare_contract(loaded(data), loaded(added), "v1.yaml", "fix")
+    assert [(f.rule, RULES[f.rule].breaking) for f in found] == [("TARGET_POLICY_ADDED", False)]
+    assert contract_fingerprint(added) == contract_fingerprint(data)
+    changed = copy.deepcopy(data)
+    changed["runtime_policy"]["sglang"]["disable_reduce_scatter"] = False
+    found = _compare_contract(loaded(data), loaded(changed), "v1.yaml", "fix")
+    assert [(f.rule, RULES[f.rule].breaking) for f in found] == [("RUNTIME_POLICY_CHANGED", True)]

@@ -16,6 +16,7 @@ FLAGS = {
     "generate": ["--help"],
     "check": ["--repo NAME=PATH", "--json", "--help"],
     "sync": ["--repo NAME=PATH", "--dry-run", "--force", "--help"],
+    "add-checkpoint": ["--name TEXT", "--tp-sizes", "--dry-run", "--help"],
 }
 GLOBAL_FLAGS = ["--version", "--root DIRECTORY", "--contracts DIRECTORY", "--help"]
 

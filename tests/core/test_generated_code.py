@@ -134,9 +134,13 @@ def test_import_with_python_dash_S(target: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["file"].startswith(str(base)), report
-    assert report["ids"] == ["qwen3_dense_true_on_policy_v1", "qwen3_dense_true_on_policy_v2"]
+    assert report["ids"] == [
+        "llama3_dense_true_on_policy_v1",
+        "qwen3_dense_true_on_policy_v1",
+        "qwen3_dense_true_on_policy_v2",
+    ]
     assert report["bad"] == []
-    assert report["policy"] == "qwen3_dense_true_on_policy_v1"
+    assert report["policy"] == "llama3_dense_true_on_policy_v1"
     assert report["third_party"] == []
 
 
@@ -256,7 +260,8 @@ def test_verify_fingerprints_detects_edited_contract_data(tmp_path: Path) -> Non
     schema_py.write_bytes(restamped)
     done = _verify(folder, "schema.py")
     assert done.returncode == 1
-    assert done.stderr == "hand-edited or not generated: contract qwen3_dense_true_on_policy_v1\n"
+    # the first contract in CONTRACT_DATA (sorted by id) is the one edited
+    assert done.stderr == "hand-edited or not generated: contract llama3_dense_true_on_policy_v1\n"
 
 
 def test_verify_functions_in_process() -> None:
@@ -279,4 +284,29 @@ def test_fingerprint_ignores_description_only() -> None:
     assert base == schema.FINGERPRINTS["qwen3_dense_true_on_policy_v1"]
     assert contract_fingerprint({**data, "description": "other words"}) == base
     data["kernel_policy"]["logsoftmax_dtype"] = "float32"
+    assert contract_fingerprint(data) != base
+
+
+def test_numerics_and_target_policy_fingerprints_are_separate() -> None:
+    """Adding a target (a runtime policy of its own) leaves the numerics fingerprint alone; a
+    target's policy change moves only that target's fingerprint; numerics changes move the
+    numerics one."""
+    from contractgen.codegen.fingerprint import contract_fingerprint, policy_fingerprints
+
+    files = files_under(_target_dir("sglang"))
+    schema, _ = load_rendered_package(files, "_cg_fp_split_probe")
+    data = json.loads(json.dumps(schema.CONTRACT_DATA["qwen3_dense_true_on_policy_v1"]))
+    base, per_target = contract_fingerprint(data), policy_fingerprints(data)
+    assert per_target == schema.POLICY_FINGERPRINTS["qwen3_dense_true_on_policy_v1"]
+    assert schema.compute_policy_fingerprints(data) == per_target
+    assert set(per_target) == {"sglang", "megatron", "launcher"}
+    with_target = {**data, "runtime_policy": {**data["runtime_policy"], "vllm": {"enabled": True}}}
+    assert contract_fingerprint(with_target) == base == schema.compute_fingerprint(with_target)
+    assert {k: v for k, v in policy_fingerprints(with_target).items() if k != "vllm"} == per_target
+    data["runtime_policy"]["sglang"]["disable_reduce_scatter"] = False
+    changed = policy_fingerprints(data)
+    assert (
+        changed["sglang"] != per_target["sglang"] and changed["megatron"] == per_target["megatron"]
+    )
+    data["model_profile"]["rope"]["theta"] = 1.0
     assert contract_fingerprint(data) != base

@@ -113,9 +113,33 @@ def test_no_torch_import_anywhere_in_schema_or_codegen(folder: str) -> None:
         f"{p.relative_to(ROOT)}: {name}"
         for p in _source_files(folder)
         for name in _imports(p, _package_of(p, folder, dotted))
-        if name.split(".")[0] in HEAVY or name.startswith("contractgen.adapters")
+        if name.split(".")[0] in HEAVY
+        or (name.startswith("contractgen.adapters") and not _is_families(name))
     ]
     assert offenders == []
+
+
+def _is_families(name: str) -> bool:
+    return name == "contractgen.adapters.families" or name.startswith(
+        "contractgen.adapters.families."
+    )
+
+
+def test_families_are_stdlib_only() -> None:
+    """schema/ rules import the family descriptions, so they import nothing heavy and no other
+    adapter (``contractgen.adapters/__init__`` is a docstring)."""
+    files = _source_files("adapters/families")
+    assert {p.name for p in files} >= {"__init__.py", "qwen3_dense.py", "llama3_dense.py"}
+    offenders = [
+        f"{p.relative_to(ROOT)}: {name}"
+        for p in files
+        for name in _imports(p, _package_of(p, "adapters", "contractgen.adapters"))
+        if name.split(".")[0] in HEAVY
+        or (name.startswith("contractgen.") and not _is_families(name))
+        or name == "pydantic"
+    ]
+    assert offenders == []
+    assert (ROOT / "adapters" / "__init__.py").read_text().strip() == '"""contractgen.adapters"""'
 
 
 def test_the_scan_resolves_relative_imports(tmp_path: Path) -> None:

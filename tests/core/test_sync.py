@@ -392,7 +392,11 @@ def test_check_json_shape(project: Path, repos) -> None:
     report = json.loads(result.output)
     assert set(report) == {"ok", "contracts", "files", "drift", "not_generated"}
     assert report["ok"] is False
-    assert report["contracts"] == ["qwen3_dense_true_on_policy_v1", "qwen3_dense_true_on_policy_v2"]
+    assert report["contracts"] == [
+        "llama3_dense_true_on_policy_v1",
+        "qwen3_dense_true_on_policy_v1",
+        "qwen3_dense_true_on_policy_v2",
+    ]
     assert report["files"] == 12
     kinds = sorted((d["kind"], d["where"]) for d in report["drift"])
     assert kinds == [("missing", "launcher")] * 4 + [("orphaned", "generated")]
@@ -407,6 +411,7 @@ def test_list_json_shape() -> None:
     assert result.exit_code == 0
     rows = json.loads(result.output)
     assert [r["id"] for r in rows] == [
+        "llama3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
     ]

@@ -21,14 +21,21 @@ from contractgen.adapters.launcher.tables import (
 )
 from contractgen.vendored import load_target
 
-CONTRACT_IDS = load_target("launcher").schema.CONTRACT_IDS
+SCHEMA = load_target("launcher").schema
+CONTRACT_IDS = SCHEMA.CONTRACT_IDS
+# family -> (a small checkpoint, one that runs at TP=4)
+MODELS = {
+    "qwen3_dense": ("Qwen3-0.6B", "Qwen3-4B"),
+    "llama3_dense": ("Llama-3.2-1B", "Llama-3.1-8B"),
+}
 CASES = [
     (cid, model, layout)
     for cid in CONTRACT_IDS
+    for small, tp4 in [MODELS[SCHEMA.model_profile_for(cid).family]]
     for model, layout in (
-        ("Qwen3-0.6B", Layout()),
-        ("Qwen3-0.6B", Layout(tp=2, rollout_dp=2)),
-        ("Qwen3-4B", Layout(tp=4, rollout_tp=4)),
+        (small, Layout()),
+        (small, Layout(tp=2, rollout_dp=2)),
+        (tp4, Layout(tp=4, rollout_tp=4)),
         ("reference", Layout(rollout_tp=2)),
     )
 ]

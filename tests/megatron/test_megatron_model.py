@@ -118,9 +118,9 @@ def tp1(arch, weights, sequences):
 def test_model_is_megatron_core_gpt_model(arch):
     """Built in-process at TP=1: the trainer model is megatron-core's own GPTModel."""
     from megatron.core.models.gpt import GPTModel
+    from megatron_testing import single_process_megatron
 
     from contractgen.adapters.megatron.model import Layout, build_model, make_config
-    from contractgen.adapters.megatron.testing import single_process_megatron
 
     with single_process_megatron():
         config = make_config(V1, arch, Layout())

@@ -64,15 +64,10 @@ def _profile_for(profile, path):
     from contractgen.adapters.sglang.checkpoint import hf_config_fields
 
     cfg = read_hf_config(path)
-    f = hf_config_fields(cfg)
-    dims = dims_from_hf_config(cfg, dataclasses.replace(profile.reference_model, name="tiny"))
-    return dataclasses.replace(
-        profile,
-        checkpoints=(dims,),
-        rope_theta=f["rope_theta"],
-        rope_scaling=f["rope_scaling"],
-        norm_eps=f["norm_eps"],
-    )
+    f = hf_config_fields(cfg, profile.family)
+    template = dataclasses.replace(profile.reference_model, name="tiny")
+    dims = dims_from_hf_config(cfg, template, profile.family)
+    return dataclasses.replace(profile, checkpoints=(dims,), norm_eps=f["norm_eps"])
 
 
 def _engine(arch, weights, kp, rp, **kw):
@@ -114,7 +109,7 @@ def test_checkpoint_config_dialects_and_sharding(tmp_path, profile, kp32, runtim
     (path / "config.json").write_text(json.dumps(cfg))
     arch4, _ = load_checkpoint(path, prof)
     assert arch4 == arch5
-    assert dict(arch5.rope_scaling) == {"factor": 2.0, "rope_type": "linear"}
+    assert dict(arch5.rope_scaling) == {"factor": 2.0, "type": "linear"}
     # sharded safetensors with an index file
     sharded = tmp_path / "sharded"
     Qwen3ForCausalLM.from_pretrained(path).save_pretrained(sharded, max_shard_size="60KB")

@@ -3,8 +3,8 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
-# sha256: d1ec38faf0b45c17a95d99e24a8321d93f22d35e9fbb7fb64bfd09e581a1bffc
+#   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
+# sha256: 6bc8dcecd41112c0fa3efc1ed9c450bd32b7a8b8d7ec532fd4e460585efb5147
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -105,7 +105,7 @@ class KernelPolicy:
 
 @dataclass(frozen=True)
 class ModelDims:
-    """Dimensions of one checkpoint."""
+    """Dimensions of one checkpoint, with its RoPE resolved (its own, else the profile's)."""
 
     name: str
     hidden_size: int
@@ -118,6 +118,9 @@ class ModelDims:
     tie_word_embeddings: bool
     max_position_embeddings: int
     tp_sizes: tuple[int, ...] | None
+    pp_sizes: tuple[int, ...] | None
+    rope_theta: float
+    rope_scaling: tuple[tuple[str, float | int | str], ...] | None
 
 
 @dataclass(frozen=True)
@@ -457,9 +460,20 @@ CONTRACT_DATA: dict[str, dict] = {
     },
 }
 
-# sha256 of each contract's canonical JSON (sorted keys, no spaces, UTF-8), description left out.
+# Numerics fingerprint of each contract: sha256 of its canonical JSON (sorted keys, no spaces,
+# UTF-8) with the description and the per-target runtime policies left out. Rollout and trainer
+# agree on it in the handshake; adding a target to a contract leaves it unchanged.
 FINGERPRINTS: dict[str, str] = {
-    "qwen3_dense_true_on_policy_v1": "sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11",
+    "qwen3_dense_true_on_policy_v1": "sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b",
+}
+
+# sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
+POLICY_FINGERPRINTS: dict[str, dict[str, str]] = {
+    "qwen3_dense_true_on_policy_v1": {
+        "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
+        "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
+        "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
+    },
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).
@@ -512,17 +526,26 @@ def kernel_policy_for(contract_id: str) -> KernelPolicy:
     return KernelPolicy(**_lookup(contract_id)["kernel_policy"])
 
 
-def _dims(data: dict) -> ModelDims:
+def _scaling(scaling: dict | None) -> tuple[tuple[str, float | int | str], ...] | None:
+    if scaling is None:
+        return None
+    return tuple(sorted((k, v) for k, v in scaling.items() if v is not None))
+
+
+def _dims(data: dict, profile_rope: dict) -> ModelDims:
     values = dict(data)
-    if values["tp_sizes"] is not None:
-        values["tp_sizes"] = tuple(values["tp_sizes"])
+    for key in ("tp_sizes", "pp_sizes"):
+        values[key] = None if values.get(key) is None else tuple(values[key])
+    rope = values.pop("rope", None) or profile_rope
+    values["rope_theta"] = rope["theta"]
+    values["rope_scaling"] = _scaling(rope["scaling"])
     return ModelDims(**values)
 
 
 def model_profile_for(contract_id: str) -> ModelProfile:
     data = _lookup(contract_id)
     profile = data["model_profile"]
-    scaling = profile["rope"]["scaling"]
+    rope = profile["rope"]
     return ModelProfile(
         family=data["family"],
         hf_architecture=profile["architectures"]["hf"],
@@ -533,13 +556,11 @@ def model_profile_for(contract_id: str) -> ModelProfile:
         qk_norm=profile["qk_norm"],
         activation=profile["activation"],
         attention_bias=profile["attention_bias"],
-        rope_style=profile["rope"]["style"],
-        rope_theta=profile["rope"]["theta"],
-        rope_scaling=None
-        if scaling is None
-        else tuple(sorted((k, v) for k, v in scaling.items() if v is not None)),
-        checkpoints=tuple(_dims(d) for d in profile["checkpoints"]),
-        reference_model=_dims(profile["reference_model"]),
+        rope_style=rope["style"],
+        rope_theta=rope["theta"],
+        rope_scaling=_scaling(rope["scaling"]),
+        checkpoints=tuple(_dims(d, rope) for d in profile["checkpoints"]),
+        reference_model=_dims(profile["reference_model"], rope),
     )
 
 
@@ -582,14 +603,26 @@ def _canonical(data: object) -> bytes:
 
 
 def compute_fingerprint(data: dict) -> str:
-    payload = {k: v for k, v in data.items() if k != "description"}
+    """The numerics fingerprint: everything but the description and the runtime policies."""
+    payload = {k: v for k, v in data.items() if k not in ("description", "runtime_policy")}
     return "sha256:" + hashlib.sha256(_canonical(payload)).hexdigest()
 
 
+def compute_policy_fingerprints(data: dict) -> dict[str, str]:
+    """One fingerprint per target's runtime policy."""
+    return {
+        target: "sha256:" + hashlib.sha256(_canonical(policy)).hexdigest()
+        for target, policy in sorted(data["runtime_policy"].items())
+    }
+
+
 def verify_fingerprints() -> list[str]:
-    """Ids whose canonical data no longer matches its recorded fingerprint (empty when intact)."""
+    """Ids whose canonical data no longer matches its recorded fingerprints (empty when intact)."""
     return [
-        cid for cid in CONTRACT_IDS if compute_fingerprint(CONTRACT_DATA[cid]) != FINGERPRINTS[cid]
+        cid
+        for cid in CONTRACT_IDS
+        if compute_fingerprint(CONTRACT_DATA[cid]) != FINGERPRINTS[cid]
+        or compute_policy_fingerprints(CONTRACT_DATA[cid]) != POLICY_FINGERPRINTS[cid]
     ]
 
 

@@ -3,7 +3,7 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
+#   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
 # sha256: c6f669d400546cb5f06519ee9bf7eeebbf30271a5b90fecac73dbc313318da11
 """Megatron runtime policy of the true-on-policy contracts.
 

@@ -3,7 +3,7 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:608624a452be6c01022609dbfaa6c1f1b11aeaa92dd933c470a17fb21c43097c
+#   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
 # sha256: da3e8d25b668cf09460ad74e8e6d88451b0cdcfba001964eec456516f0ff43a7
 """Public contract names of the true-on-policy package, as the miles repository's own
 modules import them (``from .contracts import ...``): the schema's aliases and constants and the

@@ -3,7 +3,7 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:608624a452be6c01022609dbfaa6c1f1b11aeaa92dd933c470a17fb21c43097c
+#   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
 # sha256: 754ee87a5c89876aa4a336d8ef63b7c040bf76e47eea503f6d2795213cea5ce2
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 

@@ -3,7 +3,7 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
+#   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
 # sha256: 45bf21ab68986bd2de2b4ec249f88a0b752adbc17655a5d8dc17f83d589e2cf8
 """True-on-policy contracts, vendored by contractgen into the sglang repository."""
 

@@ -3,7 +3,7 @@
 # Sources:
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
-#   qwen3_dense_true_on_policy_v1 sha256:7b81dfd4374312a5ffb0ce304290d11b98adb7c98ad49533477937174c1f3d11
+#   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
 # sha256: 72dc0f31913ea9dbb31bf0d4bb268594d5dde5f003748ef29e205a8087d40c6f
 """Public contract names of the true-on-policy package, as the sglang repository's own
 modules import them (``from .contracts import ...``): the schema's aliases and constants and the

@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from .model import Layout
+from contractgen.adapters.megatron.model import Layout
 
 
 @contextlib.contextmanager
 def single_process_megatron(port: int | None = None) -> Iterator[None]:
     """A one-rank gloo world with megatron-core's model-parallel groups (TP=PP=CP=1)."""
-    from . import runtime
-    from .trainer import _free_port
+    from contractgen.adapters.megatron import runtime
+    from contractgen.adapters.megatron.trainer import _free_port
 
     runtime.init_distributed(0, Layout(), port or _free_port())
     try:

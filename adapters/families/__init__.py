@@ -1,0 +1,114 @@
+"""Model families: what an architecture is, looked up by the contract's ``family``.
+
+One module per family (``qwen3_dense.py``, ``llama3_dense.py``, …), each defining ``FAMILY``; the
+registry finds them by scanning this package, so a new family is one new module. A family says
+what the forward paths and the layout rules need to know and nothing else: HF weight names and
+shapes, how TP shards each weight (which linears are row-parallel), HF config keys, and its
+optional blocks (QK-norm, attention bias, tied LM head).
+
+Standard library only: ``schema/`` rules, the launcher, ``add-checkpoint`` and the torch adapters
+all import this package, and ``schema/`` must stay torch-free (``tests/core/test_layering.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Shard = Literal["column", "row", "vocab", "replicated"]
+LAYER_PREFIX = "model.layers.{i}."
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One HF tensor: its name (per-layer names are relative to ``model.layers.{i}.``), its full
+    shape as a function of the checkpoint's dims, and how TP shards it. A ``row`` weight is a
+    row-parallel linear: TP splits its K (``shape[1]``), reported on the dims field ``k_field``."""
+
+    hf_name: str
+    shape: Callable[[Any], tuple[int, ...]]
+    shard: Shard
+    k_field: str | None = None
+    block: str | None = None  # optional block it belongs to ("qk_norm", "untied_head")
+    init: Literal["linear", "norm", "embedding"] = "linear"  # random init of the tiny models
+    after_layers: bool = False  # listed after the decoder layers (HF state-dict order)
+
+
+@dataclass(frozen=True)
+class Family:
+    """An architecture family (see the module docstring)."""
+
+    name: str
+    hf_architectures: tuple[str, ...]
+    qk_norm: bool  # per-head RMSNorm of q and k before RoPE
+    attention_bias: bool  # QKV projections carry a bias
+    tied_head: bool  # checkpoints may tie the LM head to the embedding
+    layer_weights: Mapping[str, Weight]  # role -> weight, inside one decoder layer
+    model_weights: Mapping[str, Weight]  # role -> weight, outside the layers
+    activations: Mapping[str, str]  # HF hidden_act -> model_profile.activation
+    config_keys: Mapping[str, str]  # ModelDims field -> HF config.json key
+    default_rms_norm_eps: float = 1e-6
+
+    def blocks(self, *, qk_norm: bool, tied: bool) -> frozenset[str]:
+        """The optional blocks present in one model."""
+        return frozenset(b for b, on in (("qk_norm", qk_norm), ("untied_head", not tied)) if on)
+
+    def weight_shapes(self, dims: Any, *, qk_norm: bool) -> dict[str, tuple[int, ...]]:
+        """Every HF-named tensor of a model with ``dims`` and its full (unsharded) shape."""
+        return {name: w.shape(dims) for name, w in self.weights(dims, qk_norm=qk_norm).items()}
+
+    def weights(self, dims: Any, *, qk_norm: bool) -> dict[str, Weight]:
+        """Every HF tensor name of a model with ``dims`` and its ``Weight``, in a fixed order."""
+        present = self.blocks(qk_norm=qk_norm, tied=dims.tie_word_embeddings)
+        model = [w for w in self.model_weights.values() if w.block is None or w.block in present]
+        out = {w.hf_name: w for w in model if not w.after_layers}
+        for i in range(dims.num_layers):
+            prefix = LAYER_PREFIX.format(i=i)
+            for w in self.layer_weights.values():
+                if w.block is None or w.block in present:
+                    out[prefix + w.hf_name] = w
+        out |= {w.hf_name: w for w in model if w.after_layers}
+        return out
+
+    def row_parallel(self, dims: Any) -> tuple[tuple[str, str, int], ...]:
+        """``(weight role, dims field, K)`` of each row-parallel linear: the K that TP splits."""
+        return tuple(
+            (role, w.k_field or "", w.shape(dims)[1])
+            for role, w in self.layer_weights.items()
+            if w.shard == "row"
+        )
+
+
+class UnknownFamilyError(KeyError, ValueError):
+    """A ``family`` no module in ``contractgen.adapters.families`` defines."""
+
+    def __str__(self) -> str:
+        return (
+            f"unknown model family {self.args[0]!r}; known: {', '.join(sorted(FAMILIES))} "
+            "(a family is one module in adapters/families/ defining FAMILY)"
+        )
+
+
+def _discover() -> dict[str, Family]:
+    found: dict[str, Family] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        family = getattr(importlib.import_module(f"{__name__}.{info.name}"), "FAMILY", None)
+        if isinstance(family, Family):
+            found[family.name] = family
+    return dict(sorted(found.items()))
+
+
+FAMILIES: dict[str, Family] = _discover()
+
+
+def family_for(name: str) -> Family:
+    """The family called ``name``; an unknown name raises ``UnknownFamilyError`` listing the known."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise UnknownFamilyError(name) from None

@@ -1,0 +1,150 @@
+"""Hugging Face ``config.json`` in every dialect, read into the contract's terms (stdlib only).
+
+transformers 4.x writes ``rope_theta`` and ``rope_scaling`` (whose kind is ``type`` in older files,
+``rope_type`` in newer ones); transformers 5.x writes ``rope_parameters`` (``rope_theta`` inside,
+possibly per layer type). All of them map onto the contract's checkpoint ``rope``: ``{theta,
+scaling: {type, factor, …} | None}``. Used by the rollout's checkpoint reader, the trainer and
+``contractgen add-checkpoint``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import Family
+
+# HF rope parameter -> contract RopeScaling field (rope_type/type -> type; the rest keep names)
+SCALING_KEYS = (
+    "factor",
+    "original_max_position_embeddings",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+)
+DIM_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+)
+
+
+class HFConfigError(ValueError):
+    """A config.json that cannot be read, or that says something the family cannot run."""
+
+
+def read_hf_config(path: str | Path) -> dict:
+    """The parsed ``config.json`` of a checkpoint directory."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        raise HFConfigError(
+            f"{path}: no config.json (expected a Hugging Face checkpoint directory)"
+        )
+    try:
+        data = json.loads(cfg_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HFConfigError(f"{cfg_path}: not a JSON config ({exc})") from None
+    if not isinstance(data, dict):
+        raise HFConfigError(f"{cfg_path}: not a JSON object")
+    return data
+
+
+def rope_from_hf_config(cfg: Mapping) -> dict:
+    """``{"theta": float, "scaling": {"type": …, …} | None}`` from any dialect."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and params and "rope_theta" not in params:
+        if all(isinstance(v, Mapping) for v in params.values()):
+            kinds = {json.dumps(v, sort_keys=True) for v in params.values()}
+            if len(kinds) > 1:
+                raise HFConfigError("rope_parameters differ between layer types; not supported")
+            params = next(iter(params.values()))
+    if isinstance(params, Mapping) and params:
+        theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        rest = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = cfg.get("rope_theta", 10000.0)
+        rest = dict(cfg.get("rope_scaling") or {})
+    kind = rest.pop("rope_type", None) or rest.pop("type", None) or "default"
+    rest.pop("type", None)
+    if kind == "default":
+        return {"theta": float(theta), "scaling": None}
+    unknown = sorted(k for k, v in rest.items() if k not in SCALING_KEYS and v is not None)
+    if unknown:
+        raise HFConfigError(f"rope scaling {kind!r}: parameters {unknown} are not supported")
+    scaling: dict[str, Any] = {"type": kind}
+    for key in SCALING_KEYS:
+        if rest.get(key) is not None:
+            value = rest[key]
+            scaling[key] = int(value) if key == "original_max_position_embeddings" else float(value)
+    return {"theta": float(theta), "scaling": scaling}
+
+
+def scaling_key(scaling: Any) -> tuple | None:
+    """A comparable form of a scaling (a mapping or sorted pairs, ``type`` or ``rope_type``)."""
+    if scaling is None:
+        return None
+    items = dict(scaling.items() if isinstance(scaling, Mapping) else scaling)
+    if "rope_type" in items:
+        items["type"] = items.pop("rope_type")
+    return tuple(sorted((k, v) for k, v in items.items() if v is not None))
+
+
+def hf_config_fields(family: Family, cfg: Mapping) -> dict:
+    """The profile-comparable fields of an HF config, named as the contract names them: the
+    family-level ones (architecture, activation, bias, norm eps), ``rope`` and the dims."""
+    keys = family.config_keys
+    try:
+        heads = cfg[keys["num_attention_heads"]]
+        dims = {
+            "hidden_size": cfg[keys["hidden_size"]],
+            "intermediate_size": cfg[keys["intermediate_size"]],
+            "num_layers": cfg[keys["num_layers"]],
+            "num_attention_heads": heads,
+            "num_kv_heads": cfg.get(keys["num_kv_heads"]) or heads,
+            "head_dim": cfg.get(keys["head_dim"]) or cfg[keys["hidden_size"]] // heads,
+            "vocab_size": cfg[keys["vocab_size"]],
+            "tie_word_embeddings": bool(cfg.get(keys["tie_word_embeddings"], False)),
+            "max_position_embeddings": cfg.get(keys["max_position_embeddings"], 0),
+        }
+    except KeyError as exc:
+        raise HFConfigError(f"config.json has no {exc.args[0]!r}") from None
+    act = cfg.get("hidden_act", "silu")
+    return {
+        "hf_architecture": (cfg.get("architectures") or [None])[0],
+        "activation": family.activations.get(act, act),
+        "attention_bias": bool(cfg.get("attention_bias", False)),
+        "norm_eps": float(cfg.get("rms_norm_eps", family.default_rms_norm_eps)),
+        "rope": rope_from_hf_config(cfg),
+        **dims,
+    }
+
+
+def unsupported(family: Family, fields: Mapping) -> list[str]:
+    """What in an HF config the family cannot run (empty when it can)."""
+    problems = []
+    if fields["hf_architecture"] not in family.hf_architectures:
+        problems.append(
+            f"architecture {fields['hf_architecture']!r} is not {family.name}'s "
+            f"({', '.join(family.hf_architectures)})"
+        )
+    if fields["activation"] not in family.activations.values():
+        problems.append(f"hidden_act {fields['activation']!r} is not supported")
+    if fields["attention_bias"] and not family.attention_bias:
+        problems.append(f"attention_bias=true: {family.name} has no attention bias")
+    if fields["tie_word_embeddings"] and not family.tied_head:
+        problems.append(f"tie_word_embeddings=true: {family.name} has no tied head")
+    if fields["num_attention_heads"] % fields["num_kv_heads"]:
+        problems.append(
+            f"num_key_value_heads {fields['num_kv_heads']} does not divide "
+            f"num_attention_heads {fields['num_attention_heads']}"
+        )
+    return problems
