@@ -152,7 +152,7 @@ def test_every_help_ends_with_an_example() -> None:
     from contractgen.cli import COMMANDS
 
     for verb in (None, *COMMANDS):
-        args = ["--help"] if verb is None else [verb, "--help"]
+        args = ["--help"] if verb is None else [verb.replace("_", "-"), "--help"]
         result = cli(*args)
         assert result.exit_code == 0, (verb, result.output)
         tail = [line.strip() for line in result.output.strip().splitlines()[-2:]]
