@@ -103,6 +103,9 @@ def _k_tile(t_MK: torch.Tensor, t: int, k_block: int, rows: int, gd: torch.dtype
 # BLAS never sees another batch shape either (cuBLAS picks its kernel by the batch count too: a
 # batch of one ran another kernel on the H200).
 BLOCKS_PER_CALL = 64
+# On CPU: at most this many blocks a call, unpadded (bounds the gathered operands to
+# 2 x 256 x 64 x k_block float32 values: 16 MiB at k_block 128).
+CPU_BLOCKS_PER_CALL = 256
 
 
 def _tile_product(x_MK: torch.Tensor, w_NK: torch.Tensor, t: int, k_block: int) -> torch.Tensor:
@@ -113,13 +116,20 @@ def _tile_product(x_MK: torch.Tensor, w_NK: torch.Tensor, t: int, k_block: int) 
     M, N = x_MK.shape[0], w_NK.shape[0]
     gd = _gemm_dtype(torch.promote_types(x_MK.dtype, w_NK.dtype))
     nM, nN = math.ceil(M / M_TILE), math.ceil(N / N_TILE)
+    if nM * nN == 0:  # no rows or no columns: an empty product
+        return torch.zeros((M, N), dtype=gd, device=x_MK.device)
     x_m_Mt_kb = _k_tile(x_MK, t, k_block, nM * M_TILE, gd).view(nM, M_TILE, k_block)
     w_n_kb_Nt = _k_tile(w_NK, t, k_block, nN * N_TILE, gd).view(nN, N_TILE, k_block).transpose(1, 2)
     idx = torch.arange(nM * nN, device=x_MK.device)
+    # CUDA: exactly BLOCKS_PER_CALL blocks a call (cuBLAS picks kernels by batch count). CPU: the
+    # BLAS runs each block of a batch as its own fixed-shape GEMM whatever the count (the bitwise
+    # batch-invariance tests show it), so calls are not padded there: padding a decode step's few
+    # blocks to 64 made small-M linears 3-11x slower.
+    per_call = BLOCKS_PER_CALL if x_MK.is_cuda else CPU_BLOCKS_PER_CALL
     blocks = []
-    for lo in range(0, nM * nN, BLOCKS_PER_CALL):
-        part = idx[lo : lo + BLOCKS_PER_CALL]
-        pad = BLOCKS_PER_CALL - part.shape[0]
+    for lo in range(0, nM * nN, per_call):
+        part = idx[lo : lo + per_call]
+        pad = BLOCKS_PER_CALL - part.shape[0] if x_MK.is_cuda else 0
         a = F.pad(x_m_Mt_kb[part // nN], (0, 0, 0, 0, 0, pad))
         b = F.pad(w_n_kb_Nt[part % nN], (0, 0, 0, 0, 0, pad))
         blocks.append(torch.bmm(a, b)[: part.shape[0]])
