@@ -91,7 +91,7 @@ def bench_linear(args, kp, tm, res):
     dev = args.device
     sg = load_sglang(args.sglang)
     shapes = SMALL_SHAPES if args.small else SHAPES
-    ms_list = [1, 3, 16] if args.small else [1, 8, 16, 32, 64, 4096, 8192]
+    ms_list = [1, 3, 16] if args.small else [int(m) for m in args.ms.split(",")]
     rows = []
     for name, N, K in shapes:
         w = _r(N, K, device=dev, seed=1, scale=K**-0.5)
@@ -334,10 +334,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke run)")
-    ap.add_argument("--sections", default="linear,memory,attention,rollout")
+    ap.add_argument("--sections", default="attention,memory,rollout,linear")
     ap.add_argument("--sglang", default=None, help="scratch copy of SGLang's tp_invariant_ops.py")
+    ap.add_argument("--ms", default="1,16,64,4096,8192", help="linear: row counts M")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from contractgen.adapters.kernels.registry import backend_for

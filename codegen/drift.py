@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .config import ProjectConfig, check_generated_dir
 from .targets import TARGETS
@@ -15,7 +16,7 @@ from .writer import UnsafePathError, safe_destination
 class Drift:
     """One file that differs from what ``render()`` produces."""
 
-    kind: str  # "stale" | "missing" | "orphaned"
+    kind: str  # "stale" | "missing" | "orphaned" | "leftover" (an interrupted write's temp file)
     where: str  # "generated" or the target name of a sibling repo
     path: str  # path shown to the user
     rel: str  # path relative to the compared root (generated/ or the sibling repo)
@@ -49,6 +50,52 @@ def _compare(expected: dict[str, bytes], root: Path, where: str, shown: str) -> 
     return found
 
 
+# atomic_write's temp files: ``.<name>.<random>.tmp`` beside ``<name>``
+_TEMP = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")
+
+
+def leftover_temp_files(expected: dict[str, bytes], root: Path) -> list[str]:
+    """Temp files an interrupted write (``kill -9``) left beside the files of ``expected``."""
+    found = []
+    for folder in sorted({PurePosixPath(rel).parent for rel in expected}):
+        here = root.joinpath(*folder.parts)
+        if not here.is_dir() or here.is_symlink():
+            continue
+        for path in sorted(here.iterdir()):
+            match = _TEMP.match(path.name)
+            if match and (folder / match["name"]).as_posix() in expected and path.is_file():
+                found.append((folder / path.name).as_posix())
+    return found
+
+
+def extra_files(
+    expected: dict[str, bytes], root: Path, package: str
+) -> tuple[list[str], list[str]]:
+    """Files in a vendored package that no contract produces: (stamped by contractgen, others).
+
+    A stamped one is an orphan of an earlier generation; an unstamped one is the repo's own
+    (miles keeps config.py and model_profiles.py beside the vendored modules) and is left alone.
+    """
+    from .fingerprint import split_generated
+
+    here = root.joinpath(*PurePosixPath(package).parts)
+    stamped, others = [], []
+    if not here.is_dir() or here.is_symlink():
+        return stamped, others
+    for path in sorted(here.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if "__pycache__" in path.parts or not path.is_file() or rel in expected:
+            continue
+        if (
+            _TEMP.match(path.name)
+            and (PurePosixPath(rel).parent / _TEMP.match(path.name)["name"]).as_posix() in expected
+        ):
+            continue  # reported as leftover
+        head = path.read_bytes()[:65536]
+        (stamped if split_generated(head) is not None else others).append(rel)
+    return stamped, others
+
+
 def check_generated(rendered: dict[str, bytes], config: ProjectConfig) -> list[Drift]:
     """Drift between ``generated/`` and the rendered map, orphaned files included."""
     check_generated_dir(config, rendered, foreign=False)
@@ -64,7 +111,10 @@ def check_generated(rendered: dict[str, bytes], config: ProjectConfig) -> list[D
             if rel not in rendered and "__pycache__" not in path.parts:
                 label = f"{shown}/{rel}"
                 diff = unified_diff(path.read_bytes(), b"", label)
-                found.append(Drift("orphaned", "generated", label, rel, diff))
+                if not _TEMP.match(path.name):
+                    found.append(Drift("orphaned", "generated", label, rel, diff))
+        for rel in leftover_temp_files(rendered, gen):
+            found.append(Drift("leftover", "generated", f"{shown}/{rel}", rel))
     return found
 
 
@@ -83,7 +133,47 @@ def check_repo(
     files = target_files(rendered, target, config)
     for rel in files:
         safe_destination(repo, rel)  # raises UnsafePathError for escaping paths
-    return _compare(files, repo, target, f"{target}:{repo.as_posix()}")
+    shown = f"{target}:{repo.as_posix()}"
+    found = _compare(files, repo, target, shown)
+    stamped, _ = extra_files(files, repo, config.package(target))
+    for rel in stamped:
+        diff = unified_diff((repo / rel).read_bytes(), b"", f"{shown}/{rel}")
+        found.append(Drift("orphaned", target, f"{shown}/{rel}", rel, diff))
+    for rel in leftover_temp_files(files, repo):
+        found.append(Drift("leftover", target, f"{shown}/{rel}", rel))
+    return found
+
+
+# The one vendored file meant to be byte-identical in every sibling repo.
+SHARED_FILE = "schema.py"
+
+
+def check_siblings(repos: list[tuple[str, Path]], config: ProjectConfig) -> list[Drift]:
+    """Sibling repos' copies of the shared ``schema.py`` compared with each other.
+
+    Independent of what the contracts render now: two repos whose copies differ (the public
+    miles and Megatron copies differ by a blank line) are named, with the diff between them.
+    """
+    copies = []
+    for target, repo in repos:
+        rel = f"{config.package(target)}/{SHARED_FILE}"
+        path = safe_destination(repo, rel)
+        if path.is_file():
+            copies.append((target, repo, rel, path.read_bytes()))
+    found = []
+    for i, (t1, r1, rel1, c1) in enumerate(copies):
+        for t2, r2, rel2, c2 in copies[i + 1 :]:
+            if c1 != c2:
+                a, b = f"{t1}:{r1.as_posix()}/{rel1}", f"{t2}:{r2.as_posix()}/{rel2}"
+                lines = difflib.unified_diff(
+                    c1.decode("utf-8", "replace").splitlines(keepends=True),
+                    c2.decode("utf-8", "replace").splitlines(keepends=True),
+                    a,
+                    b,
+                )
+                diff = "".join(x if x.endswith("\n") else x + "\n" for x in lines)
+                found.append(Drift("sibling", f"{t1}/{t2}", f"{a} != {b}", rel2, diff))
+    return found
 
 
 def resolve_target_name(name: str) -> str:
@@ -97,4 +187,13 @@ def resolve_target_name(name: str) -> str:
     raise KeyError(f"unknown repo name {name!r}; use one of: {known}")
 
 
-__all__ = ["Drift", "UnsafePathError", "check_generated", "check_repo", "target_files"]
+__all__ = [
+    "Drift",
+    "UnsafePathError",
+    "check_generated",
+    "check_repo",
+    "check_siblings",
+    "extra_files",
+    "leftover_temp_files",
+    "target_files",
+]

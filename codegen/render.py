@@ -24,10 +24,17 @@ from ..schema.models import FromConfig as FromConfigRule
 from .config import ProjectConfig
 from .fingerprint import GENERATOR_FORMAT, contract_fingerprint, header, policy_fingerprints
 from .literals import INDENT, py_literal, py_str
+from .public_api import (
+    PUBLIC_CONTRACT_NAMES,
+    PUBLIC_IDENTITIES,
+    PUBLIC_KERNEL_CONTRACTS,
+    PUBLIC_LOGPROB_CONTRACTS,
+    PUBLIC_MODEL_FAMILIES,
+)
 from .targets import TARGETS, Target
 
 TEMPLATES = Path(__file__).parent / "templates"
-FILES = ("__init__.py", "schema.py", "runtime_policy.py")
+FILES = ("__init__.py", "contracts.py", "schema.py", "runtime_policy.py")
 
 
 class RenderError(RuntimeError):
@@ -164,6 +171,61 @@ def _contract_context(lc: LoadedContract) -> dict:
     }
 
 
+def _public_identity(contract_id: str, values: dict[str, object]) -> dict:
+    """Template context of a public identity constant that no contract here defines."""
+    return {
+        "const": contract_id.upper(),
+        "id_literal": py_str(contract_id),
+        "lit": {k: py_literal(v) for k, v in values.items() if k != "required_kernel_contracts"},
+        # one line (it fits): _seq's multi-line form is indented for module level only
+        "kernel_contracts_tuple": "("
+        + ", ".join(py_str(str(k)) for k in values["required_kernel_contracts"])  # type: ignore[union-attr]
+        + ("," if len(values["required_kernel_contracts"]) == 1 else "")  # type: ignore[arg-type]
+        + ")",
+    }
+
+
+def _contracts_module_names(target: Target, schema_ctx: dict) -> tuple[list[str], list[str]]:
+    """Names ``contracts.py`` re-exports: (from runtime_policy, from schema), each sorted as
+    ruff's isort orders them (constants, then classes, then functions)."""
+    runtime = [
+        "DEFAULT_RUNTIME_POLICY",
+        target.policy_class,
+        target.contract_class,
+        *target.contract_class_aliases,
+        "get_true_on_policy_contract",
+        "policy_for",
+        "resolve_true_on_policy_runtime_policy",
+        "validate_true_on_policy_contract",
+    ]
+    for c in schema_ctx["contracts"]:
+        runtime += [c["const"], f"{c['const']}_CONTRACT"]
+        if c["public_alias"] and c["public_alias"] != f"{c['const']}_CONTRACT":
+            runtime.append(c["public_alias"])
+    schema = [
+        "CONTRACT_IDS",
+        "KernelContract",
+        "LogprobContract",
+        "ModelFamily",
+        "TrueOnPolicyContractName",
+        "TrueOnPolicyContractSchema",
+        "UnknownContractError",
+        *(f"{c['const']}_SCHEMA" for c in schema_ctx["contracts"]),
+        *(f"{c['const']}_SCHEMA" for c in schema_ctx["public_identities"]),
+    ]
+    return _isort(runtime), _isort(schema)
+
+
+def _isort(names: list[str]) -> list[str]:
+    """ruff's isort order for names in one import: CONSTANTS, then Classes, then functions."""
+
+    def key(name: str) -> tuple[int, str]:
+        kind = 0 if name.isupper() else 1 if name[:1].isupper() else 2
+        return (kind, name)
+
+    return sorted(set(names), key=key)
+
+
 def _union(values: set[str]) -> str:
     return _seq([py_str(v) for v in sorted(values)], "[", "]")
 
@@ -177,14 +239,23 @@ def _schema_context(contracts: list[LoadedContract]) -> dict:
         "schema_version": SCHEMA_VERSION,
         "generator_format": GENERATOR_FORMAT,
         "contracts": [_contract_context(lc) for lc in contracts],
-        "ids_union": _union({lc.id for lc in contracts}),
-        "families_union": _union({lc.contract.family for lc in contracts}),
+        "ids_union": _union({lc.id for lc in contracts} | set(PUBLIC_CONTRACT_NAMES)),
+        "families_union": _union(
+            {lc.contract.family for lc in contracts} | set(PUBLIC_MODEL_FAMILIES)
+        ),
         "kernel_contracts_union": _union(
             {k for lc in contracts for k in lc.contract.identity.kernel_contracts}
+            | set(PUBLIC_KERNEL_CONTRACTS)
         ),
         "logprob_contracts_union": _union(
             {lc.contract.identity.logprob_contract for lc in contracts}
+            | set(PUBLIC_LOGPROB_CONTRACTS)
         ),
+        "public_identities": [
+            _public_identity(cid, values)
+            for cid, values in sorted(PUBLIC_IDENTITIES.items())
+            if cid not in {lc.id for lc in contracts}  # a contract with that id takes over
+        ],
         "ids_tuple": _seq([py_str(lc.id) for lc in contracts], "(", ")"),
         "kernel_fields": _field_docs(KernelPolicy),
         "dims_fields": _field_docs(ModelDims, skip=("rope",)),
@@ -233,8 +304,12 @@ def render(contracts: list[LoadedContract], config: ProjectConfig) -> dict[str, 
     for name in sorted(TARGETS):
         target = TARGETS[name]
         base = PurePosixPath(name) / config.package(name)
+        runtime_names, schema_names = _contracts_module_names(target, schema_ctx)
         ctx = {
             "target": target,
+            "runtime_names": runtime_names,
+            "schema_names": schema_names,
+            "all_names": _isort(runtime_names + schema_names),
             "contracts": schema_ctx["contracts"],
             "policy_fields": _policy_fields(target, contracts)[0:],
             "rules": _rules_literal(target, contracts),
@@ -243,6 +318,7 @@ def render(contracts: list[LoadedContract], config: ProjectConfig) -> dict[str, 
             "schema.py": schema_body,
             "runtime_policy.py": env.get_template(f"{name}/runtime_policy.py.j2").render(**ctx),
             "__init__.py": env.get_template(f"{name}/__init__.py.j2").render(**ctx),
+            "contracts.py": env.get_template("common/contracts.py.j2").render(**ctx),
         }
         for file in FILES:
             if file == "__init__.py" and not config.vendors_init(name):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import ProjectConfig
-from .drift import target_files, unified_diff
+from .drift import extra_files, leftover_temp_files, target_files, unified_diff
 from .fingerprint import is_hand_edited
 from .writer import UnsafePathError, atomic_write, safe_destination
 
@@ -35,7 +35,7 @@ class FilePlan:
     rel: str
     dest: Path
     content: bytes
-    action: str  # "create" | "update" | "unchanged"
+    action: str  # "create" | "update" | "unchanged" | "remove"
     diff: str = ""
     problem: str = ""  # why it is refused, when it is
 
@@ -65,7 +65,20 @@ def plan_sync(
         if not repo.is_dir():
             raise FileNotFoundError(f"--repo {target}={repo}: not a directory")
         package = config.package(target)
-        for rel, content in sorted(target_files(rendered, target, config).items()):
+        files = target_files(rendered, target, config)
+        stamped, _ = extra_files(files, repo, package)
+        for rel in [*leftover_temp_files(files, repo), *stamped]:
+            dest = safe_destination(repo, rel)
+            current = dest.read_bytes()
+            problem = ""
+            if rel in stamped and is_hand_edited(current) and not force:
+                problem = (
+                    f"{dest}: no contract produces it any more, and it was edited by hand; "
+                    "remove it yourself or use --force"
+                )
+            plan.files.append(FilePlan(target, repo, rel, dest, b"", "remove",
+                                       unified_diff(current, b"", f"{target}:{rel}"), problem))  # fmt: skip
+        for rel, content in sorted(files.items()):
             if not rel.startswith(package + "/"):
                 raise UnsafePathError(f"{rel}: outside the vendored package {package}")
             dest = safe_destination(repo, rel)
@@ -103,11 +116,19 @@ def repo_lock(repo: Path) -> Iterator[None]:
     """Exclusive lock per repo, held outside the repo so nothing is written beside its files."""
     key = hashlib.sha256(str(repo.resolve()).encode()).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / f"contractgen-sync-{key}.lock"
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # the holder before us may have removed the file: then lock the new one
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
         yield
     finally:
+        path.unlink(missing_ok=True)  # removed while still held: no lock file is left behind
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
@@ -131,7 +152,10 @@ def apply_sync(plan: SyncPlan) -> list[FilePlan]:
         raise SyncRefused("\n".join(f.problem for f in plan.refused))
     written = []
     for f in plan.changes:
-        atomic_write(f.dest, f.content)
+        if f.action == "remove":
+            f.dest.unlink(missing_ok=True)
+        else:
+            atomic_write(f.dest, f.content)
         written.append(f)
     return written
 

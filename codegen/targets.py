@@ -34,6 +34,10 @@ class Target:
     # DEFAULT_RUNTIME_POLICY (no contract active) values that are not False/None in the public
     # module: with no contract the engine must behave exactly as it did before.
     off_values: tuple[tuple[str, bool | str], ...] = ()
+    # Parameter names of the public module: the engine config a policy is resolved from
+    # (SGLang: server_args) and the id ``get_true_on_policy_contract`` takes (miles: name).
+    config_param: str = "config"
+    lookup_param: str = "contract_name"
 
 
 TARGETS: dict[str, Target] = {
@@ -47,6 +51,7 @@ TARGETS: dict[str, Target] = {
             contract_class="SGLangTrueOnPolicyContract",
             id_constant_is_object=False,
             summary="SGLang rollout engine",
+            config_param="server_args",
             role="rollout",
         ),
         Target(
@@ -58,9 +63,11 @@ TARGETS: dict[str, Target] = {
             id_constant_is_object=False,
             summary="Megatron trainer",
             role="trainer",
-            # The public default also has attention_backend="default"; ours keeps None, which
-            # adapters/megatron looks up as stock attention.
-            off_values=(("cast_qk_norm_input_before_weight_mul", True),),
+            # With no contract: Megatron's own attention ("default", as the public module has it).
+            off_values=(
+                ("attention_backend", "default"),
+                ("cast_qk_norm_input_before_weight_mul", True),
+            ),
         ),
         Target(
             name="launcher",
@@ -72,6 +79,7 @@ TARGETS: dict[str, Target] = {
             summary="Miles launcher",
             role="launcher",
             contract_class_aliases=("TrueOnPolicyContract",),
+            lookup_param="name",
         ),
     )
 }

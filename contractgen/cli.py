@@ -29,6 +29,7 @@ COMMANDS = (
     "add_checkpoint",
     "plan",
     "handshake",
+    "adopt",
 )
 
 
@@ -54,5 +55,31 @@ def main(ctx: click.Context, root: Path | None, contracts: Path | None) -> None:
     ctx.obj["contracts"] = contracts
 
 
+# The example every ``--help`` ends with (click prints the epilog last).
+EXAMPLES = {
+    "list": "contractgen list --json",
+    "schema": "contractgen schema > schema/contract.schema.json",
+    "generate": "contractgen --root . generate",
+    "check": "contractgen check --repo sglang=../sglang --repo megatron=../Megatron-LM --json",
+    "sync": "contractgen sync --repo sglang=../sglang --repo megatron=../Megatron-LM --dry-run",
+    "parity": "contractgen parity --contract qwen3_dense_true_on_policy_v1 --layouts tp1,tp2 --json -",
+    "breaking": "contractgen breaking --against main --format github",
+    "new": "contractgen new --from qwen3_dense_true_on_policy_v2 --dry-run",
+    "add_checkpoint": "contractgen add-checkpoint llama3_dense_true_on_policy_v1 ./Llama-3.2-1B "
+    "--tp-sizes 1,2",
+    "plan": "contractgen plan --contract qwen3_dense_true_on_policy_v1 --model Qwen3-4B --tp 2 --dp 4",
+    "handshake": "contractgen handshake --rollout ../sglang --trainer ../Megatron-LM "
+    "--contract qwen3_dense_true_on_policy_v1",
+    "adopt": "contractgen adopt --repo miles=../miles --dry-run",
+}
+
+
+def _epilog(example: str) -> str:
+    return f"\b\nExample:\n  {example}"
+
+
+main.epilog = _epilog("contractgen --root . check --repo sglang=../sglang")
 for _verb in COMMANDS:
-    main.add_command(importlib.import_module(f".commands.{_verb}", __package__).command)
+    _command = importlib.import_module(f".commands.{_verb}", __package__).command
+    _command.epilog = _epilog(EXAMPLES[_verb])
+    main.add_command(_command)

@@ -48,11 +48,26 @@ def all_gather_exact(t: torch.Tensor, group=None) -> list[torch.Tensor]:
     return [from_bits(o, t) for o in out]
 
 
+def _gathered_tree_sum(t: torch.Tensor, group) -> torch.Tensor:
+    """NCCL: one gather of every rank's bits into one ``[ranks, ...]`` buffer, then the same
+    adjacent-pair tree as ``tree_sum``, one stacked add per level (at TP=2 a single add)."""
+    n = world_size(group)
+    bits = bits_view(t)
+    buf = torch.empty((n, bits.numel()), dtype=torch.uint8, device=t.device)
+    dist.all_gather_into_tensor(buf, bits, group=group)
+    parts = buf.view(t.dtype).view(n, *t.shape)
+    while parts.shape[0] > 1:
+        parts = parts[0::2] + parts[1::2]
+    return parts[0]
+
+
 class _TreeAllReduce(torch.autograd.Function):
     """Forward: fixed-tree sum over ranks. Backward: identity (Megatron's reduce-from-TP region)."""
 
     @staticmethod
     def forward(ctx, t: torch.Tensor, group) -> torch.Tensor:
+        if dist.get_backend(group) == "nccl":
+            return _gathered_tree_sum(t, group)
         return tree_sum(all_gather_exact(t, group))
 
     @staticmethod

@@ -7,16 +7,16 @@ bf16 tensor-core tile dots) obtains the invariances:
   (operands upcast to float32, so bf16 products are exact; float64 stays float64 for gradient
   checks) rounded once to ``kp.matmul_accumulation_dtype``; tiles are combined in
   ``kp.matmul_tile_order``.
-* Batch invariance: one GEMM per K tile over exactly ``k_block`` values, on the rows padded to a
-  multiple of ``M_TILE`` (plain ``torch.matmul`` on 1 row is a GEMV with another summation order);
-  a GEMM whose reduction length is fixed computes each output from its row and column alone, so a
-  row's bits never depend on which other rows are in the call. (Until 2026-11-30 every GEMM was a
-  fixed ``M_TILE x k_block x N_TILE`` block on expanded operands, ``M*N*K/64`` memory;
-  ``tests/sglang/test_sglang_matmul.py`` pins the per-tile GEMM to that form, bit for bit.)
-* N invariance: a column's bits depend only on its weight row, so a column-parallel shard (starting
-  at a multiple of ``N_TILE``, 64, as the model pads) reproduces the full result's columns.
-* Memory: tiles are upcast one at a time and combined as they are produced (``streamed_matmul``):
-  no permanent float32 weight copy, no ``[T, M, N]`` stack of partials.
+* Batch invariance: every GEMM is a fixed ``M_TILE x k_block x N_TILE`` block (rows and columns
+  zero padded), batched ``BLOCKS_PER_CALL`` at a time, so a row's bits never depend on how many rows, or
+  which other rows, are in the call (plain ``torch.matmul`` changes kernels with M: M=1 is a GEMV;
+  on CUDA, cuBLAS picks kernels by N too).
+* N invariance: columns are cut into fixed ``N_TILE`` blocks the same way, so a column-parallel
+  shard whose boundary is a multiple of ``N_TILE`` (64) reproduces the full result's columns.
+* Memory: K tiles are upcast one at a time, the blocks of one batched call gathered at a time, and
+  tiles combined as they are produced (``streamed_matmul``): no permanent float32 weight copy, no
+  ``[T, M, N]`` stack of partials, no ``M*N*K``-sized operands (the form used until 2026-11-30;
+  ``tests/kernels`` pins the bits to it).
 * TP invariance: a row-parallel rank holding a whole subtree of tiles computes that subtree; the
   fixed-tree all-reduce (``all_reduce.py``) finishes the tree.
 
@@ -99,17 +99,33 @@ def _k_tile(t_MK: torch.Tensor, t: int, k_block: int, rows: int, gd: torch.dtype
     return F.pad(tile, (0, k_block - tile.shape[1], 0, rows - tile.shape[0]))
 
 
-def _tile_product(x_MK: torch.Tensor, w_NK: torch.Tensor, t: int, k_block: int) -> torch.Tensor:
-    """``P_MN = x[:, tile t] @ w[:, tile t].T``: one float32 (float64) GEMM over exactly
-    ``k_block`` values, rows and columns padded to multiples of ``M_TILE`` / ``N_TILE`` (BLAS
-    picks GEMV-like kernels, with other summation orders, for very thin operands).
+# GEMM blocks per batched call: always exactly this many (the last call zero padded), so the
+# BLAS never sees another batch shape either (cuBLAS picks its kernel by the batch count too: a
+# batch of one ran another kernel on the H200).
+BLOCKS_PER_CALL = 64
 
-    Only the tile's operands are upcast, for this call: no weight copy outlives it."""
+
+def _tile_product(x_MK: torch.Tensor, w_NK: torch.Tensor, t: int, k_block: int) -> torch.Tensor:
+    """``P_MN = x[:, tile t] @ w[:, tile t].T`` in float32 (float64 stays float64), every GEMM a
+    fixed ``M_TILE x k_block x N_TILE`` block, batched ``BLOCKS_PER_CALL`` blocks a call, so no
+    library ever picks a kernel, or a summation order, by M or N. Only this tile is upcast, for
+    this call; the operands of one call are gathered (bounded memory)."""
     M, N = x_MK.shape[0], w_NK.shape[0]
     gd = _gemm_dtype(torch.promote_types(x_MK.dtype, w_NK.dtype))
-    x_MpKb = _k_tile(x_MK, t, k_block, math.ceil(M / M_TILE) * M_TILE, gd)
-    w_NpKb = _k_tile(w_NK, t, k_block, math.ceil(N / N_TILE) * N_TILE, gd)
-    return (x_MpKb @ w_NpKb.T)[:M, :N]
+    nM, nN = math.ceil(M / M_TILE), math.ceil(N / N_TILE)
+    x_m_Mt_kb = _k_tile(x_MK, t, k_block, nM * M_TILE, gd).view(nM, M_TILE, k_block)
+    w_n_kb_Nt = _k_tile(w_NK, t, k_block, nN * N_TILE, gd).view(nN, N_TILE, k_block).transpose(1, 2)
+    idx = torch.arange(nM * nN, device=x_MK.device)
+    blocks = []
+    for lo in range(0, nM * nN, BLOCKS_PER_CALL):
+        part = idx[lo : lo + BLOCKS_PER_CALL]
+        pad = BLOCKS_PER_CALL - part.shape[0]
+        a = F.pad(x_m_Mt_kb[part // nN], (0, 0, 0, 0, 0, pad))
+        b = F.pad(w_n_kb_Nt[part % nN], (0, 0, 0, 0, 0, pad))
+        blocks.append(torch.bmm(a, b)[: part.shape[0]])
+    p_B_Mt_Nt = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    p = p_B_Mt_Nt.view(nM, nN, M_TILE, N_TILE).permute(0, 2, 1, 3).reshape(nM * M_TILE, -1)
+    return p[:M, :N]
 
 
 class _RunStack:

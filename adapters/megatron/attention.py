@@ -182,6 +182,7 @@ def _sdpa_backend(q, k, v, params, kp, scale):
 ATTENTION_BACKENDS: dict[str | None, Callable[..., torch.Tensor]] = {
     "fa3_varlen": _kernel_attention_backend,
     "sdpa": _sdpa_backend,
+    "default": _sdpa_backend,  # DEFAULT_RUNTIME_POLICY: no contract, Megatron's own attention
     None: _sdpa_backend,
 }
 

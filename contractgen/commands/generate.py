@@ -25,15 +25,24 @@ def command(ctx: click.Context) -> None:
     check_generated_dir(project.config, rendered)  # never delete a file contractgen did not write
     drift = check_generated(rendered, project.config)
     writes = [
-        (safe_destination(gen, d.rel), rendered[d.rel], d) for d in drift if d.kind != "orphaned"
+        (safe_destination(gen, d.rel), rendered[d.rel], d)
+        for d in drift
+        if d.kind in ("stale", "missing")
     ]
-    removals = [(safe_destination(gen, d.rel), d) for d in drift if d.kind == "orphaned"]
+    removals = [
+        (safe_destination(gen, d.rel), d) for d in drift if d.kind in ("orphaned", "leftover")
+    ]
     for dest, content, d in writes:
         atomic_write(dest, content)
         click.echo(f"{'created' if d.kind == 'missing' else 'updated'} {d.path}")
     for dest, d in removals:
         dest.unlink()
-        click.echo(f"removed {d.path} (no contract produces it)")
+        why = (
+            "an interrupted write's temp file"
+            if d.kind == "leftover"
+            else "no contract produces it"
+        )
+        click.echo(f"removed {d.path} ({why})")
     click.echo(
         f"generate: {len(rendered)} files from {len(project.contracts)} contracts, "
         f"{len(writes) + len(removals)} changed"

@@ -16,6 +16,23 @@ DEFAULT_CONTRACT = "qwen3_dense_true_on_policy_v1"
 DEFAULT_LAYOUTS = "tp1,tp2,pp2,cp2"
 
 
+def _check_checkpoint(checkpoint: Path, profile) -> None:
+    """Exit 2 with one line when the checkpoint's config.json is unreadable or its model is not
+    one the contract's profile covers (before any worker starts; no weights are read)."""
+    from ..adapters.sglang.checkpoint import covered_dims, hf_config_fields, read_hf_config
+
+    where = checkpoint / "config.json"
+    try:
+        covered_dims(profile, hf_config_fields(read_hf_config(checkpoint)), where=str(where))
+    except json.JSONDecodeError as exc:
+        fail(f"error: {where}:{exc.lineno}:{exc.colno}: does not parse as JSON ({exc.msg})")
+    except KeyError as exc:
+        fail(f"error: {where}: missing key {exc.args[0]!r} (expected a Hugging Face config.json)")
+    except ValueError as exc:  # CheckpointError, or JSON that does not parse
+        text = str(exc)
+        fail(f"error: {text}" if text.startswith(str(checkpoint)) else f"error: {where}: {text}")
+
+
 @click.command("parity")
 @click.option(
     "--contract", "contract_id", default=DEFAULT_CONTRACT, show_default=True, help="Contract id."
@@ -98,6 +115,7 @@ def command(
         "ignore:Apex is not installed:UserWarning,"
         "ignore:Transformer Engine and Apex are not installed:UserWarning",
     )
+    from ..parity import ROLLOUT
     from ..parity.gate import check_layouts, passed, run_gate, table
     from ..parity.harness import GateConfig
     from ..parity.layouts import (
@@ -113,7 +131,7 @@ def command(
     from ..vendored import load_target
 
     use_project_from(ctx)
-    schema = load_target("sglang").schema
+    schema = load_target(ROLLOUT).schema
     schema.get_contract_schema(contract_id)  # unknown ids: exit 2 listing the known ones
     if device == "cuda":
         import torch
@@ -134,6 +152,7 @@ def command(
         except CheckpointError as exc:
             fail(f"error: {exc}")
         weights = str(checkpoint)
+        _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
     from ..adapters.kernels.planted import BUGS
 
     if unknown := sorted(set(plant_bugs) - set(BUGS)):

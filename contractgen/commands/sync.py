@@ -41,6 +41,7 @@ def command(ctx: click.Context, repos: tuple[str, ...], dry_run: bool, force: bo
         click.echo(f"sync --dry-run: {len(plan.changes)} file(s) would change; nothing written")
         sys.exit(EXIT_OK)
     for f in written:
-        click.echo(f"{f.action}d {f.target}:{f.repo / f.rel}")
+        verb = "removed" if f.action == "remove" else f"{f.action}d"
+        click.echo(f"{verb} {f.target}:{f.repo / f.rel}")
     unchanged = len(plan.files) - len(plan.changes)
     click.echo(f"sync: {len(plan.changes)} written, {unchanged} already identical")

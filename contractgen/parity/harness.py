@@ -436,7 +436,8 @@ def run_faults(run: GateRun, ref=None) -> dict:
     A fault no layout detects fails the gate unless the contract explains it under
     ``unobservable``; a fault the contract calls unobservable that IS detected fails it too.
     """
-    layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, lay.name))
+    # cheapest first; among layouts of one size, TP first (reduction-order faults need TP)
+    layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, -lay.tp, lay.name))
     kp, sg, mg = _policies_at(run, layouts[0])
     faults = catalogue(kp, sg, mg)
     notes = unobservable_notes(run.config.contract_id)

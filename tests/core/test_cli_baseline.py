@@ -79,7 +79,7 @@ def test_exit_0_ok() -> None:
 def test_exit_1_drift(project: Path) -> None:
     result = cli("--root", project, "check")  # generated/ not written yet
     assert result.exit_code == 1
-    assert result.output.count("missing: generated/") == 9
+    assert result.output.count("missing: generated/") == 12
 
 
 @pytest.mark.parametrize(

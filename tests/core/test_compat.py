@@ -205,7 +205,11 @@ def test_megatron_v1_values(megatron) -> None:
         (1, "a2a", False),
         (2, "a2a", True),
         (4, ["a2a"], True),
-        (2, ["p2p", "a2a"], True),
+        (2, ["a2a", "a2a"], True),
+        # megatron-core: a list is one comm type per layer; only an all-a2a list is Ulysses
+        # everywhere. A tuple is refused by TransformerConfig at CP > 1: no layout (as public).
+        (2, ["p2p", "a2a"], False),
+        (2, ("a2a",), False),
         (2, "p2p", False),
         (2, None, False),
         (2, "allgather", False),
@@ -243,9 +247,7 @@ def test_megatron_default_policy_is_the_public_default(megatron) -> None:
     default = dataclasses.asdict(rp.DEFAULT_RUNTIME_POLICY)
     public = {name: False for name in MEGATRON_FIELDS}
     public.update(contract_name=None, cp_layout=None, cast_qk_norm_input_before_weight_mul=True)
-    # The public default says attention_backend="default"; ours is None (stock attention in
-    # adapters/megatron). Both mean "no contract attention kernel".
-    public["attention_backend"] = None
+    public["attention_backend"] = "default"  # as the public module has it (issue 12)
     assert default == public
     assert rp.resolve_true_on_policy_runtime_policy(SimpleNamespace()) is rp.DEFAULT_RUNTIME_POLICY
     named = SimpleNamespace(true_on_policy_contract=V1_ID, **vars(_mcfg()))

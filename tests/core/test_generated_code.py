@@ -68,7 +68,7 @@ def test_generated_tree_mirrors_vendored_paths() -> None:
     expected = {
         f"{t}/{PACKAGES[t]}/{f}"
         for t in PACKAGES
-        for f in ("__init__.py", "schema.py", "runtime_policy.py")
+        for f in ("__init__.py", "contracts.py", "schema.py", "runtime_policy.py")
     }
     assert set(files_under(GENERATED)) == expected
 

@@ -78,7 +78,7 @@ def test_every_generated_file_has_a_golden() -> None:
     """The shipped case covers all three targets and all three files of each."""
     expected = GOLDEN / "generate" / "shipped" / "expected"
     names = sorted(files_under(expected))
-    assert len(names) == 9
+    assert len(names) == 12
     for target in ("sglang", "megatron", "launcher"):
         for file in ("__init__.py", "schema.py", "runtime_policy.py"):
             assert any(n.startswith(f"{target}/") and n.endswith(f"/{file}") for n in names)

@@ -188,3 +188,116 @@ def test_bad_config_values_name_the_key(
     root = make_project(tmp_path / "p", config=config)
     for verb in ("list", "generate"):
         _assert_refused(root, verb, where=where, field=field)
+
+
+# --- check and sync against sibling repos ----------------------------------------------------
+
+
+def _synced_repo(tmp_path: Path) -> tuple[Path, Path]:
+    root = make_project(tmp_path / "p")
+    assert cli("--root", root, "generate").exit_code == 0
+    repo = tmp_path / "sglang"
+    repo.mkdir()
+    result = cli("--root", root, "sync", "--repo", f"sglang={repo}")
+    assert result.exit_code == 0, (result.output, result.stderr)
+    return root, repo / "python/sglang/srt/true_on_policy"
+
+
+def test_leftover_temp_files_are_reported_by_check_and_removed_by_sync(tmp_path: Path) -> None:
+    root, package = _synced_repo(tmp_path)
+    # what `kill -9` during atomic_write leaves: a temp file beside its destination
+    leftover = package / ".schema.py.k9x_2ab.tmp"
+    leftover.write_bytes((package / "schema.py").read_bytes()[:1000])
+    repo = package.parents[3]
+    check = cli("--root", root, "check", "--repo", f"sglang={repo}")
+    assert check.exit_code == 1, check.output
+    assert "leftover: sglang:" in check.output and ".schema.py.k9x_2ab.tmp" in check.output
+    synced = cli("--root", root, "sync", "--repo", f"sglang={repo}")
+    assert synced.exit_code == 0, (synced.output, synced.stderr)
+    assert not leftover.exists()
+    assert cli("--root", root, "check", "--repo", f"sglang={repo}").exit_code == 0
+
+
+def test_leftover_temp_files_in_generated_are_removed_by_generate(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    assert cli("--root", root, "generate").exit_code == 0
+    folder = root / "generated" / "sglang" / "python/sglang/srt/true_on_policy"
+    leftover = folder / ".runtime_policy.py.abc123.tmp"
+    leftover.write_text("partial")
+    check = cli("--root", root, "check")
+    assert check.exit_code == 1 and "leftover: generated/sglang/" in check.output
+    assert cli("--root", root, "generate").exit_code == 0
+    assert not leftover.exists()
+
+
+def test_check_repo_reports_extra_files_in_the_vendored_package(tmp_path: Path) -> None:
+    root, package = _synced_repo(tmp_path)
+    repo = package.parents[3]
+    old = package / "old_generated.py"  # stamped: an orphan of an earlier generation
+    old.write_bytes((package / "schema.py").read_bytes())
+    own = package / "config.py"  # the repo's own module beside the vendored ones
+    own.write_text("FLAG = True\n")
+    check = cli("--root", root, "check", "--repo", f"sglang={repo}")
+    assert check.exit_code == 1, check.output
+    assert "orphaned: sglang:" in check.output and "old_generated.py" in check.output
+    assert "note: sglang:" in check.output and "config.py: not generated" in check.output
+    assert cli("--root", root, "sync", "--repo", f"sglang={repo}").exit_code == 0
+    assert not old.exists() and own.read_text() == "FLAG = True\n"
+    assert cli("--root", root, "check", "--repo", f"sglang={repo}").exit_code == 0
+
+
+def test_check_repo_that_does_not_exist_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = cli("check", "--repo", f"sglang={tmp_path / 'nonexistent'}")
+    assert result.exit_code == 2
+    assert result.stdout.strip() == ""
+    assert result.stderr.strip().splitlines() == [
+        f"error: --repo sglang={tmp_path / 'nonexistent'}: not a directory"
+    ]
+
+
+def test_sync_leaves_no_lock_file_behind(tmp_path: Path) -> None:
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("contractgen-sync-*.lock"))
+    _synced_repo(tmp_path)
+    after = set(Path(tempfile.gettempdir()).glob("contractgen-sync-*.lock"))
+    assert after <= before
+
+
+def test_check_json_prints_errors_as_json(tmp_path: Path) -> None:
+    import json
+
+    root = _project_with(tmp_path, "theta: 1000000.0", "theta: .nan")
+    result = cli("--root", root, "check", "--json")
+    assert result.exit_code == 2
+    report = json.loads(result.output)
+    assert report["ok"] is False
+    (error,) = report["errors"]
+    assert error["file"] == f"contracts/{V1_ID}.yaml" and error["line"] == 32
+    assert error["field"] == "model_profile.rope.theta"
+
+
+def test_check_names_drift_between_sibling_copies(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    assert cli("--root", root, "generate").exit_code == 0
+    repos = {t: tmp_path / t for t in ("sglang", "megatron", "launcher")}
+    for path in repos.values():
+        path.mkdir()
+    args = [a for t, p in repos.items() for a in ("--repo", f"{t}={p}")]
+    assert cli("--root", root, "sync", *args).exit_code == 0
+    assert cli("--root", root, "check", *args).exit_code == 0
+    # as in the public stack: one copy with a blank line fewer after the imports
+    schema = repos["megatron"] / "megatron/core/true_on_policy/schema.py"
+    schema.write_text(
+        schema.read_text().replace("Literal\n\nSCHEMA_VERSION", "Literal\nSCHEMA_VERSION", 1)
+    )
+    result = cli("--root", root, "check", *args)
+    assert result.exit_code == 1
+    lines = [line for line in result.stdout.splitlines() if line.startswith("sibling: ")]
+    sglang = f"sglang:{repos['sglang'].as_posix()}/python/sglang/srt/true_on_policy/schema.py"
+    megatron = f"megatron:{repos['megatron'].as_posix()}/megatron/core/true_on_policy/schema.py"
+    launcher = f"launcher:{repos['launcher'].as_posix()}/miles/true_on_policy/schema.py"
+    assert lines == [
+        f"sibling: {sglang} != {megatron}",
+        f"sibling: {megatron} != {launcher}",
+    ], result.stdout

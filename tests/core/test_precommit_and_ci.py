@@ -127,3 +127,41 @@ def test_ci_recipe_for_the_plugins_path(tmp_path: Path) -> None:
     assert cli("--root", project, "sync", "--repo", f"megatron={repo}").exit_code == 0
     assert cli("--root", project, "check", "--repo", f"megatron={repo}").exit_code == 0
     assert (repo / "miles_megatron_plugins" / "true_on_policy" / "schema.py").is_file()
+
+
+# --- issue 12: the newcomer path -------------------------------------------------------------
+
+
+def _quickstart_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Quickstart", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_readme_quickstart_is_two_commands_and_ci_runs_the_same_tests() -> None:
+    commands = _quickstart_commands()
+    assert commands == ["bash tools/quickstart.sh", ".venv/bin/python -m pytest -q"]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert commands[1] in ci  # .ci/run calls exactly the README's test command
+    script = (ROOT / "tools" / "quickstart.sh").read_text()
+    assert "tools/install-dev.sh" in script and ".venv/bin/contractgen parity" in script
+    assert subprocess.run(["bash", "-n", str(ROOT / "tools" / "quickstart.sh")]).returncode == 0
+
+
+def test_every_help_ends_with_an_example() -> None:
+    from contractgen.cli import COMMANDS
+
+    for verb in (None, *COMMANDS):
+        args = ["--help"] if verb is None else [verb.replace("_", "-"), "--help"]
+        result = cli(*args)
+        assert result.exit_code == 0, (verb, result.output)
+        tail = [line.strip() for line in result.output.strip().splitlines()[-2:]]
+        assert tail[0] == "Example:" and tail[1].startswith("contractgen "), (verb, tail)
+
+
+def test_cli_silences_megatron_import_warnings() -> None:
+    code = "import contractgen.cli, megatron.core.models.backends, megatron.core.optimizer"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Apex" not in proc.stderr and "Transformer Engine" not in proc.stderr, proc.stderr

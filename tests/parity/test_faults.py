@@ -78,11 +78,14 @@ def test_catalogue_covers_every_policy_field():
 @pytest.mark.slow
 @pytest.mark.parametrize("contract", [V1, V2])
 def test_inject_faults_every_fault_detected_or_explained(tmp_path, contract):
-    code, report, out = run_parity(
-        "--contract", contract, "--layouts", "tp1,tp2,tp4,pp2,cp2", "--inject-faults",
-        tmp_path=tmp_path, timeout=1500,
-    )  # fmt: skip
+    """With no other flag, --inject-faults runs the layouts its faults need (tp4 included) and
+    passes: every fault, the planted shared-kernel bugs included, detected or explained."""
+    code, report, out = run_parity("--contract", contract, "--inject-faults", tmp_path=tmp_path,
+                                   timeout=1500)  # fmt: skip
+    assert "tp4" in [lay["name"] for lay in report["layouts"]]
     faults = report["faults"]
+    shared = {"shared.silu_glu_sign_flip", "shared.tp_reduce_skipped"}
+    assert shared <= set(faults["details"]) and not shared & set(faults["explained"])
     assert faults["undetected"] == [], out
     assert faults["errors"] == {} and faults["contradicted"] == [], out
     assert faults["detected"] + len(faults["explained"]) == faults["injected"]

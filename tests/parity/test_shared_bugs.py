@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from conftest import run_parity
 
-from contractgen.adapters.sglang.kernels import planted
+from contractgen.adapters.kernels import planted
 
 
 def test_planted_switch_is_scoped():

@@ -26,13 +26,12 @@ import triton
 import triton.language as tl
 
 from .._dtypes import dtype_of
-from ..all_reduce import pairwise_sum
 from ..matmul import _run_length, reference_matmul
 
 # Triton's CPU interpreter (CI): same kernels, its dot needs float32 operands.
 INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
-BLOCK_M = 128
+BLOCK_M = 64
 BLOCK_N = 128
 NUM_WARPS = 8
 NUM_STAGES = 3
@@ -87,7 +86,7 @@ def _run(
     """Run ``r``: its ``RUN`` tiles, each rounded to ``ACC``, added left to right."""
     t0 = r * RUN
     acc = _round(_tile_dot(x_ptr, w_ptr, offs_m, offs_n, t0 * BK, M, N, K, sxm, swn, BK), ACC)
-    for j in tl.static_range(1, RUN):
+    for j in range(1, RUN):
         part = _tile_dot(x_ptr, w_ptr, offs_m, offs_n, (t0 + j) * BK, M, N, K, sxm, swn, BK)
         acc = _add(acc, _round(part, ACC), ACC)
     return acc
@@ -142,43 +141,87 @@ def _runs_tree(
     x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """All runs of one output tile, combined by a binary counter: ``s<l>`` holds the sum of
-    ``2**l`` consecutive runs; ``NUM_RUNS`` is a power of two (<= 64), so after the last run
-    every level has merged into ``c``: ``((r0 + r1) + (r2 + r3)) ...``."""
+    """All K tiles of one output tile in one (pipelined) loop: tiles rounded to ``ACC`` and added
+    into the current run; each finished run ``n`` (1-based) goes into a binary counter, ``s<l>``
+    holding the sum of ``2**l`` consecutive runs. ``NUM_RUNS`` is a power of two (<= 64), so the
+    last run leaves the whole sum, ``((r0 + r1) + (r2 + r3)) ...``, at level log2(NUM_RUNS). The
+    static ``NUM_RUNS >=`` guards keep unused levels out of the compiled loop."""
     s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
     s1 = s0
     s2 = s0
     s3 = s0
     s4 = s0
     s5 = s0
-    c = s0
-    for r in tl.static_range(NUM_RUNS):
-        c = _run(x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN, ACC, BLOCK_K)
-        if (r + 1) % 2 != 0:
-            s0 = c
+    s6 = s0
+    run = s0
+    for t in range(0, RUN * NUM_RUNS):
+        part = _round(
+            _tile_dot(x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K), ACC
+        )
+        if t % RUN == 0:
+            run = part
         else:
-            c = _add(s0, c, ACC)
-            if (r + 1) % 4 != 0:
-                s1 = c
-            else:
-                c = _add(s1, c, ACC)
-                if (r + 1) % 8 != 0:
-                    s2 = c
+            run = _add(run, part, ACC)
+        if t % RUN == RUN - 1:
+            n = t // RUN + 1
+            c = run
+            if NUM_RUNS >= 2:
+                if n % 2 != 0:
+                    s0 = c
                 else:
-                    c = _add(s2, c, ACC)
-                    if (r + 1) % 16 != 0:
-                        s3 = c
-                    else:
-                        c = _add(s3, c, ACC)
-                        if (r + 1) % 32 != 0:
-                            s4 = c
+                    c = _add(s0, c, ACC)
+                    if NUM_RUNS >= 4:
+                        if n % 4 != 0:
+                            s1 = c
                         else:
-                            c = _add(s4, c, ACC)
-                            if (r + 1) % 64 != 0:
-                                s5 = c
+                            c = _add(s1, c, ACC)
+                            if NUM_RUNS >= 8:
+                                if n % 8 != 0:
+                                    s2 = c
+                                else:
+                                    c = _add(s2, c, ACC)
+                                    if NUM_RUNS >= 16:
+                                        if n % 16 != 0:
+                                            s3 = c
+                                        else:
+                                            c = _add(s3, c, ACC)
+                                            if NUM_RUNS >= 32:
+                                                if n % 32 != 0:
+                                                    s4 = c
+                                                else:
+                                                    c = _add(s4, c, ACC)
+                                                    if NUM_RUNS >= 64:
+                                                        if n % 64 != 0:
+                                                            s5 = c
+                                                        else:
+                                                            c = _add(s5, c, ACC)
+                                                            s6 = c
+                                                    else:
+                                                        s5 = c
+                                            else:
+                                                s4 = c
+                                    else:
+                                        s3 = c
                             else:
-                                c = _add(s5, c, ACC)
-    return c
+                                s2 = c
+                    else:
+                        s1 = c
+            else:
+                s0 = c
+    out = s0
+    if NUM_RUNS == 2:
+        out = s1
+    if NUM_RUNS == 4:
+        out = s2
+    if NUM_RUNS == 8:
+        out = s3
+    if NUM_RUNS == 16:
+        out = s4
+    if NUM_RUNS == 32:
+        out = s5
+    if NUM_RUNS == 64:
+        out = s6
+    return out
 
 
 @triton.jit
@@ -188,7 +231,7 @@ def _mm_runs(
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """Small M: program (output tile, run r) writes run r to ``ws[r]``; the runs are then combined
-    pairwise (``pairwise_sum``, the same adds as the counter)."""
+    pairwise level by level (the same adds as the counter)."""
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -221,7 +264,9 @@ def _launch(x_MK: torch.Tensor, w_NK: torch.Tensor, k_block: int, run: int, acc:
             ws_RMN.stride(1), run, _TL[acc], BLOCK_M, BLOCK_N, k_block, num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
         )  # fmt: skip
-        return pairwise_sum(list(ws_RMN.unbind(0)))
+        while ws_RMN.shape[0] > 1:  # adjacent pairs, one level per add (a power of two of runs)
+            ws_RMN = ws_RMN[0::2] + ws_RMN[1::2]
+        return ws_RMN[0]
     y_MN = torch.empty((M, N), dtype=acc, device=x_MK.device)
     progs = min(progs, grid_m * grid_n)
     iters = triton.next_power_of_2(triton.cdiv(grid_m * grid_n, progs))

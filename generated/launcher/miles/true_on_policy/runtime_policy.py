@@ -8,7 +8,7 @@
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-# sha256: 38ced7c83a00d563e77db7b5181f9198336685b055114d488f7cff0b79dd63ae
+# sha256: 1ababb65e41bd59065f640581114b796f4c7bd1a5f5bff61871ab435ddd51e1a
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .schema import (
+    CONTRACT_DATA,
     CONTRACT_IDS,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
@@ -84,10 +85,12 @@ DEFAULT_RUNTIME_POLICY = LauncherTrueOnPolicyRuntimePolicy(
 
 
 def _cp_comm_types(config: Any) -> list[str]:
+    # megatron-core's cp_comm_type is a str (every layer) or a list with one entry per layer;
+    # TransformerConfig refuses anything else (a tuple) when CP > 1, so a tuple is no layout.
     value = getattr(config, "cp_comm_type", None)
     if isinstance(value, str):
         return [value]
-    return [str(item) for item in value] if isinstance(value, list | tuple) else []
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _size(config: Any, name: str) -> int:
@@ -100,7 +103,9 @@ CONDITIONS = {
     "rollout_tp": lambda config: _size(config, "tp_size") > 1,
     "train_tp": lambda config: _size(config, "tensor_model_parallel_size") > 1,
     "ulysses_cp": lambda config: (
-        _size(config, "context_parallel_size") > 1 and "a2a" in _cp_comm_types(config)
+        _size(config, "context_parallel_size") > 1
+        and bool(_cp_comm_types(config))
+        and all(kind == "a2a" for kind in _cp_comm_types(config))
     ),
 }
 
@@ -155,6 +160,13 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
 }
 
 
+def _kernel_policy_data(contract_name: str) -> dict[str, Any]:
+    try:
+        return CONTRACT_DATA[contract_name]["kernel_policy"]
+    except KeyError:
+        raise UnknownContractError(contract_name) from None
+
+
 def _resolve(rule: tuple, config: Any) -> Any:
     kind = rule[0]
     if kind == "const":
@@ -204,6 +216,14 @@ class LauncherTrueOnPolicyContract:
         values = {field: _resolve(rule, config) for field, rule in rules.items()}
         return LauncherTrueOnPolicyRuntimePolicy(contract_name=self.name, **values)
 
+    def kernel_policy_kwargs_for(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The contract's kernel policy as keyword arguments (field name -> value).
+
+        Extra arguments (a model profile, a config) are accepted and ignored: the kernel policy
+        depends on the contract alone.
+        """
+        return dict(_kernel_policy_data(self.name))
+
 
 LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
     schema=LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
@@ -232,12 +252,12 @@ _CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
 }
 
 
-def get_true_on_policy_contract(contract_name: str) -> LauncherTrueOnPolicyContract:
+def get_true_on_policy_contract(name: str) -> LauncherTrueOnPolicyContract:
     """Registry lookup; an unknown id raises UnknownContractError listing the known ids."""
     try:
-        return _CONTRACT_BY_NAME[contract_name]
+        return _CONTRACT_BY_NAME[name]
     except KeyError:
-        raise UnknownContractError(contract_name) from None
+        raise UnknownContractError(name) from None
 
 
 def validate_true_on_policy_contract(contract_name_or_config: Any) -> None:

@@ -8,7 +8,7 @@
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-# sha256: a69e056cf72ff29f401bc53eaa468ab6f3019c531dac8e50665bad462b00dd3d
+# sha256: 909452a7090b28a3646ca94c07afbe33c9c0e46bbd8d63cadba2aba8733bd3b2
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -33,15 +33,19 @@ TrueOnPolicyContractName = Literal[
     "llama3_dense_true_on_policy_v1",
     "qwen3_dense_true_on_policy_v1",
     "qwen3_dense_true_on_policy_v2",
+    "qwen3_moe_true_on_policy_v1",
 ]
 ModelFamily = Literal[
     "llama3_dense",
     "qwen3_dense",
+    "qwen3_moe",
+    "qwen3_next",
 ]
 KernelContract = Literal[
     "llama3_dense_sglang_math",
     "qwen3_dense_sglang_math",
     "qwen3_dense_sglang_math_fp32_logprobs",
+    "qwen3_moe_sglang_math",
 ]
 LogprobContract = Literal[
     "decode",
@@ -69,10 +73,10 @@ class UnknownContractError(KeyError, ValueError):
 class TrueOnPolicyContractSchema:
     """Cross-repo identity of one contract (the public field order, then ours)."""
 
-    name: str
-    model_family: str
-    required_kernel_contracts: tuple[str, ...]
-    logprob_contract: str
+    name: TrueOnPolicyContractName
+    model_family: ModelFamily
+    required_kernel_contracts: tuple[KernelContract, ...]
+    logprob_contract: LogprobContract
     sglang_attention_backend: str
     fsdp_attention_implementation: str
     disable_megatron_sequence_parallel: bool
@@ -1384,6 +1388,18 @@ QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA = TrueOnPolicyContractSchema(
     schema_version=SCHEMA_VERSION,
     fingerprint=FINGERPRINTS["qwen3_dense_true_on_policy_v2"],
     supersedes="qwen3_dense_true_on_policy_v1",
+)
+
+# Public identity constants no contract file here defines yet (values of the public modules; no
+# fingerprint, not in CONTRACT_IDS). A contract file with the same id replaces each one.
+QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
+    name="qwen3_moe_true_on_policy_v1",
+    model_family="qwen3_moe",
+    required_kernel_contracts=("qwen3_dense_sglang_math", "qwen3_moe_sglang_math"),
+    logprob_contract="sglang_prefill",
+    sglang_attention_backend="fa3",
+    fsdp_attention_implementation="flash_attention_3",
+    disable_megatron_sequence_parallel=True,
 )
 
 _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {

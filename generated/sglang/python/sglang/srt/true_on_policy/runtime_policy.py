@@ -8,7 +8,7 @@
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-# sha256: 9a0dcdfca600176a46e7b566a070497cd5ff023e68dfc4fbcc1748da3171015f
+# sha256: f3d747e86cdcab762f070bfa8dd476a82d4e81f0db2d7a4f6fcd7e1b49d1e78a
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .schema import (
+    CONTRACT_DATA,
     CONTRACT_IDS,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
@@ -77,10 +78,12 @@ DEFAULT_RUNTIME_POLICY = SGLangTrueOnPolicyRuntimePolicy(
 
 
 def _cp_comm_types(config: Any) -> list[str]:
+    # megatron-core's cp_comm_type is a str (every layer) or a list with one entry per layer;
+    # TransformerConfig refuses anything else (a tuple) when CP > 1, so a tuple is no layout.
     value = getattr(config, "cp_comm_type", None)
     if isinstance(value, str):
         return [value]
-    return [str(item) for item in value] if isinstance(value, list | tuple) else []
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _size(config: Any, name: str) -> int:
@@ -93,7 +96,9 @@ CONDITIONS = {
     "rollout_tp": lambda config: _size(config, "tp_size") > 1,
     "train_tp": lambda config: _size(config, "tensor_model_parallel_size") > 1,
     "ulysses_cp": lambda config: (
-        _size(config, "context_parallel_size") > 1 and "a2a" in _cp_comm_types(config)
+        _size(config, "context_parallel_size") > 1
+        and bool(_cp_comm_types(config))
+        and all(kind == "a2a" for kind in _cp_comm_types(config))
     ),
 }
 
@@ -134,6 +139,13 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "disable_fused_qk_norm_mrope": ("const", True),
     },
 }
+
+
+def _kernel_policy_data(contract_name: str) -> dict[str, Any]:
+    try:
+        return CONTRACT_DATA[contract_name]["kernel_policy"]
+    except KeyError:
+        raise UnknownContractError(contract_name) from None
 
 
 def _resolve(rule: tuple, config: Any) -> Any:
@@ -179,11 +191,19 @@ class SGLangTrueOnPolicyContract:
     def disable_megatron_sequence_parallel(self) -> bool:
         return self.schema.disable_megatron_sequence_parallel
 
-    def policy_for(self, config: Any = None) -> SGLangTrueOnPolicyRuntimePolicy:
-        """The runtime policy for this contract under ``config`` (layout-dependent fields)."""
+    def policy_for(self, server_args: Any = None) -> SGLangTrueOnPolicyRuntimePolicy:
+        """The runtime policy for this contract under ``server_args`` (layout-dependent fields)."""
         rules = POLICY_RULES[self.name]
-        values = {field: _resolve(rule, config) for field, rule in rules.items()}
+        values = {field: _resolve(rule, server_args) for field, rule in rules.items()}
         return SGLangTrueOnPolicyRuntimePolicy(contract_name=self.name, **values)
+
+    def kernel_policy_kwargs_for(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The contract's kernel policy as keyword arguments (field name -> value).
+
+        Extra arguments (a model profile, a config) are accepted and ignored: the kernel policy
+        depends on the contract alone.
+        """
+        return dict(_kernel_policy_data(self.name))
 
 
 LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = SGLangTrueOnPolicyContract(
@@ -226,17 +246,17 @@ def validate_true_on_policy_contract(contract_name_or_config: Any) -> None:
         get_true_on_policy_contract(value)
 
 
-def policy_for(contract_id: str, config: Any = None) -> SGLangTrueOnPolicyRuntimePolicy:
-    """The runtime policy of ``contract_id`` under ``config``."""
-    return get_true_on_policy_contract(contract_id).policy_for(config)
+def policy_for(contract_id: str, server_args: Any = None) -> SGLangTrueOnPolicyRuntimePolicy:
+    """The runtime policy of ``contract_id`` under ``server_args``."""
+    return get_true_on_policy_contract(contract_id).policy_for(server_args)
 
 
-def resolve_true_on_policy_runtime_policy(config: Any) -> SGLangTrueOnPolicyRuntimePolicy:
-    """Policy named by ``config.true_on_policy_contract``, or DEFAULT_RUNTIME_POLICY if none."""
-    contract_name = getattr(config, "true_on_policy_contract", None)
+def resolve_true_on_policy_runtime_policy(server_args: Any) -> SGLangTrueOnPolicyRuntimePolicy:
+    """Policy named by ``server_args.true_on_policy_contract``, or DEFAULT_RUNTIME_POLICY if none."""
+    contract_name = getattr(server_args, "true_on_policy_contract", None)
     if contract_name is None:
         return DEFAULT_RUNTIME_POLICY
-    return policy_for(contract_name, config)
+    return policy_for(contract_name, server_args)
 
 
 __all__ = [

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# sha256: 67f0fb778ff59ef3088897b23dd4de62060d5035e1fd1b31004dadb8727980a8
+# sha256: 754ee87a5c89876aa4a336d8ef63b7c040bf76e47eea503f6d2795213cea5ce2
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .schema import (
+    CONTRACT_DATA,
     CONTRACT_IDS,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     TrueOnPolicyContractSchema,
@@ -78,10 +79,12 @@ DEFAULT_RUNTIME_POLICY = LauncherTrueOnPolicyRuntimePolicy(
 
 
 def _cp_comm_types(config: Any) -> list[str]:
+    # megatron-core's cp_comm_type is a str (every layer) or a list with one entry per layer;
+    # TransformerConfig refuses anything else (a tuple) when CP > 1, so a tuple is no layout.
     value = getattr(config, "cp_comm_type", None)
     if isinstance(value, str):
         return [value]
-    return [str(item) for item in value] if isinstance(value, list | tuple) else []
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _size(config: Any, name: str) -> int:
@@ -94,7 +97,9 @@ CONDITIONS = {
     "rollout_tp": lambda config: _size(config, "tp_size") > 1,
     "train_tp": lambda config: _size(config, "tensor_model_parallel_size") > 1,
     "ulysses_cp": lambda config: (
-        _size(config, "context_parallel_size") > 1 and "a2a" in _cp_comm_types(config)
+        _size(config, "context_parallel_size") > 1
+        and bool(_cp_comm_types(config))
+        and all(kind == "a2a" for kind in _cp_comm_types(config))
     ),
 }
 
@@ -117,6 +122,13 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "recompute_logprobs_via_prefill": ("const", True),
     },
 }
+
+
+def _kernel_policy_data(contract_name: str) -> dict[str, Any]:
+    try:
+        return CONTRACT_DATA[contract_name]["kernel_policy"]
+    except KeyError:
+        raise UnknownContractError(contract_name) from None
 
 
 def _resolve(rule: tuple, config: Any) -> Any:
@@ -168,6 +180,14 @@ class LauncherTrueOnPolicyContract:
         values = {field: _resolve(rule, config) for field, rule in rules.items()}
         return LauncherTrueOnPolicyRuntimePolicy(contract_name=self.name, **values)
 
+    def kernel_policy_kwargs_for(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The contract's kernel policy as keyword arguments (field name -> value).
+
+        Extra arguments (a model profile, a config) are accepted and ignored: the kernel policy
+        depends on the contract alone.
+        """
+        return dict(_kernel_policy_data(self.name))
+
 
 QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
@@ -185,12 +205,12 @@ _CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
 }
 
 
-def get_true_on_policy_contract(contract_name: str) -> LauncherTrueOnPolicyContract:
+def get_true_on_policy_contract(name: str) -> LauncherTrueOnPolicyContract:
     """Registry lookup; an unknown id raises UnknownContractError listing the known ids."""
     try:
-        return _CONTRACT_BY_NAME[contract_name]
+        return _CONTRACT_BY_NAME[name]
     except KeyError:
-        raise UnknownContractError(contract_name) from None
+        raise UnknownContractError(name) from None
 
 
 def validate_true_on_policy_contract(contract_name_or_config: Any) -> None:

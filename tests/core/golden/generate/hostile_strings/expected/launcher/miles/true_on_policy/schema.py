@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
-# sha256: 78328ecbb3ceef9d76c0e7ac67ddcb2b115e2e36aa14bc3dd5f3384c47bb1e9d
+# sha256: fe7768d05ea9882f692e4d102079c762bbd5bcaeba59138a2d7b635afd57eccf
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -25,9 +25,19 @@ from typing import Literal
 SCHEMA_VERSION = 1
 GENERATOR_FORMAT = 1
 
-TrueOnPolicyContractName = Literal["qwen3_dense_true_on_policy_v1"]
-ModelFamily = Literal["qwen3_dense"]
-KernelContract = Literal["qwen3_dense_sglang_math"]
+TrueOnPolicyContractName = Literal[
+    "qwen3_dense_true_on_policy_v1",
+    "qwen3_moe_true_on_policy_v1",
+]
+ModelFamily = Literal[
+    "qwen3_dense",
+    "qwen3_moe",
+    "qwen3_next",
+]
+KernelContract = Literal[
+    "qwen3_dense_sglang_math",
+    "qwen3_moe_sglang_math",
+]
 LogprobContract = Literal["sglang_prefill"]
 
 CONTRACT_IDS: tuple[str, ...] = ("qwen3_dense_true_on_policy_v1",)
@@ -47,10 +57,10 @@ class UnknownContractError(KeyError, ValueError):
 class TrueOnPolicyContractSchema:
     """Cross-repo identity of one contract (the public field order, then ours)."""
 
-    name: str
-    model_family: str
-    required_kernel_contracts: tuple[str, ...]
-    logprob_contract: str
+    name: TrueOnPolicyContractName
+    model_family: ModelFamily
+    required_kernel_contracts: tuple[KernelContract, ...]
+    logprob_contract: LogprobContract
     sglang_attention_backend: str
     fsdp_attention_implementation: str
     disable_megatron_sequence_parallel: bool
@@ -480,6 +490,18 @@ QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
     schema_version=SCHEMA_VERSION,
     fingerprint=FINGERPRINTS["qwen3_dense_true_on_policy_v1"],
     supersedes=None,
+)
+
+# Public identity constants no contract file here defines yet (values of the public modules; no
+# fingerprint, not in CONTRACT_IDS). A contract file with the same id replaces each one.
+QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
+    name="qwen3_moe_true_on_policy_v1",
+    model_family="qwen3_moe",
+    required_kernel_contracts=("qwen3_dense_sglang_math", "qwen3_moe_sglang_math"),
+    logprob_contract="sglang_prefill",
+    sglang_attention_backend="fa3",
+    fsdp_attention_implementation="flash_attention_3",
+    disable_megatron_sequence_parallel=True,
 )
 
 _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
-# sha256: 77491ce7e4a020c33c12e0e3fae7b585f801030f359bdd79887a52e654145497
+# sha256: c6f669d400546cb5f06519ee9bf7eeebbf30271a5b90fecac73dbc313318da11
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .schema import (
+    CONTRACT_DATA,
     CONTRACT_IDS,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     TrueOnPolicyContractSchema,
@@ -78,7 +79,7 @@ DEFAULT_RUNTIME_POLICY = MegatronTrueOnPolicyRuntimePolicy(
     batch_invariant_mode=False,
     disable_rope_fusion=False,
     disable_bias_swiglu_fusion=False,
-    attention_backend=None,
+    attention_backend="default",
     cp_layout=None,
     cast_attention_input_to_dense_math_dtype=False,
     cast_qk_norm_input_before_weight_mul=True,
@@ -94,10 +95,12 @@ DEFAULT_RUNTIME_POLICY = MegatronTrueOnPolicyRuntimePolicy(
 
 
 def _cp_comm_types(config: Any) -> list[str]:
+    # megatron-core's cp_comm_type is a str (every layer) or a list with one entry per layer;
+    # TransformerConfig refuses anything else (a tuple) when CP > 1, so a tuple is no layout.
     value = getattr(config, "cp_comm_type", None)
     if isinstance(value, str):
         return [value]
-    return [str(item) for item in value] if isinstance(value, list | tuple) else []
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _size(config: Any, name: str) -> int:
@@ -110,7 +113,9 @@ CONDITIONS = {
     "rollout_tp": lambda config: _size(config, "tp_size") > 1,
     "train_tp": lambda config: _size(config, "tensor_model_parallel_size") > 1,
     "ulysses_cp": lambda config: (
-        _size(config, "context_parallel_size") > 1 and "a2a" in _cp_comm_types(config)
+        _size(config, "context_parallel_size") > 1
+        and bool(_cp_comm_types(config))
+        and all(kind == "a2a" for kind in _cp_comm_types(config))
     ),
 }
 
@@ -137,6 +142,13 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
     },
 }
+
+
+def _kernel_policy_data(contract_name: str) -> dict[str, Any]:
+    try:
+        return CONTRACT_DATA[contract_name]["kernel_policy"]
+    except KeyError:
+        raise UnknownContractError(contract_name) from None
 
 
 def _resolve(rule: tuple, config: Any) -> Any:
@@ -187,6 +199,14 @@ class MegatronTrueOnPolicyContract:
         rules = POLICY_RULES[self.name]
         values = {field: _resolve(rule, config) for field, rule in rules.items()}
         return MegatronTrueOnPolicyRuntimePolicy(contract_name=self.name, **values)
+
+    def kernel_policy_kwargs_for(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The contract's kernel policy as keyword arguments (field name -> value).
+
+        Extra arguments (a model profile, a config) are accepted and ignored: the kernel policy
+        depends on the contract alone.
+        """
+        return dict(_kernel_policy_data(self.name))
 
 
 QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = MegatronTrueOnPolicyContract(

@@ -8,7 +8,7 @@
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-# sha256: 31d40070edc50a85c8578ed97593a8ddaff593a965b0b07437c33120c7e91b90
+# sha256: a08e6b2af69badee2d27d430b4c8f9534630da48dc05bfd79f726cc239dfd4d6
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .schema import (
+    CONTRACT_DATA,
     CONTRACT_IDS,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
@@ -86,7 +87,7 @@ DEFAULT_RUNTIME_POLICY = MegatronTrueOnPolicyRuntimePolicy(
     batch_invariant_mode=False,
     disable_rope_fusion=False,
     disable_bias_swiglu_fusion=False,
-    attention_backend=None,
+    attention_backend="default",
     cp_layout=None,
     cast_attention_input_to_dense_math_dtype=False,
     cast_qk_norm_input_before_weight_mul=True,
@@ -102,10 +103,12 @@ DEFAULT_RUNTIME_POLICY = MegatronTrueOnPolicyRuntimePolicy(
 
 
 def _cp_comm_types(config: Any) -> list[str]:
+    # megatron-core's cp_comm_type is a str (every layer) or a list with one entry per layer;
+    # TransformerConfig refuses anything else (a tuple) when CP > 1, so a tuple is no layout.
     value = getattr(config, "cp_comm_type", None)
     if isinstance(value, str):
         return [value]
-    return [str(item) for item in value] if isinstance(value, list | tuple) else []
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _size(config: Any, name: str) -> int:
@@ -118,7 +121,9 @@ CONDITIONS = {
     "rollout_tp": lambda config: _size(config, "tp_size") > 1,
     "train_tp": lambda config: _size(config, "tensor_model_parallel_size") > 1,
     "ulysses_cp": lambda config: (
-        _size(config, "context_parallel_size") > 1 and "a2a" in _cp_comm_types(config)
+        _size(config, "context_parallel_size") > 1
+        and bool(_cp_comm_types(config))
+        and all(kind == "a2a" for kind in _cp_comm_types(config))
     ),
 }
 
@@ -185,6 +190,13 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
 }
 
 
+def _kernel_policy_data(contract_name: str) -> dict[str, Any]:
+    try:
+        return CONTRACT_DATA[contract_name]["kernel_policy"]
+    except KeyError:
+        raise UnknownContractError(contract_name) from None
+
+
 def _resolve(rule: tuple, config: Any) -> Any:
     kind = rule[0]
     if kind == "const":
@@ -233,6 +245,14 @@ class MegatronTrueOnPolicyContract:
         rules = POLICY_RULES[self.name]
         values = {field: _resolve(rule, config) for field, rule in rules.items()}
         return MegatronTrueOnPolicyRuntimePolicy(contract_name=self.name, **values)
+
+    def kernel_policy_kwargs_for(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The contract's kernel policy as keyword arguments (field name -> value).
+
+        Extra arguments (a model profile, a config) are accepted and ignored: the kernel policy
+        depends on the contract alone.
+        """
+        return dict(_kernel_policy_data(self.name))
 
 
 LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = MegatronTrueOnPolicyContract(
