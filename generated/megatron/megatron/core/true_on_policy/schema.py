@@ -5,10 +5,10 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 # Contract fingerprints:
-#   llama3_dense_true_on_policy_v1 sha256:508cebb03a8c73074ded4c6976ffd51e62f6ba1e3b81056205dd897b1ea22847
+#   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-# sha256: a0a4f22626214e66148919096cd7b014d35c02e81097c1e47b666a2158da7a99
+# sha256: 909452a7090b28a3646ca94c07afbe33c9c0e46bbd8d63cadba2aba8733bd3b2
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -583,7 +583,7 @@ CONTRACT_DATA: dict[str, dict] = {
                     },
                     "theta": 500000.0,
                 },
-                "tie_word_embeddings": True,
+                "tie_word_embeddings": False,
                 "tp_sizes": [
                     1,
                     2,
@@ -1324,7 +1324,7 @@ CONTRACT_DATA: dict[str, dict] = {
 # UTF-8) with the description and the per-target runtime policies left out. Rollout and trainer
 # agree on it in the handshake; adding a target to a contract leaves it unchanged.
 FINGERPRINTS: dict[str, str] = {
-    "llama3_dense_true_on_policy_v1": "sha256:508cebb03a8c73074ded4c6976ffd51e62f6ba1e3b81056205dd897b1ea22847",
+    "llama3_dense_true_on_policy_v1": "sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8",
     "qwen3_dense_true_on_policy_v1": "sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644",
     "qwen3_dense_true_on_policy_v2": "sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085",
 }
