@@ -176,11 +176,20 @@ def command(
                     chosen.append(extra)
         else:
             chosen = parse_layouts(layouts)
+        gpus = _cuda_device_count() if device == "cuda" else None
         if rollout_tps is None:
             tps = allowed_rollout_tps(contract_id, arch.name)
+            if gpus is not None:  # one GPU per rank: the default stops at the GPUs there are
+                tps = [tp for tp in tps if tp <= gpus]
         else:
             tps = parse_rollout_tps(rollout_tps)
             problems = [p for tp in tps for p in rollout_tp_problems(contract_id, tp, arch.name)]
+            if gpus is not None:
+                problems += [
+                    f"rollout TP={tp} needs {tp} CUDA devices; {gpus} visible"
+                    for tp in tps
+                    if tp > gpus
+                ]
             if problems:
                 raise LayoutError("invalid --rollout-tps:\n  " + "\n  ".join(problems))
         config = GateConfig(
@@ -201,3 +210,9 @@ def command(
         else:
             json_path.write_text(text + "\n")
     sys.exit(EXIT_OK if passed(report) else EXIT_DRIFT)
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
