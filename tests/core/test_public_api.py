@@ -134,8 +134,34 @@ def test_miles_contract_object_api() -> None:
     assert isinstance(contract, m.contracts.TrueOnPolicyContract)
     assert list(inspect.signature(m.contracts.get_true_on_policy_contract).parameters) == ["name"]
     assert m.contracts.get_true_on_policy_contract(name=V1_ID) is contract
-    kwargs = contract.kernel_policy_kwargs_for()
-    assert kwargs["matmul_k_block"] == 128 and kwargs["logsoftmax_dtype"] == "bfloat16"
+    # miles' config.py: contract.kernel_policy_kwargs_for(train_backend=..., sglang_target=...)
+    # with the keys of its TrueOnPolicyKernelPolicy
+    params = inspect.signature(contract.kernel_policy_kwargs_for).parameters
+    assert list(params) == ["train_backend", "sglang_target", "parallel_layout"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    on = contract.kernel_policy_kwargs_for(train_backend="megatron", sglang_target="fsdp_tp")
+    assert on == {
+        "deterministic_inference": True,
+        "deterministic_training": True,
+        "sglang_attention_backend": "fa3",
+        "megatron_uses_sglang_backend": True,
+        "disable_rope_fusion": True,
+        "disable_bias_swiglu_fusion": True,
+        "batch_invariant_mode": True,
+        "tp_invariant_row_linear": True,
+        "deterministic_tp_allreduce": True,
+    }
+    off = contract.kernel_policy_kwargs_for(train_backend="fsdp", sglang_target="fsdp")
+    assert not any(off[k] for k in ("megatron_uses_sglang_backend", "batch_invariant_mode"))
+    assert not off["tp_invariant_row_linear"] and not off["deterministic_tp_allreduce"]
+
+    class Layout:  # miles' parallel layout: rollout TP switches the TP-invariant rollout on
+        uses_train_tp, uses_rollout_tp = False, True
+
+    by_layout = contract.kernel_policy_kwargs_for(
+        train_backend="megatron", parallel_layout=Layout()
+    )
+    assert by_layout["tp_invariant_row_linear"] is True
 
 
 def test_megatron_names_and_defaults() -> None:

@@ -8,7 +8,7 @@
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-# sha256: f3d747e86cdcab762f070bfa8dd476a82d4e81f0db2d7a4f6fcd7e1b49d1e78a
+# sha256: 53e578ea7f1dbaaa195c2b94616ca49f080ef039d5d9fda631c482abdb7099cb
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -141,13 +141,6 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
 }
 
 
-def _kernel_policy_data(contract_name: str) -> dict[str, Any]:
-    try:
-        return CONTRACT_DATA[contract_name]["kernel_policy"]
-    except KeyError:
-        raise UnknownContractError(contract_name) from None
-
-
 def _resolve(rule: tuple, config: Any) -> Any:
     kind = rule[0]
     if kind == "const":
@@ -197,13 +190,42 @@ class SGLangTrueOnPolicyContract:
         values = {field: _resolve(rule, server_args) for field, rule in rules.items()}
         return SGLangTrueOnPolicyRuntimePolicy(contract_name=self.name, **values)
 
-    def kernel_policy_kwargs_for(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The contract's kernel policy as keyword arguments (field name -> value).
+    def kernel_policy_kwargs_for(
+        self,
+        *,
+        train_backend: str = "megatron",
+        sglang_target: str | None = None,
+        parallel_layout: Any = None,
+    ) -> dict[str, Any]:
+        """miles' launcher kernel policy (``TrueOnPolicyKernelPolicy`` keyword arguments), with
+        miles' signature and keys, values read from this contract's runtime policies.
 
-        Extra arguments (a model profile, a config) are accepted and ignored: the kernel policy
-        depends on the contract alone.
+        Megatron switches apply when ``train_backend == "megatron"``; the TP-invariant rollout
+        switches when the layout has trainer or rollout TP (``parallel_layout.uses_train_tp`` /
+        ``uses_rollout_tp``) or, with no layout, when ``sglang_target == "fsdp_tp"`` (as miles).
         """
-        return dict(_kernel_policy_data(self.name))
+        policies = CONTRACT_DATA[self.name]["runtime_policy"]
+        launcher, megatron = policies["launcher"], policies["megatron"]
+        uses_megatron = train_backend == "megatron"
+        if parallel_layout is not None:
+            uses_tp = bool(
+                getattr(parallel_layout, "uses_train_tp", False)
+                or getattr(parallel_layout, "uses_rollout_tp", False)
+            )
+        else:
+            uses_tp = sglang_target == "fsdp_tp"
+        return {
+            "deterministic_inference": bool(launcher["enable_deterministic_inference"]),
+            "deterministic_training": bool(launcher["deterministic_mode"]),
+            "sglang_attention_backend": self.sglang_attention_backend,
+            "megatron_uses_sglang_backend": uses_megatron and bool(megatron["use_sglang_backend"]),
+            "disable_rope_fusion": uses_megatron and bool(megatron["disable_rope_fusion"]),
+            "disable_bias_swiglu_fusion": uses_megatron
+            and bool(megatron["disable_bias_swiglu_fusion"]),
+            "batch_invariant_mode": uses_megatron and bool(launcher["batch_invariant_mode"]),
+            "tp_invariant_row_linear": uses_tp,
+            "deterministic_tp_allreduce": uses_tp,
+        }
 
 
 LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = SGLangTrueOnPolicyContract(

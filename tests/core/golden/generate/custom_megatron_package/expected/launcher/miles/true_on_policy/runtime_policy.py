@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# sha256: 754ee87a5c89876aa4a336d8ef63b7c040bf76e47eea503f6d2795213cea5ce2
+# sha256: 4af97f2e0f96b043fbcb0885b575e35fcca9699111941ce10b709a34c957678b
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -124,13 +124,6 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
 }
 
 
-def _kernel_policy_data(contract_name: str) -> dict[str, Any]:
-    try:
-        return CONTRACT_DATA[contract_name]["kernel_policy"]
-    except KeyError:
-        raise UnknownContractError(contract_name) from None
-
-
 def _resolve(rule: tuple, config: Any) -> Any:
     kind = rule[0]
     if kind == "const":
@@ -180,13 +173,42 @@ class LauncherTrueOnPolicyContract:
         values = {field: _resolve(rule, config) for field, rule in rules.items()}
         return LauncherTrueOnPolicyRuntimePolicy(contract_name=self.name, **values)
 
-    def kernel_policy_kwargs_for(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The contract's kernel policy as keyword arguments (field name -> value).
+    def kernel_policy_kwargs_for(
+        self,
+        *,
+        train_backend: str = "megatron",
+        sglang_target: str | None = None,
+        parallel_layout: Any = None,
+    ) -> dict[str, Any]:
+        """miles' launcher kernel policy (``TrueOnPolicyKernelPolicy`` keyword arguments), with
+        miles' signature and keys, values read from this contract's runtime policies.
 
-        Extra arguments (a model profile, a config) are accepted and ignored: the kernel policy
-        depends on the contract alone.
+        Megatron switches apply when ``train_backend == "megatron"``; the TP-invariant rollout
+        switches when the layout has trainer or rollout TP (``parallel_layout.uses_train_tp`` /
+        ``uses_rollout_tp``) or, with no layout, when ``sglang_target == "fsdp_tp"`` (as miles).
         """
-        return dict(_kernel_policy_data(self.name))
+        policies = CONTRACT_DATA[self.name]["runtime_policy"]
+        launcher, megatron = policies["launcher"], policies["megatron"]
+        uses_megatron = train_backend == "megatron"
+        if parallel_layout is not None:
+            uses_tp = bool(
+                getattr(parallel_layout, "uses_train_tp", False)
+                or getattr(parallel_layout, "uses_rollout_tp", False)
+            )
+        else:
+            uses_tp = sglang_target == "fsdp_tp"
+        return {
+            "deterministic_inference": bool(launcher["enable_deterministic_inference"]),
+            "deterministic_training": bool(launcher["deterministic_mode"]),
+            "sglang_attention_backend": self.sglang_attention_backend,
+            "megatron_uses_sglang_backend": uses_megatron and bool(megatron["use_sglang_backend"]),
+            "disable_rope_fusion": uses_megatron and bool(megatron["disable_rope_fusion"]),
+            "disable_bias_swiglu_fusion": uses_megatron
+            and bool(megatron["disable_bias_swiglu_fusion"]),
+            "batch_invariant_mode": uses_megatron and bool(launcher["batch_invariant_mode"]),
+            "tp_invariant_row_linear": uses_tp,
+            "deterministic_tp_allreduce": uses_tp,
+        }
 
 
 QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
