@@ -51,8 +51,17 @@ def test_case(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     check_golden(CASES / name / "expected.txt", run_case(CASES / name, root))
 
 
+# Rules no contract edit alone can trigger, each with where it is tested instead.
+NOT_A_CONTRACT_EDIT = {
+    # a new target needs its policy model and templates in code first; the rule is exercised on
+    # contract data in test_breaking_units.py::test_adding_a_target_policy_is_not_breaking_changing_one_is
+    "TARGET_POLICY_ADDED",
+}
+
+
 def test_every_rule_has_a_case_folder() -> None:
-    assert {r.lower() for r in RULES} <= set(CASE_NAMES)
+    assert {r.lower() for r in set(RULES) - NOT_A_CONTRACT_EDIT} <= set(CASE_NAMES)
+    assert NOT_A_CONTRACT_EDIT <= set(RULES)
 
 
 def test_every_contract_field_is_classified() -> None:
@@ -63,6 +72,8 @@ def test_every_contract_field_is_classified() -> None:
 def test_expected_exit_code_matches_the_rule_kind() -> None:
     """A breaking rule's case exits 1; a fine rule's case exits 0."""
     for rule in RULES.values():
+        if rule.id in NOT_A_CONTRACT_EDIT:
+            continue
         expected = (CASES / rule.id.lower() / "expected.txt").read_text()
         assert expected.splitlines()[1] == f"exit {1 if rule.breaking else 0}", rule.id
         assert f"[{rule.id}]" in expected, rule.id
