@@ -4,7 +4,7 @@ layer-dump comparator names where. Plus the full --inject-faults run (slow)."""
 from __future__ import annotations
 
 import pytest
-from conftest import V1, V2, run_parity
+from conftest import V1, run_parity
 
 from contractgen.parity.faults import Fault, catalogue, flipped
 from contractgen.parity.harness import GateConfig, GateRun, _try_fault, compare, first_divergence
@@ -76,10 +76,13 @@ def test_catalogue_covers_every_policy_field():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("contract", [V1, V2])
+@pytest.mark.parametrize("contract", [V1])
 def test_inject_faults_every_fault_detected_or_explained(tmp_path, contract):
     """With no other flag, --inject-faults runs the layouts its faults need (tp4 included) and
-    passes: every fault, the planted shared-kernel bugs included, detected or explained."""
+    passes: every fault, the planted shared-kernel bugs included, detected or explained.
+
+    The default contract only (about 13 minutes on the 2-core CI machine): v2's run under the
+    new gate (rollout TP 1/2/4, shared faults) has not been made yet, so it is not claimed here."""
     code, report, out = run_parity("--contract", contract, "--inject-faults", tmp_path=tmp_path,
                                    timeout=1500)  # fmt: skip
     assert "tp4" in [lay["name"] for lay in report["layouts"]]
