@@ -19,16 +19,14 @@ DEFAULT_LAYOUTS = "tp1,tp2,pp2,cp2"
 def _check_checkpoint(checkpoint: Path, profile) -> None:
     """Exit 2 with one line when the checkpoint's config.json is unreadable or its model is not
     one the contract's profile covers (before any worker starts; no weights are read)."""
-    from ..adapters.sglang.checkpoint import covered_dims, hf_config_fields, read_hf_config
+    from ..adapters.sglang.checkpoint import check_checkpoint
 
     where = checkpoint / "config.json"
     try:
-        covered_dims(profile, hf_config_fields(read_hf_config(checkpoint)), where=str(where))
-    except json.JSONDecodeError as exc:
-        fail(f"error: {where}:{exc.lineno}:{exc.colno}: does not parse as JSON ({exc.msg})")
+        check_checkpoint(checkpoint, profile)
     except KeyError as exc:
         fail(f"error: {where}: missing key {exc.args[0]!r} (expected a Hugging Face config.json)")
-    except ValueError as exc:  # CheckpointError, or JSON that does not parse
+    except ValueError as exc:  # CheckpointError / HFConfigError: already one line
         text = str(exc)
         fail(f"error: {text}" if text.startswith(str(checkpoint)) else f"error: {where}: {text}")
 

@@ -52,8 +52,8 @@ def test_parity_unknown_contract_in_given_folder_exits_2(tmp_path: Path) -> None
     ("config", "expected"),
     [
         ({"hidden_size": 1000}, "not covered by the qwen3_dense model profile"),
-        (None, "does not parse"),
-        ({"hidden_size": None, "drop": "vocab_size"}, "missing key 'vocab_size'"),
+        (None, "not a JSON config"),
+        ({"hidden_size": None, "drop": "vocab_size"}, "has no 'vocab_size'"),
     ],
 )
 def test_checkpoint_the_profile_does_not_cover_is_one_line_exit_2(
