@@ -154,7 +154,11 @@ REPOS = {
 
 
             def kernel_kwargs(name):
-                return get_true_on_policy_contract(name=name).kernel_policy_kwargs_for(None)
+                # as miles' config.py calls it: keyword arguments only
+                contract = get_true_on_policy_contract(name=name)
+                return contract.kernel_policy_kwargs_for(
+                    train_backend="megatron", sglang_target="fsdp_tp"
+                )
             """),
         },
     ),
@@ -235,8 +239,8 @@ def test_adopt_reports_names_then_syncs_and_the_repos_import_it(project: Path, s
     assert cli("--root", project, "check", *_args(stack)).exit_code == 0
     # each repo's own modules import the synced package as they always did
     miles = _import(stack["miles"], "miles.true_on_policy.config",
-                    f"print(m.kernel_kwargs({V1_ID!r})['matmul_k_block'])")  # fmt: skip
-    assert miles == "128"
+                    f"print(m.kernel_kwargs({V1_ID!r})['tp_invariant_row_linear'])")  # fmt: skip
+    assert miles == "True"
     assert (
         _import(stack["miles"], "miles.true_on_policy.model_profiles", "print(m.QWEN3_DENSE)")
         == "qwen3_dense"
