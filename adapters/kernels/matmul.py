@@ -96,6 +96,8 @@ def _k_tile(t_MK: torch.Tensor, t: int, k_block: int, rows: int, gd: torch.dtype
     """K tile ``t`` of ``t_MK`` as a ``[rows, k_block]`` GEMM operand in ``gd`` (zero padded)."""
     lo = t * k_block
     tile = t_MK[:, lo : lo + k_block].to(gd)
+    if tile.shape == (rows, k_block):
+        return tile
     return F.pad(tile, (0, k_block - tile.shape[1], 0, rows - tile.shape[0]))
 
 
@@ -130,8 +132,9 @@ def _tile_product(x_MK: torch.Tensor, w_NK: torch.Tensor, t: int, k_block: int) 
     for lo in range(0, nM * nN, per_call):
         part = idx[lo : lo + per_call]
         pad = BLOCKS_PER_CALL - part.shape[0] if x_MK.is_cuda else 0
-        a = F.pad(x_m_Mt_kb[part // nN], (0, 0, 0, 0, 0, pad))
-        b = F.pad(w_n_kb_Nt[part % nN], (0, 0, 0, 0, 0, pad))
+        a, b = x_m_Mt_kb[part // nN], w_n_kb_Nt[part % nN]
+        if pad:
+            a, b = F.pad(a, (0, 0, 0, 0, 0, pad)), F.pad(b, (0, 0, 0, 0, 0, pad))
         blocks.append(torch.bmm(a, b)[: part.shape[0]])
     p_B_Mt_Nt = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
     p = p_B_Mt_Nt.view(nM, nN, M_TILE, N_TILE).permute(0, 2, 1, 3).reshape(nM * M_TILE, -1)

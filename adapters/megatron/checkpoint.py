@@ -113,3 +113,65 @@ def load_into(
                     f"{name}: HF weight shape {tuple(value.shape)} != megatron {tuple(target.shape)}"
                 )
             target.copy_(value.to(target.dtype))
+
+
+def split_qkv(
+    qkv: torch.Tensor, arch: ModelArch
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Megatron's per-query-group ``[q...; k; v]`` rows -> HF q/k/v (inverse of ``fused_qkv``)."""
+    ng, d = arch.num_kv_heads, arch.head_dim
+    per = arch.num_attention_heads // ng
+    g = qkv.reshape(ng, (per + 2) * d, -1)
+    q = g[:, : per * d].reshape(ng * per * d, -1)
+    k = g[:, per * d : (per + 1) * d].reshape(ng * d, -1)
+    v = g[:, (per + 1) * d :].reshape(ng * d, -1)
+    return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def hf_state_from_stage(
+    full: Mapping[str, torch.Tensor],
+    arch: ModelArch,
+    layer_numbers: Mapping[int, int],
+    *,
+    tp_size: int,
+) -> dict[str, torch.Tensor]:
+    """HF-named weights of one pipeline stage (inverse of ``megatron_stage_state_dict``).
+
+    ``full``: the stage's megatron-named parameters with every TP shard concatenated in rank
+    order along its partition dim (so ``linear_fc1`` is ``[gate_0; up_0; gate_1; up_1; …]`` and
+    the vocab rows still carry the padding). ``layer_numbers``: local layer index -> global
+    0-based index. Tensors are moved, never converted: the trainer's storage dtype is kept.
+    """
+    spec = arch.spec
+    g = {role: w.hf_name for role, w in spec.model_weights.items()}
+    out: dict[str, torch.Tensor] = {}
+    V = arch.vocab_size
+    if "embedding.word_embeddings.weight" in full:
+        out[g["embed"]] = full["embedding.word_embeddings.weight"][:V]
+    if "output_layer.weight" in full and not arch.tie_word_embeddings:
+        out[g["lm_head"]] = full["output_layer.weight"][:V]
+    if "decoder.final_layernorm.weight" in full:
+        out[g["final_norm"]] = full["decoder.final_layernorm.weight"]
+    names = {role: w.hf_name for role, w in spec.layer_weights.items()}
+    for local, i in sorted(layer_numbers.items()):
+        src, dst = f"decoder.layers.{local}.", LAYER_PREFIX.format(i=i)
+        q, k, v = split_qkv(full[src + "self_attention.linear_qkv.weight"], arch)
+        parts = torch.chunk(full[src + "mlp.linear_fc1.weight"], tp_size, dim=0)
+        half = arch.intermediate_size // tp_size
+        layer = {
+            "q": q,
+            "k": k,
+            "v": v,
+            "o": full[src + "self_attention.linear_proj.weight"],
+            "input_norm": full[src + "input_layernorm.weight"],
+            "post_norm": full[src + "pre_mlp_layernorm.weight"],
+            "gate": torch.cat([p[:half] for p in parts]),
+            "up": torch.cat([p[half:] for p in parts]),
+            "down": full[src + "mlp.linear_fc2.weight"],
+        }
+        if arch.qk_norm:
+            layer["q_norm"] = full[src + "self_attention.q_layernorm.weight"]
+            layer["k_norm"] = full[src + "self_attention.k_layernorm.weight"]
+        for role, value in layer.items():
+            out[dst + names[role]] = value
+    return out

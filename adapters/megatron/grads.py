@@ -28,13 +28,26 @@ def grad_scale(policy: Any, *, dp: int, cp: int) -> float:
     ](dp, cp)
 
 
+# The two copies of a tied LM head when PP splits it: first stage, last stage.
+TIED_EMBEDDING_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
 def finalize_grads(
-    model: torch.nn.Module, policy: Any, *, group: Any, dp: int, cp: int, tp_group: Any = None
+    model: torch.nn.Module,
+    policy: Any,
+    *,
+    group: Any,
+    dp: int,
+    cp: int,
+    tp_group: Any = None,
+    embedding_group: Any = None,
 ) -> None:
     """What megatron-core's DDP + ``finalize_model_grads`` do, on plain ``.grad`` (CPU):
-    sum over ``group`` (DP×CP) scaled by ``grad_scale``; and, as megatron's
+    sum over ``group`` (DP×CP) scaled by ``grad_scale``; as megatron's
     ``_allreduce_non_tensor_model_parallel_grads`` does, sum the QK-norm weight gradients over TP
-    (each TP rank only sees its own heads). Training-path reductions, not scored ones."""
+    (each TP rank only sees its own heads); and, with ``embedding_group`` (a tied LM head split
+    over PP stages), sum the embedding's and the head copy's gradients over that group, as
+    ``_allreduce_word_embedding_grads`` does. Training-path reductions, not scored ones."""
     scale = grad_scale(policy, dp=dp, cp=cp)
     for name, p in model.named_parameters():
         if p.grad is None:
@@ -45,3 +58,5 @@ def finalize_grads(
         if tp_group is not None and ("q_layernorm" in name or "k_layernorm" in name):
             if dist.get_world_size(tp_group) > 1:
                 dist.all_reduce(p.grad, group=tp_group)
+        if embedding_group is not None and name in TIED_EMBEDDING_PARAMS:
+            dist.all_reduce(p.grad, group=embedding_group)

@@ -32,6 +32,9 @@ class TrainerResult:
     """Per sequence: ``{"layer.<i>": [len, hidden]}``, the residual stream after layer ``i``
     (output + residual), comparable with the rollout's ``layer_outputs``."""
     grads: dict[str, torch.Tensor] | None = None
+    """Global rank 0's parameter gradients (megatron names: first stage, TP/CP rank 0)."""
+    hf_grads: dict[str, torch.Tensor] | None = None
+    """Every parameter's gradient, gathered from every TP shard and PP stage, under HF names."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,8 @@ class TrainerRun:
     grads: bool = False
     """Training step instead: loss = summed next-token cross-entropy (megatron-core's
     ``vocab_parallel_cross_entropy``) of each rank's tokens (with ``prompt_lens``: response
-    tokens only), backward, ``grads.finalize_grads``;
-    the result's ``grads`` holds global rank 0's parameter gradients (first stage, TP/CP rank 0)."""
+    tokens only), backward through every stage, ``grads.finalize_grads``; the result's ``grads``
+    and ``hf_grads`` hold the gradients (see ``TrainerResult``)."""
     planted_bugs: tuple[str, ...] = ()
     """Shared-kernel bugs switched on for this run (``kernels.planted``: the parity gate's
     self-test; the rollout side gets the same ones)."""
@@ -62,3 +65,59 @@ def with_fault(policy: Any, changes: Mapping[str, Any]) -> Any:
             f"{type(policy).__name__} has no field(s) {unknown}; fields: {sorted(names)}"
         )
     return dataclasses.replace(policy, **changes)
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """The trainer's optimizer: megatron-core's bf16 mixed-precision optimizer (fp32 main
+    parameters) around ``torch.optim.AdamW`` (what megatron-core falls back to without Apex or
+    Transformer Engine)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_grad: float = 0.0
+    """Gradient-norm clipping; 0 = off (megatron-core's clipping allocates on CUDA, so CPU runs
+    cannot use it)."""
+
+
+@dataclass(frozen=True)
+class TrainInit:
+    """Build the stage and its optimizer once, kept across steps (the ranks' training state)."""
+
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    fault: TrainerFault | None = None
+    """Flipped on the trainer side for the whole run (training fault injection)."""
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One policy-gradient step on sequences the rollout sampled.
+
+    ``old_logprobs[i]``: the rollout's logprobs of sequence ``i``'s response tokens (those after
+    ``prompt_lens[i]``); ``advantages[i]``: the sequence's advantage, shared by its tokens.
+    Loss (PPO clip, token mean over the whole batch): ``-mean(min(r * A, clip(r, 1 - e, 1 + e) * A))``
+    with ``r = exp(logp - old_logprobs)``.
+    """
+
+    sequences: tuple[tuple[int, ...], ...]
+    prompt_lens: tuple[int, ...]
+    old_logprobs: tuple[torch.Tensor, ...]
+    advantages: tuple[float, ...]
+    clip_eps: float = 0.2
+
+
+@dataclass
+class TrainStepResult:
+    """What the ranks report for a ``TrainInit`` or ``TrainBatch`` (merged over ranks)."""
+
+    logprobs: list[torch.Tensor] | None = None
+    """Per sequence, the response tokens' logprobs of the training forward (before the update)."""
+    loss: float | None = None
+    ratio_max_abs_dev: float | None = None
+    """``max |exp(logp - old) - 1|`` over the response tokens, as the loss saw it."""
+    kl: float | None = None
+    """Mean over response tokens of ``exp(old - logp) - (old - logp) - 1`` (k3 estimator)."""
+    weights: dict[str, torch.Tensor] | None = None
+    """HF-named weights after the step, gathered from every TP/PP shard (storage dtype)."""

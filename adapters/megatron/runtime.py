@@ -184,13 +184,13 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
 
 
 def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
-    """One backward (CP/TP aware, PP=1): see ``TrainerRun.grads``."""
+    """One backward (TP, CP and PP aware): see ``TrainerRun.grads``."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     from .grads import finalize_grads
+    from .pipeline import pipeline_forward_backward
+    from .training import gather_hf, tied_embedding_group
 
-    if job.layout.pp != 1:
-        raise NotImplementedError("stage_grads drives PP=1 only (CPU forward-only pipeline loop)")
     model, config, padded = build_stage(job, run)
     model.train()
     policy = policy_for(config)
@@ -205,22 +205,26 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
         mask[path[p - 1 : -1]] = True
     local = pack.token_ids.numel() // cp
     sl = slice(cp_rank * local, (cp_rank + 1) * local)
-    logits = model(
+
+    def loss_fn(logits: torch.Tensor) -> tuple[torch.Tensor, None]:  # [1, T/cp, V/tp]
+        local_logits = logits[0].float()
+        if policy.apply_logits_contract:  # padded vocab columns take no probability mass
+            vocab_start = ps.get_tensor_model_parallel_rank() * local_logits.shape[-1]
+            column = torch.arange(local_logits.shape[-1], device=local_logits.device) + vocab_start
+            local_logits = local_logits.masked_fill(
+                column >= config.true_on_policy_vocab_size, float("-inf")
+            )
+        ce = vocab_parallel_cross_entropy(local_logits, targets[sl].to(job.device))
+        return (ce * mask[sl].to(job.device)).sum(), None
+
+    pipeline_forward_backward(
+        model,
+        loss_fn,
         input_ids=pack.token_ids[sl][None].to(job.device),
         position_ids=pack.positions[sl][None].to(job.device),
         attention_mask=None,
         packed_seq_params=params,
-    )  # [1, T/cp, V/tp]
-    local_logits = logits[0].float()
-    if policy.apply_logits_contract:  # padded vocab columns take no probability mass
-        vocab_start = ps.get_tensor_model_parallel_rank() * local_logits.shape[-1]
-        column = torch.arange(local_logits.shape[-1], device=local_logits.device) + vocab_start
-        local_logits = local_logits.masked_fill(
-            column >= config.true_on_policy_vocab_size, float("-inf")
-        )
-    ce = vocab_parallel_cross_entropy(local_logits, targets[sl].to(job.device))
-    loss = (ce * mask[sl].to(job.device)).sum()
-    loss.backward()
+    )
     finalize_grads(
         model,
         policy,
@@ -228,8 +232,10 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
         dp=ps.get_data_parallel_world_size(),
         cp=cp,
         tp_group=ps.get_tensor_model_parallel_group(),
+        embedding_group=tied_embedding_group(job),
     )
+    hf = gather_hf(model, job, lambda p: torch.zeros_like(p) if p.grad is None else p.grad)
     if dist.get_rank() != 0:
         return None, None
     grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
-    return TrainerResult(logprobs=[], grads=grads), None
+    return TrainerResult(logprobs=[], grads=grads, hf_grads=hf), None

@@ -19,7 +19,16 @@ from typing import Any
 import torch
 
 from .model import Layout, arch_for, load_checkpoint
-from .run_types import BACKENDS, TrainerFault, TrainerResult, TrainerRun, with_fault
+from .run_types import (
+    BACKENDS,
+    TrainBatch,
+    TrainerFault,
+    TrainerResult,
+    TrainerRun,
+    TrainInit,
+    TrainStepResult,
+    with_fault,
+)
 
 __all__ = [
     "BACKENDS",
@@ -172,29 +181,9 @@ class TrainerSession:
 
     def logprobs(self, sequences: Sequence[Sequence[int]], run: TrainerRun | None = None):
         """One forward (or, with ``run.grads``, one backward) of ``sequences``."""
-        import queue
-        import time
-
         run = run or TrainerRun()
         seqs = [[int(t) for t in seq] for seq in sequences]
-        for commands in self._commands:
-            commands.put((seqs, run))
-        replies: dict[int, tuple] = {}
-        deadline = time.monotonic() + self.timeout_s
-        while len(replies) < self.layout.world_size:
-            try:
-                rank, status, *payload = self._results.get(timeout=1.0)
-            except queue.Empty:
-                dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
-                if dead or time.monotonic() > deadline:
-                    self.close()
-                    why = f"rank(s) {dead} exited" if dead else f"no reply in {self.timeout_s} s"
-                    raise RuntimeError(f"trainer session ({self.layout.name}): {why}") from None
-                continue
-            replies[rank] = (status, *payload)
-        errors = [f"rank {r}:\n{p[1]}" for r, p in sorted(replies.items()) if p[0] == "err"]
-        if errors:
-            raise RuntimeError("trainer forward failed\n" + "\n".join(errors))
+        replies = self._send((seqs, run), "trainer forward")
         results = [p[1] for _, p in sorted(replies.items()) if p[1] is not None]
         result: TrainerResult = results[0]
         if run.dump_layers:
@@ -210,6 +199,43 @@ class TrainerSession:
                         a.update(b)
             result.layer_dumps = merged
         return result
+
+    def train(self, command: TrainInit | TrainBatch) -> TrainStepResult:
+        """Set up training (``TrainInit``: the ranks keep the stage and its optimizer) or take
+        one step (``TrainBatch``); the ranks' parts of the result merged."""
+        replies = self._send(command, "trainer step")
+        merged = TrainStepResult()
+        for _, reply in sorted(replies.items()):
+            part = reply[1]
+            for f in dataclasses.fields(part):
+                if getattr(part, f.name) is not None and getattr(merged, f.name) is None:
+                    setattr(merged, f.name, getattr(part, f.name))
+        return merged
+
+    def _send(self, command: Any, what: str) -> dict[int, tuple]:
+        """``command`` to every rank; every rank's ``(status, payload...)`` reply."""
+        import queue
+        import time
+
+        for commands in self._commands:
+            commands.put(command)
+        replies: dict[int, tuple] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(replies) < self.layout.world_size:
+            try:
+                rank, status, *payload = self._results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    self.close()
+                    why = f"rank(s) {dead} exited" if dead else f"no reply in {self.timeout_s} s"
+                    raise RuntimeError(f"trainer session ({self.layout.name}): {why}") from None
+                continue
+            replies[rank] = (status, *payload)
+        errors = [f"rank {r}:\n{p[1]}" for r, p in sorted(replies.items()) if p[0] == "err"]
+        if errors:
+            raise RuntimeError(f"{what} failed\n" + "\n".join(errors))
+        return replies
 
     def close(self) -> None:
         for commands in self._commands:
@@ -233,10 +259,23 @@ def _session_worker(rank: int, job: _Job, commands: Any, results: Any) -> None:
     except Exception:
         results.put((rank, "err", traceback.format_exc(), None, None))
         return
+    state = None  # training state (stage + optimizer), built by a TrainInit, kept across steps
     try:
         while (command := commands.get()) is not None:
-            sequences, run = command
             try:
+                if isinstance(command, TrainInit | TrainBatch):
+                    from . import training
+
+                    if isinstance(command, TrainInit):
+                        state = training.init_state(job, command)
+                        result = TrainStepResult(weights=training.gather_weights(state, job))
+                    elif state is None:
+                        raise RuntimeError("TrainBatch before TrainInit")
+                    else:
+                        result = training.train_step(state, job, command)
+                    results.put((rank, "ok", result, None, runtime.pp_rank()))
+                    continue
+                sequences, run = command
                 from contractgen.adapters.kernels.planted import planted
 
                 step = runtime.stage_grads if run.grads else runtime.stage_logprobs

@@ -157,6 +157,23 @@ class RolloutEngine:
         )
         return token_logprobs(logits[:-1], ids[1:], self.kp, self.model.arch.vocab_size)
 
+    def rescore_many(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """``rescore`` of every sequence from ONE packed prefill (each its own segment, so its
+        own positions and attention span). The kernels are batch invariant, so each sequence's
+        bits equal its own ``rescore``'s (``tests/sglang`` checks it)."""
+        if not sequences:
+            return []
+        dev = self.model.embed.device
+        ids = [torch.tensor(list(s), device=dev) for s in sequences]
+        lens = [len(s) for s in sequences]
+        logits = self.model.forward(torch.cat(ids), [KVCache() for _ in ids], lens, all_logits=True)
+        out, lo = [], 0
+        for seq_ids, n in zip(ids, lens, strict=True):
+            rows = logits[lo : lo + n - 1]
+            out.append(token_logprobs(rows, seq_ids[1:], self.kp, self.model.arch.vocab_size))
+            lo += n
+        return out
+
     def logits(self, sequence: Sequence[int]) -> torch.Tensor:
         """All-position logits of one prefill (for reference comparisons)."""
         ids = torch.tensor(list(sequence))

@@ -322,3 +322,40 @@ class ReferenceModel:
         if self.tp > 1:
             logits = torch.cat(all_gather_exact(logits, self.group), dim=1)
         return logits[:, : a.vocab_size]
+
+    # -- weight sync -------------------------------------------------------------------------
+    def gathered_weights(self) -> tuple[dict[str, torch.Tensor], list[str]]:
+        """``(HF-named weights rebuilt from every rank's shards, problems)``: the inverse of the
+        sharding in ``__init__`` (column shards concatenated on dim 0, row shards on dim 1, the
+        LM head's vocab rows with the padding trimmed), in the dtype each is held in. Replicated
+        tensors are gathered too: a rank whose copy differs from rank 0's is a problem. Collective
+        over the TP group (every rank calls it); for weight-sync checks, not the forward."""
+        spec, arch, problems = self.arch.spec, self.arch, []
+
+        def gather(t: torch.Tensor, how: str, name: str) -> torch.Tensor:
+            parts = all_gather_exact(t.contiguous(), self.group) if self.tp > 1 else [t]
+            if how == "column":
+                return torch.cat(parts, dim=0)
+            if how == "row":
+                return torch.cat(parts, dim=1)
+            for r, p in enumerate(parts[1:], start=1):
+                if not torch.equal(p, parts[0]):
+                    problems.append(f"{name}: rank {r}'s copy differs from rank 0's")
+            return parts[0]
+
+        out: dict[str, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            p = LAYER_PREFIX.format(i=i)
+            for role, w in spec.layer_weights.items():
+                value = getattr(layer, role)
+                if value is not None:
+                    out[p + w.hf_name] = gather(value, w.shard, p + w.hf_name)
+        names = {role: w.hf_name for role, w in spec.model_weights.items()}
+        out[names["embed"]] = gather(self.embed, "replicated", names["embed"])
+        out[names["final_norm"]] = gather(self.final_norm, "replicated", names["final_norm"])
+        head = gather(self.lm_head, "column", names["lm_head"])[: arch.vocab_size]
+        if not arch.tie_word_embeddings:
+            out[names["lm_head"]] = head
+        elif not torch.equal(head.double(), out[names["embed"]].double()):
+            problems.append(f"{names['lm_head']} (tied) differs from {names['embed']}")
+        return out, problems

@@ -76,7 +76,7 @@ def _check_checkpoint(checkpoint: Path, profile) -> None:
 @click.option(
     "--grads", is_flag=True,
     help="Also compare the trainer's gradient of the scored logprobs' sum with float64 autograd "
-    "at every layout (PP>1 is reported as not supported).",
+    "at every layout (every TP shard and PP stage).",
 )  # fmt: skip
 @click.option(
     "--no-reference", is_flag=True,
@@ -87,6 +87,24 @@ def _check_checkpoint(checkpoint: Path, profile) -> None:
     help="Self-test: plant this bug (silu_glu_sign_flip, tp_reduce_skipped) in the shared kernel library, so on BOTH sides; the gate "
     "must then FAIL (exit 1). Repeatable.",
 )  # fmt: skip
+@click.option(
+    "--train-steps", type=click.IntRange(min=0), default=0, show_default=True,
+    help="Run the gate over N steps of RL instead: per trainer layout, rollout (weights pushed "
+    "from the trainer), a toy verifiable reward, a PPO-clip step through the trainer with "
+    "megatron-core's optimizer, weights pushed back; every step's pairs must be exact and the "
+    "importance ratio exactly 1. --requests counts prompts here (default 2, 4 samples each). "
+    "0: the one-shot gate.",
+)  # fmt: skip
+@click.option(
+    "--train-fault", default=None, metavar="NAME",
+    help="With --train-steps: a fault for the whole run, which must make it FAIL: any "
+    "--inject-faults name (one side only; the ratio leaves 1 at step 0) or sync.stale_shard "
+    "(one rollout rank keeps an old shard; step 1 differs).",
+)  # fmt: skip
+@click.option(
+    "--train-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+    help="With --train-steps: the optimizer's learning rate (default 1e-2).",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.pass_context
 @handle_errors
@@ -94,7 +112,8 @@ def command(
     ctx: click.Context, contract_id: str, checkpoint: Path | None, layouts: str | None, dtype: str, device: str,
     json_path: Path | None, inject_faults: bool, rollout_tps: str | None, workload: str,
     requests: int | None, prompt_tokens: int | None, new_tokens: int | None, grads: bool,
-    no_reference: bool, plant_bugs: tuple[str, ...], quiet: bool,
+    no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
+    train_lr: float | None, quiet: bool,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
 
@@ -105,6 +124,9 @@ def command(
     Both sides are also compared with transformers' float32 forward at every layout. Exit 0
     only when all of that holds and, with --inject-faults, every fault is detected or
     explained; 1 otherwise; 2 for invalid input.
+
+    With --train-steps N, the same comparison at every step of an RL run (see --train-steps);
+    the transformers check, --grads, --inject-faults and --plant-bug belong to the one-shot gate.
     """
     # Worker processes inherit this: megatron-core warns at import that Apex and Transformer
     # Engine are absent, which is expected here (the contract's layers replace their kernels).
@@ -155,6 +177,15 @@ def command(
 
     if unknown := sorted(set(plant_bugs) - set(BUGS)):
         fail(f"error: --plant-bug {unknown[0]!r}: unknown; known: {', '.join(sorted(BUGS))}")
+    if train_steps:
+        given = [
+            flag for flag, on in (("--inject-faults", inject_faults), ("--grads", grads),
+                                  ("--plant-bug", bool(plant_bugs))) if on
+        ]  # fmt: skip
+        if given:
+            fail(f"error: {given[0]} cannot be combined with --train-steps (use --train-fault)")
+    elif train_fault is not None or train_lr is not None:
+        fail("error: --train-fault and --train-lr need --train-steps N (N >= 1)")
     preset = WORKLOADS[workload]
     sizes = (requests or preset[0], prompt_tokens or preset[1], new_tokens or preset[2])
     arch = model_arch(contract_id, weights)[0]
@@ -198,6 +229,8 @@ def command(
         check_layouts(config)
     except LayoutError as exc:
         fail(f"error: {exc}")
+    if train_steps:
+        config = _training_config(config, train_steps, train_fault, train_lr, requests, sizes)
     report = run_gate(config)
     to_stdout = json_path is not None and str(json_path) == "-"
     click.echo(table(report), err=to_stdout)  # with --json -, stdout is the JSON alone
@@ -208,6 +241,23 @@ def command(
         else:
             json_path.write_text(text + "\n")
     sys.exit(EXIT_OK if passed(report) else EXIT_DRIFT)
+
+
+def _training_config(config, steps: int, fault: str | None, lr: float | None,
+                     requests: int | None, sizes: tuple[int, int, int]):  # fmt: skip
+    """``config`` running ``steps`` RL steps; exit 2 for an unknown ``--train-fault``."""
+    import dataclasses
+
+    from ..parity.harness import GateRun
+    from ..parity.training import TrainingConfig, training_faults
+
+    if fault is not None and fault not in (known := training_faults(GateRun(config))):
+        fail(f"error: --train-fault {fault!r}: unknown; known: {', '.join(known)}")
+    training = TrainingConfig(
+        steps, prompts=requests or TrainingConfig.prompts, prompt_tokens=sizes[1],
+        new_tokens=sizes[2], lr=lr or TrainingConfig.lr, fault=fault,
+    )  # fmt: skip
+    return dataclasses.replace(config, training=training)
 
 
 def _cuda_device_count() -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import ROLLOUT, TRAINER
+from . import ROLLOUT
 from .layouts import ParityLayout
 from .reference import (
     LOGPROB_TOLERANCE,
@@ -22,7 +22,6 @@ from .reference import (
     hf_model,
     hf_name,
     max_abs_diff,
-    megatron_shard,
     reference_sequences,
     transformers_reason,
 )
@@ -30,11 +29,6 @@ from .reference import (
 # max |trainer grad - float64 grad| / max |float64 grad|, per parameter tensor, trainer in
 # float32 (--dtype float32 for every kernel dtype). Measured ~1e-6 on the reference model.
 GRAD_TOLERANCE = 1e-4
-
-PP_GRADS_NOTE = (
-    "not supported: the trainer's gradient path drives PP=1 only (the CPU pipeline loop is "
-    "forward-only); this layout's backward is not gated"
-)
 
 
 @dataclass
@@ -144,22 +138,21 @@ def grad_reference(run: Any) -> tuple[GradReference | None, str | None]:
 
 
 def layout_grads(run: Any, ref: GradReference, layout: ParityLayout) -> dict:
-    """TP rank 0's gradients at ``layout`` (trainer in float32) vs float64 autograd."""
-    from ..adapters.megatron.model import padded_vocab_size
+    """The trainer's gradients at ``layout`` (trainer in float32; every TP shard and PP stage,
+    gathered under HF names) vs float64 autograd, parameter by parameter."""
     from ..adapters.megatron.trainer import TrainerRun
-    from ..vendored import load_target
 
     entry: dict[str, Any] = {"name": layout.name, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp}
-    if layout.pp > 1:
-        return {**entry, "supported": False, "within_tolerance": None, "note": PP_GRADS_NOTE}
     run_ = TrainerRun(dtype_override="float32", grads=True, prompt_lens=tuple(ref.prompt_lens))
-    got = run.trainer_run(layout, ref.sequences, run_).grads
-    kp = load_target(TRAINER).schema.kernel_policy_for(run.config.contract_id)
-    padded = padded_vocab_size(ref.arch, layout.tp, kp)
-    want = megatron_shard(ref.grads, ref.arch, got, tp=layout.tp, padded=padded)
+    got = run.trainer_run(layout, ref.sequences, run_).hf_grads
+    if set(got) != set(ref.grads):
+        raise ValueError(
+            f"trainer gradients at {layout.name} cover {sorted(set(got) ^ set(ref.grads))[:4]} "
+            "differently from transformers'"
+        )
     worst_abs, worst_rel, worst_name = 0.0, 0.0, None
     for name, g in got.items():
-        w = want[name].double()
+        w = ref.grads[name].double()
         d = float((g.double() - w).abs().max())
         rel = d / max(float(w.abs().max()), 1e-30)
         worst_abs = max(worst_abs, d)

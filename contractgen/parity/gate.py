@@ -33,6 +33,8 @@ def run_gate(config: GateConfig) -> dict:
     t0 = time.perf_counter()
     schema = load_target(ROLLOUT).schema
     with GateRun(config) as run:
+        if config.training is not None:
+            return _run_training(run, schema, t0)
         return _run_gate(run, schema, t0)
 
 
@@ -45,6 +47,27 @@ NO_FAULTS = {
     "errors": {},
     "details": {},
 }
+
+
+def _run_training(run: GateRun, schema, t0: float) -> dict:
+    from .training import run_training
+
+    config = run.config
+    report = {
+        "contract": config.contract_id,
+        "fingerprint": schema.FINGERPRINTS[config.contract_id],
+        "logprob_contract": run.logprob_contract,
+        "device": config.device,
+        "dtype": config.dtype_override or "contract",
+        "diagnostic": config.dtype_override is not None,
+        "rollout_tps": sorted({1, *config.rollout_tps}),
+        "layouts": [
+            {"name": lay.name, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp} for lay in config.layouts
+        ],
+        **run_training(run, config.training),
+    }
+    report["seconds"] = round(time.perf_counter() - t0, 2)
+    return report
 
 
 def _run_gate(run: GateRun, schema, t0: float) -> dict:
@@ -109,6 +132,10 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
 
 def failures(report: dict) -> list[str]:
     """Why the gate fails (empty: it passes)."""
+    if "steps" in report:
+        from .training import failures as training_failures
+
+        return training_failures(report)
     out = [f"layout {lay['name']} not exact" for lay in report["layouts"] if not lay["exact"]]
     out += [f"{p['name']} not exact" for p in report["pairs"] if not p["exact"]]
     if not report["rollout_tokens_identical"]:
@@ -135,14 +162,40 @@ def passed(report: dict) -> bool:
     return not failures(report)
 
 
-def table(report: dict) -> str:
+def _header(report: dict) -> list[str]:
     dtype = report["dtype"] + (
         " (diagnostic: every contract dtype set to it)" if report["diagnostic"] else ""
     )
-    lines = [
+    return [
         f"contract  {report['contract']}  ({report['logprob_contract']} logprobs)",
         f"          {report['fingerprint']}",
         f"device    {report['device']}   dtype {dtype}",
+    ]
+
+
+def _footer(report: dict) -> list[str]:
+    why = failures(report)
+    return [f"          {w}" for w in why[:12]] + [
+        f"result    {'PASS' if not why else 'FAIL'} ({report['seconds']} s)"
+    ]
+
+
+def table(report: dict) -> str:
+    if "steps" in report:
+        from .training import table as training_table
+
+        layouts = ", ".join(lay["name"] for lay in report["layouts"])
+        return "\n".join(
+            [
+                *_header(report),
+                f"layouts   trainer {layouts}; rollout TP {report['rollout_tps']}",
+                *training_table(report),
+                "",
+                *_footer(report),
+            ]
+        )
+    lines = [
+        *_header(report),
         "",
         f"{'layout':<10}{'tp':>3}{'pp':>3}{'cp':>3}  {'exact':<6}{'tokens':>7}  {'max|diff|':>10}  first divergence",
     ]
@@ -216,7 +269,5 @@ def table(report: dict) -> str:
     lines.append(
         f"rollout   generate {timing['generate_seconds']} s, prefill re-score {timing['rescore_seconds']} s"
     )
-    why = failures(report)
-    lines += [f"          {w}" for w in why[:12]]
-    lines.append(f"result    {'PASS' if not why else 'FAIL'} ({report['seconds']} s)")
+    lines += _footer(report)
     return "\n".join(lines)

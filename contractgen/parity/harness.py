@@ -80,6 +80,8 @@ class GateConfig:
     grads: bool = False
     planted_bugs: tuple[str, ...] = ()
     """Shared-kernel bugs switched on on BOTH sides for the whole run (the gate's self-test)."""
+    training: Any = None
+    """A ``training.TrainingConfig``: run the gate over RL steps instead (``--train-steps``)."""
 
 
 @dataclass
@@ -123,13 +125,17 @@ class GateRun:
         if session is not None:
             session.close()
 
+    def rollout_session(self, tp: int) -> RolloutSession:
+        """The live rollout processes at ``tp`` (started on first use)."""
+        if tp not in self._rollout_sessions:
+            self._rollout_sessions[tp] = RolloutSession(tp, self.config.device)
+        return self._rollout_sessions[tp]
+
     def rollout(self, tp: int, **changes: Any) -> RolloutResult:
         """The rollout at ``tp`` (cached when unchanged); ``changes`` are ``RolloutJob`` fields."""
         baseline = not changes
         if baseline and tp in self.rollouts:
             return self.rollouts[tp]
-        if tp not in self._rollout_sessions:
-            self._rollout_sessions[tp] = RolloutSession(tp, self.config.device)
         fields = {
             "dtype_override": self.config.dtype_override,
             "planted_bugs": self.config.planted_bugs,
@@ -139,7 +145,7 @@ class GateRun:
             self.config.contract_id, self.config.weights, tp, workload=self.config.workload,
             device=self.config.device, **fields,
         )  # fmt: skip
-        result = self._rollout_sessions[tp].run(job)
+        result = self.rollout_session(tp).run(job)
         if baseline:
             self.rollouts[tp] = result
         return result
@@ -365,13 +371,18 @@ def _policies_at(run: GateRun, layout: ParityLayout):
     return kp, sg, mg
 
 
+def fault_change(run: GateRun, fault: Fault, layout: ParityLayout) -> dict[str, Any]:
+    """``{field: flipped value}`` of ``fault`` on the policies in force at ``layout``."""
+    kp, sg, mg = _policies_at(run, layout)
+    owner = kp if fault.kind == "kernel" else {"rollout": sg, "trainer": mg}[fault.side]
+    return {fault.field: flipped(fault.field, getattr(owner, fault.field), fault.kind)}
+
+
 def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[str, str]:
     """("detected" | "undetected" | "error", how) for one fault at one layout."""
     from ..adapters.megatron.trainer import TrainerFault
 
-    kp, sg, mg = _policies_at(run, layout)
-    owner = kp if fault.kind == "kernel" else {"rollout": sg, "trainer": mg}[fault.side]
-    change = {fault.field: flipped(fault.field, getattr(owner, fault.field), fault.kind)}
+    change = fault_change(run, fault, layout)
     try:
         if fault.side == "rollout":
             # the faulted rollout may sample other tokens: the trainer scores what it sampled

@@ -9,7 +9,6 @@ profile names (``hf_architecture``). transformers is optional: without it the re
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -98,23 +97,6 @@ def hf_grads(model, sequences: list[list[int]], prompt_lens: list[int]) -> dict[
         loss = loss - lp.gather(-1, ids[0, 1:, None])[p - 1 :, 0].sum()
     loss.backward()
     return {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def megatron_shard(hf: dict[str, torch.Tensor], arch: Any, names, *, tp: int, padded: int):
-    """``hf`` (HF names) as megatron's TP-rank-0 tensors of the parameters ``names`` (one stage
-    with every layer: PP=1), by the same rearrangement the trainer loads weights with."""
-    from ..adapters.megatron.checkpoint import megatron_stage_state_dict
-
-    names = list(names)
-    stage = SimpleNamespace(
-        state_dict=lambda: dict.fromkeys(names),
-        decoder=SimpleNamespace(
-            layers=[SimpleNamespace(layer_number=i + 1) for i in range(arch.num_layers)]
-        ),
-    )
-    return megatron_stage_state_dict(
-        hf, arch, stage, tp_rank=0, tp_size=tp, padded_vocab_size=padded
-    )
 
 
 def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from . import ROLLOUT
 from .workload import DEFAULT_WORKLOAD, PromptSpec
@@ -53,6 +54,56 @@ class RolloutJob:
     """Score these sequences with one prefill each instead of generating (every position)."""
     planted_bugs: tuple[str, ...] = ()
     """Shared-kernel bugs switched on for this run (``kernels.planted``; the gate's self-test)."""
+    arch: Any = None
+    """The model's ``ModelArch`` when ``weights`` is a state dict of a checkpoint's model (default:
+    the contract's reference model)."""
+    weight_sync: WeightSync | None = None
+    """``weights`` are an update pushed by the trainer: each rank updates the weights it holds
+    (kept across runs, as an engine's are), then the shards it loaded are gathered back and
+    compared bitwise with ``weights`` (``RolloutResult.extra["weight_sync"]``)."""
+
+
+@dataclass(frozen=True)
+class WeightSync:
+    """How a rollout run takes a weight update (see ``RolloutJob.weight_sync``)."""
+
+    reset: bool = False
+    """Drop whatever the ranks held (a new run's first push)."""
+    stale: str | None = None
+    """Fault injection: the last rank keeps its old copy of this HF tensor (a lost shard)."""
+
+
+# The weights this process's rollout rank holds between runs (``WeightSync``); per process, as
+# each rank of a real engine holds its own.
+_HELD: dict[str, torch.Tensor] = {}
+
+
+def _synced_weights(job: RolloutJob, rank: int, tp: int) -> dict[str, torch.Tensor]:
+    """This rank's weights after taking ``job.weights`` as an update."""
+    sync = job.weight_sync
+    if sync.reset:
+        _HELD.clear()
+    keep = sync.stale if (sync.stale is not None and rank == tp - 1 and _HELD) else None
+    for name, value in job.weights.items():
+        if name != keep:
+            _HELD[name] = value
+    return dict(_HELD)
+
+
+def sync_report(model, pushed: dict[str, torch.Tensor]) -> dict:
+    """Every tensor the rollout's ranks loaded, gathered back, vs what was pushed (bitwise, by
+    value: the rollout may hold a tensor in a wider dtype than it was sent in)."""
+    gathered, problems = model.gathered_weights()
+    gathered = {name: value.cpu() for name, value in gathered.items()}
+    mismatched = sorted(
+        name
+        for name, value in pushed.items()
+        if name not in gathered
+        or gathered[name].shape != value.shape
+        or not torch.equal(gathered[name].double(), value.double())
+    )
+    return {"synced": not mismatched and not problems, "mismatched": mismatched,
+            "problems": problems}  # fmt: skip
 
 
 def policies(
@@ -91,8 +142,10 @@ def model_arch(contract_id: str, weights: Any):
 
 
 def _prompts(workload: Sequence[PromptSpec], vocab_size: int) -> list[list[int]]:
+    """Each request's prompt: its own ``prompt_ids``, or ids drawn from one seeded generator."""
     g = torch.Generator().manual_seed(1234)
-    return [torch.randint(0, vocab_size, (w.prompt_len,), generator=g).tolist() for w in workload]
+    drawn = [torch.randint(0, vocab_size, (w.prompt_len,), generator=g).tolist() for w in workload]
+    return [list(w.prompt_ids) if w.prompt_ids else d for w, d in zip(workload, drawn, strict=True)]
 
 
 def _run(job: RolloutJob, group=None, device: str | None = None) -> RolloutResult:
@@ -116,8 +169,14 @@ def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> Ro
     _, kp, rp = policies(
         job.contract_id, job.tp, job.dtype_override, job.kernel_changes, job.runtime_changes
     )
-    arch, weights = model_arch(job.contract_id, job.weights)
+    if job.weight_sync is not None:
+        rank = dist.get_rank(group) if group is not None else 0
+        arch = job.arch if job.arch is not None else model_arch(job.contract_id, {})[0]
+        weights = _synced_weights(job, rank, job.tp)
+    else:
+        arch, weights = model_arch(job.contract_id, job.weights)
     model = ReferenceModel(arch, weights, kp, rp, group=group, device=device)
+    sync = sync_report(model, job.weights) if job.weight_sync is not None else None
     engine = RolloutEngine(model, progress=False)
     if job.rescore_only is not None:
         return _rescore_only(engine, job.rescore_only)
@@ -130,10 +189,12 @@ def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> Ro
     done = engine.generate(requests)
     t1 = time.perf_counter()
     sequences, prompt_lens, decode_lp, prefill_lp, dumps = [], [], [], [], []
-    for w in job.workload:
+    # one packed prefill re-scores every finished sequence (per sequence when dumping layers)
+    packed = None if job.dump_layers else engine.rescore_many([done[w.rid].sequence for w in job.workload])  # fmt: skip
+    for i, w in enumerate(job.workload):
         c = done[w.rid]
         outputs: list | None = [] if job.dump_layers else None
-        rescored = engine.rescore(c.sequence, layer_outputs=outputs)
+        rescored = packed[i] if packed is not None else engine.rescore(c.sequence, layer_outputs=outputs)  # fmt: skip
         sequences.append(c.sequence)
         prompt_lens.append(len(c.prompt))
         decode_lp.append(c.logprob_tensor().cpu())
@@ -143,7 +204,7 @@ def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> Ro
     t2 = time.perf_counter()
     return RolloutResult(
         sequences, prompt_lens, decode_lp, prefill_lp, t1 - t0, t2 - t1,
-        dumps if job.dump_layers else None,
+        dumps if job.dump_layers else None, {} if sync is None else {"weight_sync": sync},
     )  # fmt: skip
 
 

@@ -15,6 +15,8 @@ class PromptSpec:
     temperature: float
     seed: int
     arrival_step: int
+    prompt_ids: tuple[int, ...] | None = None
+    """The prompt's token ids (``prompt_len`` of them); default: drawn by the rollout."""
 
 
 # Greedy and seeded sampling alternate; requests join at staggered decode steps.

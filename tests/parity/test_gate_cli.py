@@ -87,30 +87,21 @@ def test_checkpoint_gate_reports_transformers_reference(tmp_path):
     ckpt = tmp_path / "ckpt"
     model.save_pretrained(ckpt)
     code, report, out = run_parity(
-        "--checkpoint", str(ckpt), "--layouts", "tp1", "--rollout-tps", "1", "--dtype", "float32",
-        "--grads", tmp_path=tmp_path,
+        "--checkpoint", str(ckpt), "--layouts", "tp1,tp2pp2", "--rollout-tps", "1", "--dtype",
+        "float32", "--grads", tmp_path=tmp_path,
     )  # fmt: skip
     assert code == 0, out
     assert report["dtype"] == "float32" and report["diagnostic"] is True
-    assert report["layouts"][0]["exact"]
+    assert all(lay["exact"] for lay in report["layouts"])
     ref = report["reference"]
     assert ref is not None and ref["name"].startswith("transformers")
     assert ref["max_abs_diff"] < 1e-4, ref
-    # --grads: the trainer's gradient of the scored logprobs' sum vs float64 autograd
-    (grads,) = report["grads"]["per_layout"]
-    assert grads["supported"] and grads["within_tolerance"], grads
-    assert grads["max_rel_diff"] <= report["grads"]["tolerance"] == 1e-4
-    assert grads["parameters_compared"] > 10
-
-
-def test_grads_at_pp2_are_reported_not_supported():
-    """The gradient path drives PP=1 only: a PP>1 layout says so instead of faking a number."""
-    from contractgen.parity.correctness import layout_grads
-    from contractgen.parity.layouts import parse_layout
-
-    entry = layout_grads(None, None, parse_layout("tp2pp2"))
-    assert entry["supported"] is False and entry["within_tolerance"] is None
-    assert "PP=1 only" in entry["note"]
+    # --grads: the trainer's gradient of the scored logprobs' sum vs float64 autograd; at
+    # tp2pp2 backward through two stages, every TP shard and stage gathered under HF names
+    for grads in report["grads"]["per_layout"]:
+        assert grads["supported"] and grads["within_tolerance"], grads
+        assert grads["max_rel_diff"] <= report["grads"]["tolerance"] == 1e-4
+        assert grads["parameters_compared"] == len(model.state_dict()), grads
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,17 @@ def test_decode_logprobs_equal_prefill_rescore(ref_model, kp_dtype, runtime_poli
         assert torch.equal(eng.rescore(c.sequence)[len(c.prompt) - 1 :], _lp(c)), r.rid
 
 
+def test_packed_rescore_equals_one_prefill_per_sequence(ref_model, kp_dtype, runtime_policy):
+    """The gate re-scores every finished rollout in one packed prefill: each sequence's bits must
+    be those of its own prefill (sequences of different lengths, one across a KV chunk)."""
+    kp, _ = kp_dtype
+    eng = _engine(*ref_model, kp, runtime_policy(1))
+    seqs = [c.sequence for c in eng.generate(MIX).values()]
+    assert len({len(s) for s in seqs}) > 1
+    for packed, seq in zip(eng.rescore_many(seqs), seqs, strict=True):
+        assert torch.equal(packed, eng.rescore(seq))
+
+
 def test_twin_stock_engine_breaks_batch_and_decode_invariance(ref_model, kp32, generated):
     """The contract off (``DEFAULT_RUNTIME_POLICY``: plain GEMMs, fused paths), float32 numerics
     (bf16 rounding of the outputs can hide the CPU GEMM's reordering; fp32 cannot)."""

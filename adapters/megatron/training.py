@@ -1,0 +1,303 @@
+"""Rank side of an RL step on megatron-core: policy-gradient loss, backward, optimizer, weight
+gather.
+
+A training session's ranks build their stage once (``init_state``) and keep it, with its
+optimizer, across steps. A step (``train_step``) packs the rollout's sequences, runs the forward
+with gradients (``pipeline.pipeline_forward_backward``: PP stages hand activations forward and
+gradients back), scores every response token with the contract's vocab-parallel log-softmax, the
+same kernel and the same bits as the forward-only path, takes a PPO-clip loss against the
+rollout's logprobs, finalises the gradients (``grads.finalize_grads``) and steps megatron-core's
+mixed-precision optimizer. ``gather_weights`` then rebuilds the HF-named weights from every TP and
+PP shard on global rank 0, for the rollout to load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.optimizer.optimizer import (
+    Float16OptimizerWithFloat16Params,
+    MegatronOptimizer,
+)
+
+from .checkpoint import hf_state_from_stage
+from .grads import finalize_grads
+from .kernels import kernel_module
+from .packing import pack_sequences
+from .pipeline import pipeline_forward_backward
+from .policy import policy_for
+from .run_types import OptimizerSettings, TrainBatch, TrainerRun, TrainInit, TrainStepResult
+from .runtime import LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT, build_stage
+
+
+class CpuMixedPrecisionOptimizer(Float16OptimizerWithFloat16Params):
+    """megatron-core's ``Float16OptimizerWithFloat16Params`` on CPU tensors.
+
+    Its constructor only accepts ``torch.cuda.*Tensor`` parameters and allocates its unit loss
+    scale on CUDA; this one sets up the same state (an fp32 main copy of every 16-bit parameter,
+    put in the optimizer's param groups in its place) on any device. Everything else, the step
+    included (model grads -> fp32 main grads, ``optimizer.step()``, main params -> model params),
+    is megatron-core's own code.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimizerConfig) -> None:
+        MegatronOptimizer.__init__(self, optimizer, config, lambda *_: None)
+        self.grad_scaler = None
+        self._dummy_overflow_buf = None  # no multi-tensor apply: megatron's plain copy loop
+        self._scale_one = torch.tensor([1.0])
+        self.float16_groups, self.fp32_from_float16_groups, self.fp32_from_fp32_groups = [], [], []
+        for group in optimizer.param_groups:
+            half, main, full = [], [], []
+            for i, param in enumerate(group["params"]):
+                if not param.requires_grad:
+                    continue
+                if param.dtype in (torch.bfloat16, torch.float16):
+                    copy = param.detach().clone().float()
+                    tensor_parallel.copy_tensor_model_parallel_attributes(copy, param)
+                    group["params"][i] = copy
+                    param.main_param = copy
+                    half.append(param)
+                    main.append(copy)
+                else:
+                    full.append(param)
+            self.float16_groups.append(half)
+            self.fp32_from_float16_groups.append(main)
+            self.fp32_from_fp32_groups.append(full)
+        self.is_stub_optimizer = False
+
+
+def make_optimizer(
+    model: torch.nn.Module, settings: OptimizerSettings, device: str
+) -> MegatronOptimizer:
+    """AdamW over the stage's parameters inside megatron-core's mixed-precision optimizer."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    dtype = params[0].dtype
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        adam_beta1=settings.betas[0],
+        adam_beta2=settings.betas[1],
+        adam_eps=settings.eps,
+        clip_grad=settings.clip_grad,
+        bf16=dtype == torch.bfloat16,
+        params_dtype=dtype,
+    )
+    adam = torch.optim.AdamW(
+        params,
+        lr=settings.lr,
+        betas=settings.betas,
+        eps=settings.eps,
+        weight_decay=settings.weight_decay,
+    )
+    if device == "cuda":
+        return Float16OptimizerWithFloat16Params(adam, config, None, lambda *_: None)
+    return CpuMixedPrecisionOptimizer(adam, config)
+
+
+@dataclass
+class TrainState:
+    """A rank's stage and optimizer, kept across steps."""
+
+    model: Any
+    config: Any
+    padded_vocab: int
+    optimizer: MegatronOptimizer
+
+
+def init_state(job: Any, init: TrainInit) -> TrainState:
+    model, config, padded = build_stage(job, TrainerRun(fault=init.fault))
+    model.train()
+    return TrainState(model, config, padded, make_optimizer(model, init.optimizer, job.device))
+
+
+def _gather_tp(param: torch.Tensor, t: torch.Tensor, group: Any) -> torch.Tensor:
+    """``t`` (``param``'s value or gradient) concatenated over the TP group along ``param``'s
+    partition dim when ``param`` is TP-sharded."""
+    n = dist.get_world_size(group)
+    if n == 1 or not getattr(param, "tensor_model_parallel", False):
+        return t
+    parts = [torch.empty_like(t) for _ in range(n)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim=param.partition_dim)
+
+
+def gather_weights(state: TrainState, job: Any) -> dict[str, torch.Tensor] | None:
+    """HF-named weights of the whole model on global rank 0 (``None`` elsewhere; collective)."""
+    return gather_hf(state.model, job, lambda p: p.detach())
+
+
+def gather_hf(
+    model: Any, job: Any, value: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor] | None:
+    """``value(param)`` of every parameter (the weight, or its gradient) under HF names, for the
+    whole model, on global rank 0 (``None`` on other ranks): TP shards concatenated within each
+    stage, then every stage's tensors sent to rank 0. Collective: every rank calls it. A tied head
+    split over PP stages is taken from the first stage's embedding."""
+    tp_group = ps.get_tensor_model_parallel_group()
+    full = {n: _gather_tp(p, value(p), tp_group) for n, p in model.named_parameters()}
+    layers = getattr(model.decoder, "layers", [])
+    numbers = {local: layer.layer_number - 1 for local, layer in enumerate(layers)}
+    mine = None
+    if ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0:
+        stage = hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp)
+        mine = {k: v.cpu() for k, v in stage.items()}
+    stages: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, stages, dst=0)
+    if stages is None:
+        return None
+    out: dict[str, torch.Tensor] = {}
+    for stage in stages:
+        for name, value in (stage or {}).items():
+            out.setdefault(name, value)
+    return out
+
+
+@dataclass
+class _Scored:
+    """The response tokens of a packed batch: row of the logit that scores each, its target."""
+
+    rows: torch.Tensor
+    targets: torch.Tensor
+    old: torch.Tensor
+    advantages: torch.Tensor
+    counts: list[int]
+
+
+def _scored(pack: Any, batch: TrainBatch) -> _Scored:
+    rows, targets, old, adv, counts = [], [], [], [], []
+    for path, p, lp, a in zip(
+        pack.paths, batch.prompt_lens, batch.old_logprobs, batch.advantages, strict=False
+    ):
+        r = path[p - 1 : -1]
+        if lp.numel() != r.numel():
+            raise ValueError(
+                f"old logprobs for {lp.numel()} tokens, sequence has {r.numel()} response tokens"
+            )
+        rows.append(r)
+        targets.append(pack.token_ids[path[p:]])
+        old.append(lp.float())
+        adv.append(torch.full((r.numel(),), float(a)))
+        counts.append(r.numel())
+    return _Scored(torch.cat(rows), torch.cat(targets), torch.cat(old), torch.cat(adv), counts)
+
+
+def _merge_cp(values: torch.Tensor, owned: torch.Tensor, group: Any) -> torch.Tensor:
+    """Each CP rank holds ``values`` at the positions it ``owned``: everyone's, merged (exact:
+    selection only)."""
+    n = dist.get_world_size(group)
+    if n == 1:
+        return values
+    vals = [torch.empty_like(values) for _ in range(n)]
+    owns = [torch.empty_like(owned) for _ in range(n)]
+    dist.all_gather(vals, values, group=group)
+    dist.all_gather(owns, owned, group=group)
+    out = vals[0]
+    for v, o in zip(vals[1:], owns[1:], strict=True):
+        out = torch.where(o, v, out)
+    return out
+
+
+def train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResult:
+    """One PPO-clip step (see ``TrainBatch``); every rank returns its part of the result."""
+    model, config, device = state.model, state.config, job.device
+    policy = policy_for(config)
+    cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
+    cp_group, tp_group = ps.get_context_parallel_group(), ps.get_tensor_model_parallel_group()
+    pack = pack_sequences([list(s) for s in batch.sequences], pad_to_multiple=cp)
+    scored = _scored(pack, batch)
+    local = pack.token_ids.numel() // cp
+    lo = cp_rank * local
+    owned = (scored.rows >= lo) & (scored.rows < lo + local)
+    mine = owned.nonzero()[:, 0]
+    total = scored.rows.numel()
+
+    def loss_fn(out: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        kp_head = model.output_layer.kernel_policy
+        logits = out[0]  # [T/cp, V/tp]
+        vocab = LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT[bool(policy.apply_logits_contract)](
+            config.true_on_policy_vocab_size, state.padded_vocab
+        )
+        lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
+            logits[(scored.rows[mine] - lo).to(device)],
+            scored.targets[mine].to(device),
+            ps.get_tensor_model_parallel_rank() * logits.shape[-1],
+            vocab,
+            kp_head,
+            tp_group,
+        )
+        new = lp.float()
+        old = scored.old[mine].to(device)
+        adv = scored.advantages[mine].to(device)
+        ratio = torch.exp(new - old)
+        eps = batch.clip_eps
+        surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
+        loss = -surrogate.sum() / total
+        d = (old - new).detach()
+        stats = torch.stack(
+            [
+                loss.detach(),
+                (torch.exp(d) - d - 1).sum() / total,
+                (ratio.detach() - 1).abs().max() if mine.numel() else ratio.new_zeros(()),
+            ]
+        )
+        return loss, (lp.detach(), stats)
+
+    state.optimizer.zero_grad()
+    result = pipeline_forward_backward(
+        model,
+        loss_fn,
+        input_ids=pack.token_ids[lo : lo + local][None].to(device),
+        position_ids=pack.positions[lo : lo + local][None].to(device),
+        attention_mask=None,
+        packed_seq_params=pack.seq_params().to(device),
+    )
+    finalize_grads(
+        model,
+        policy,
+        group=ps.get_data_parallel_group(with_context_parallel=True),
+        dp=ps.get_data_parallel_world_size(),
+        cp=cp,
+        tp_group=tp_group,
+        embedding_group=tied_embedding_group(job),
+    )
+    for p in model.parameters():  # fp32 parameters: megatron's optimizer reads main_grad (DDP's)
+        if p.dtype == torch.float32 and p.grad is not None:
+            p.main_grad = p.grad
+    state.optimizer.step()
+    out = TrainStepResult()
+    if result is not None:
+        lp_local, stats = result
+        values = torch.zeros(total, dtype=lp_local.dtype, device=lp_local.device)
+        values[mine.to(values.device)] = lp_local
+        logprobs = _merge_cp(values, owned.to(values.device), cp_group).cpu()
+        loss_kl = stats[:2].clone()
+        dev = stats[2:].clone()
+        if cp > 1:
+            dist.all_reduce(loss_kl, group=cp_group)
+            dist.all_reduce(dev, op=dist.ReduceOp.MAX, group=cp_group)
+        if ps.get_tensor_model_parallel_rank() == 0 and cp_rank == 0:
+            out.logprobs = list(torch.split(logprobs, scored.counts))
+            out.loss, out.kl, out.ratio_max_abs_dev = (
+                float(loss_kl[0]),
+                float(loss_kl[1]),
+                float(dev[0]),
+            )
+    out.weights = gather_weights(state, job)
+    return out
+
+
+def tied_embedding_group(job: Any) -> Any:
+    """The embedding group when a tied LM head is split over PP stages (the first stage's
+    embedding and the last stage's copy): their gradients must be summed, as megatron-core's
+    ``_allreduce_word_embedding_grads`` does. ``None`` otherwise."""
+    if not job.arch.tie_word_embeddings or job.layout.pp == 1:
+        return None
+    return ps.get_embedding_group() if ps.is_rank_in_embedding_group() else None

@@ -1,0 +1,51 @@
+"""Write a random-weight Hugging Face checkpoint shaped like one of a contract's checkpoints.
+
+Nothing is downloaded: the dims come from the contract's model profile (e.g. ``Qwen3-0.6B``), the
+weights from the same seeded initialiser as the gate's reference model, and transformers'
+``save_pretrained`` writes ``config.json`` + safetensors, so ``contractgen parity --checkpoint``
+reads it as it would the real model.
+
+    python benchmarks/random_checkpoint.py --contract qwen3_dense_true_on_policy_v1 \
+        --name Qwen3-0.6B --out /tmp/qwen3-0.6b-random
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--contract", default="qwen3_dense_true_on_policy_v1")
+    parser.add_argument("--name", required=True, help="a checkpoint name of the contract's profile")
+    parser.add_argument("--out", required=True, help="directory to write")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from contractgen.adapters.sglang.model import ModelArch, random_weights
+    from contractgen.parity.reference import hf_model
+    from contractgen.vendored import load_target
+
+    profile = load_target("sglang").schema.model_profile_for(args.contract)
+    by_name = {d.name: d for d in profile.checkpoints}
+    if args.name not in by_name:
+        print(f"error: --name {args.name!r}: not in {sorted(by_name)}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    arch = ModelArch.from_profile(profile, by_name[args.name])
+    weights = random_weights(arch, seed=args.seed)
+    model = hf_model(weights, arch, profile.hf_architecture, getattr(torch, args.dtype))
+    model.save_pretrained(args.out)
+    n = sum(t.numel() for t in weights.values())
+    print(f"wrote {args.out}: {arch.name}, {n / 1e9:.3f} B parameters, {args.dtype}, "
+          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""``parity --train-steps N``: the gate over N steps of RL, with weight sync.
+
+Per trainer layout, a run of its own (each layout trains its own copy of the weights):
+
+1. the trainer ranks build their stage and optimizer and push their weights (gathered from every
+   TP/PP shard into HF names) to the rollout at every rollout TP, which loads them as an engine
+   takes an update (each rank keeps what it holds; the shards it loaded are gathered back and
+   compared bitwise with what was pushed: ``weights_synced``);
+2. the rollout samples the step's prompts, ``group_size`` samples each (temperature 1, seeded);
+3. a toy verifiable reward (no data set: the share of response tokens whose id is below
+   ``vocab_size / 8``) gives GRPO advantages (reward minus its group's mean, over the group's
+   standard deviation);
+4. the trainer scores the same tokens in its training forward and takes a PPO-clip step against
+   the rollout's logprobs (the ones the contract's logprob contract names): the importance ratio
+   ``exp(logp_trainer - logp_rollout)`` is exactly 1 for every token when the two sides agree
+   bitwise, and the step's pairs are compared with ``torch.equal``;
+5. the updated weights are pushed for the next step (back to 1).
+
+Training faults (``--train-fault``): any ``--inject-faults`` name flips that field on one side
+for the whole run (the ratio moves off 1 at step 0); ``sync.stale_shard`` makes the last rollout
+rank keep its old copy of one tensor from the first update on (step 1 differs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..adapters.families import LAYER_PREFIX
+from .harness import GateRun, compare, fault_change, pair_name, same_tokens
+from .layouts import ParityLayout
+from .workload import PromptSpec
+
+STALE_SHARD = "sync.stale_shard"
+
+TASK = (
+    "reward = share of response tokens whose id is below vocab_size / 8 (a verifiable toy task: "
+    "no data set); GRPO advantages = (reward - group mean) / (group std + 1e-6)"
+)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What ``--train-steps`` runs (see the module docstring)."""
+
+    steps: int
+    prompts: int = 2
+    group_size: int = 4
+    prompt_tokens: int = 70
+    new_tokens: int = 10
+    lr: float = 1e-2
+    clip_eps: float = 0.2
+    fault: str | None = None
+
+
+def _say(message: str) -> None:
+    print(f"parity: {message}", file=sys.stderr, flush=True)
+
+
+def step_workload(step: int, cfg: TrainingConfig, vocab_size: int) -> tuple[PromptSpec, ...]:
+    """The step's requests: ``cfg.prompts`` fresh prompts (the longest ``prompt_tokens`` long,
+    the others spread below), each sampled ``group_size`` times at temperature 1 with its own
+    seed, joining the batch at staggered decode steps."""
+    g = torch.Generator().manual_seed(10_000 + step)
+    specs = []
+    for i in range(cfg.prompts):
+        n = max(1, cfg.prompt_tokens * (cfg.prompts - i) // cfg.prompts)
+        prompt = tuple(torch.randint(0, vocab_size, (n,), generator=g).tolist())
+        for j in range(cfg.group_size):
+            k = i * cfg.group_size + j
+            specs.append(
+                PromptSpec(
+                    rid=f"s{step}p{i}g{j}",
+                    prompt_len=n,
+                    max_new_tokens=cfg.new_tokens,
+                    temperature=1.0,
+                    seed=1_000 * step + k,
+                    arrival_step=k % 3,
+                    prompt_ids=prompt,
+                )  # fmt: skip
+            )
+    return tuple(specs)
+
+
+def reward(response: list[int], vocab_size: int) -> float:
+    """The toy task's reward of one response (see ``TASK``)."""
+    return sum(t < vocab_size // 8 for t in response) / max(1, len(response))
+
+
+def grpo_advantages(rewards: list[float], group_size: int) -> list[float]:
+    """Each reward minus its group's mean, over the group's (population) std + 1e-6."""
+    out = []
+    for lo in range(0, len(rewards), group_size):
+        group = rewards[lo : lo + group_size]
+        mean, std = statistics.fmean(group), statistics.pstdev(group)
+        out += [(r - mean) / (std + 1e-6) for r in group]
+    return out
+
+
+def stale_tensor(arch: Any) -> str:
+    """The tensor ``sync.stale_shard`` leaves stale: layer 0's last row-parallel weight (TP shards
+    it by K, so at TP > 1 one rank's slice is stale)."""
+    spec = arch.spec
+    rows = [w.hf_name for w in spec.layer_weights.values() if w.shard == "row"]
+    return LAYER_PREFIX.format(i=0) + rows[-1]
+
+
+def training_faults(run: GateRun) -> list[str]:
+    """Every name ``--train-fault`` accepts."""
+    from .faults import catalogue
+    from .harness import _policies_at
+
+    first = run.config.layouts[0]
+    return [STALE_SHARD, *(f.name for f in catalogue(*_policies_at(run, first)))]
+
+
+def _one_side_fault(run: GateRun, name: str | None, layout: ParityLayout):
+    """(rollout ``RolloutJob`` changes, trainer ``TrainerFault`` or None) for a policy fault."""
+    from ..adapters.megatron.trainer import TrainerFault
+    from .faults import catalogue
+    from .harness import _policies_at
+
+    if name is None or name == STALE_SHARD:
+        return {}, None
+    fault = next(f for f in catalogue(*_policies_at(run, layout)) if f.name == name)
+    change = fault_change(run, fault, layout)
+    if fault.side == "rollout":
+        return {f"{fault.kind}_changes": change}, None
+    return {}, TrainerFault(**{f"{fault.kind}_policy": change})
+
+
+def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
+    """Every trainer layout's run of ``cfg.steps`` steps; the report's ``training`` and ``steps``."""
+    from .rollout import model_arch
+
+    arch = model_arch(run.config.contract_id, run.config.weights)[0]
+    per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
+    pairs: list[list[dict]] = [[] for _ in range(cfg.steps)]
+    cache: dict = {}
+    for layout in run.config.layouts:
+        for entry, step_pairs, step in _run_layout(run, cfg, layout, arch, cache):
+            per_step[step].append(entry)
+            pairs[step].extend(step_pairs)
+    steps = []
+    for step in range(cfg.steps):
+        entries = per_step[step]
+        steps.append(
+            {
+                "step": step,
+                "exact": all(p["exact"] for p in pairs[step]),
+                "pairs": pairs[step],
+                "ratio_max_abs_dev": _worst(e["ratio_max_abs_dev"] for e in entries),
+                "kl": _worst(e["kl"] for e in entries),
+                "loss": statistics.fmean(e["loss"] for e in entries),
+                "reward_mean": statistics.fmean(e["reward_mean"] for e in entries),
+                "weights_synced": all(e["weights_synced"] for e in entries),
+                "rollout_tokens_identical": all(e["rollout_tokens_identical"] for e in entries),
+                "per_layout": entries,
+            }
+        )
+    return {
+        "training": {
+            "steps": cfg.steps,
+            "task": TASK,
+            "prompts_per_step": cfg.prompts,
+            "group_size": cfg.group_size,
+            "prompt_tokens": cfg.prompt_tokens,
+            "new_tokens": cfg.new_tokens,
+            "loss": f"PPO clip (eps {cfg.clip_eps}), token mean over the step's response tokens",
+            "optimizer": f"megatron-core mixed-precision optimizer (fp32 main params), AdamW "
+            f"lr {cfg.lr}, no weight decay, no grad clipping",
+            "fault": cfg.fault,
+            "stale_tensor": stale_tensor(arch) if cfg.fault == STALE_SHARD else None,
+            "aggregates": "per step: ratio_max_abs_dev and kl the worst over trainer layouts, "
+            "loss and reward_mean their mean (each layout trains its own copy; per_layout has each)",
+        },
+        "steps": steps,
+    }
+
+
+def _worst(values) -> float:
+    return max((abs(v) for v in values), default=0.0)
+
+
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    """A digest of every tensor's name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _run_layout(run: GateRun, cfg: TrainingConfig, layout: ParityLayout, arch: Any, cache: dict):
+    """Yield ``(per-layout entry, pairs, step)`` for each step of one trainer layout's run;
+    ``cache`` holds rollout results by (TP, pushed weights, workload, faults) across layouts."""
+    from ..adapters.megatron.run_types import OptimizerSettings, TrainBatch, TrainInit
+    from ..adapters.megatron.trainer import TrainerSession
+    from .rollout import RolloutJob, WeightSync
+
+    config = run.config
+    rollout_changes, trainer_fault = _one_side_fault(run, cfg.fault, layout)
+    stale = stale_tensor(arch) if cfg.fault == STALE_SHARD else None
+    t0 = time.perf_counter()
+    trainer = TrainerSession(
+        config.contract_id, config.weights, (layout.tp, layout.pp, layout.cp),
+        device=config.device,
+    )  # fmt: skip
+    trainer.start()
+    try:
+        weights = trainer.train(
+            TrainInit(OptimizerSettings(lr=cfg.lr), fault=trainer_fault)
+        ).weights
+        for step in range(cfg.steps):
+            workload = step_workload(step, cfg, arch.vocab_size)
+            rollouts, digest, reused = {}, weights_digest(weights), []
+            for tp in sorted({1, *config.rollout_tps}):  # TP=1 first: the reference
+                sync = WeightSync(reset=step == 0, stale=stale if step > 0 else None)
+                job = RolloutJob(
+                    config.contract_id, weights, tp, workload=workload, device=config.device,
+                    arch=arch, weight_sync=sync, **rollout_changes,
+                )  # fmt: skip
+                # A full push replaces everything the ranks held, so the run is a function of the
+                # pushed weights: another layout that pushed the same bits reuses it.
+                key = None if sync.stale else (tp, digest, workload, repr(rollout_changes))
+                if key is not None and key in cache:
+                    reused.append(tp)
+                    rollouts[tp] = cache[key]
+                    continue
+                rollouts[tp] = run.rollout_session(tp).run(job)
+                if key is not None:
+                    cache[key] = rollouts[tp]
+            base = rollouts[1]
+            rewards = [reward(s[p:], arch.vocab_size) for s, p in zip(base.sequences, base.prompt_lens, strict=True)]  # fmt: skip
+            old = run.scored_rollout(base)
+            result = trainer.train(
+                TrainBatch(
+                    tuple(tuple(s) for s in base.sequences),
+                    tuple(base.prompt_lens),
+                    tuple(old),
+                    tuple(grpo_advantages(rewards, cfg.group_size)),
+                    cfg.clip_eps,
+                )  # fmt: skip
+            )
+            step_pairs = []
+            for tp, r in rollouts.items():
+                same = same_tokens(r, base)
+                cmp = compare(run.scored_rollout(r), result.logprobs) if same else None
+                step_pairs.append(
+                    {
+                        "name": pair_name(tp, layout),
+                        "rollout_tp": tp,
+                        "trainer": {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp},
+                        "exact": bool(cmp and cmp.exact),
+                        "max_abs_diff": cmp.max_abs_diff if cmp else None,
+                        "tokens_compared": cmp.tokens_compared if cmp else 0,
+                        "note": None if same else f"rollout tp{tp} sampled other tokens",
+                    }
+                )
+            syncs = {tp: r.extra["weight_sync"] for tp, r in rollouts.items()}
+            entry = {
+                "name": layout.name,
+                "tp": layout.tp,
+                "pp": layout.pp,
+                "cp": layout.cp,
+                "loss": result.loss,
+                "kl": result.kl,
+                "ratio_max_abs_dev": result.ratio_max_abs_dev,
+                "reward_mean": statistics.fmean(rewards),
+                "weights_synced": all(s["synced"] for s in syncs.values()),
+                "stale": {
+                    f"tp{tp}": s["mismatched"] + s["problems"]
+                    for tp, s in syncs.items()
+                    if not s["synced"]
+                },
+                "rollout_tokens_identical": all(same_tokens(r, base) for r in rollouts.values()),
+                "rollouts_reused": reused,
+            }
+            if config.progress:
+                exact = all(p["exact"] for p in step_pairs)
+                _say(
+                    f"train {layout.name} step {step}: {'exact' if exact else 'DIFFERS'}, ratio "
+                    f"dev {entry['ratio_max_abs_dev']:.3g}, loss {entry['loss']:.4f}, reward "
+                    f"{entry['reward_mean']:.3f}, weights "
+                    f"{'synced' if entry['weights_synced'] else 'NOT synced'} "
+                    f"({time.perf_counter() - t0:.1f} s)"
+                )
+            yield entry, step_pairs, step
+            weights = result.weights
+    finally:
+        trainer.close()
+
+
+def failures(report: dict) -> list[str]:
+    """Why a training run fails (empty: it passes)."""
+    out = []
+    for s in report["steps"]:
+        out += [f"step {s['step']}: {p['name']} not exact" for p in s["pairs"] if not p["exact"]]
+        if s["ratio_max_abs_dev"] != 0.0:
+            out.append(f"step {s['step']}: importance ratio off 1 by {s['ratio_max_abs_dev']:.3g}")
+        out += [
+            f"step {s['step']}: {e['name']}: rollout weights differ from the trainer's: "
+            + "; ".join(f"{tp} {', '.join(names[:3])}" for tp, names in e["stale"].items())
+            for e in s["per_layout"]
+            if not e["weights_synced"]
+        ]
+    return out
+
+
+def table(report: dict) -> list[str]:
+    """The text table's training lines: one per step."""
+    t = report["training"]
+    lines = [
+        f"training  {t['steps']} steps; {t['prompts_per_step']} prompts x {t['group_size']} "
+        f"samples, {t['new_tokens']} new tokens each",
+        f"          {t['task']}",
+        f"          {t['loss']}; {t['optimizer']}",
+    ]
+    if t["fault"]:
+        lines.append(f"fault     {t['fault']} (one side only: must FAIL)")
+    lines += [
+        "",
+        f"{'step':<6}{'pairs exact':>12}  {'max|ratio-1|':>12}  {'kl':>9}  {'loss':>9}  "
+        f"{'reward':>7}  weights",
+    ]
+    for s in report["steps"]:
+        exact = f"{sum(p['exact'] for p in s['pairs'])}/{len(s['pairs'])}"
+        lines.append(
+            f"{s['step']:<6}{exact:>12}  {s['ratio_max_abs_dev']:>12.3g}  "
+            f"{s['kl']:>9.3g}  {s['loss']:>9.4f}  {s['reward_mean']:>7.3f}  "
+            f"{'synced' if s['weights_synced'] else 'NOT synced'}"
+        )
+    return lines

@@ -1,0 +1,176 @@
+"""``parity --train-steps``: bitwise rollout/trainer agreement at every step of an RL run.
+
+The run (slow) proves the loop: every step's pairs exact, the importance ratio exactly 1, the
+weights the rollout loaded equal to the trainer's gathered shards, the toy reward rising. The
+two fault runs prove the gate sees what it claims: a trainer-only log-softmax dtype moves the
+ratio at step 0, and one stale rollout shard breaks step 1 (and only step 1 onwards).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import V1, run_parity
+
+from contractgen.parity.training import (
+    STALE_SHARD,
+    TrainingConfig,
+    grpo_advantages,
+    reward,
+    stale_tensor,
+    step_workload,
+)
+
+
+def test_grpo_advantages_are_normalised_within_each_group():
+    adv = grpo_advantages([0.0, 1.0, 0.5, 0.5, 0.2, 0.2, 0.2, 0.2], group_size=4)
+    first, second = adv[:4], adv[4:]
+    assert abs(sum(first)) < 1e-9 and first[1] > first[2] == first[3] > first[0]
+    assert second == [0.0] * 4  # equal rewards: no signal, not a division by zero
+
+
+def test_reward_counts_low_ids_in_the_response():
+    assert reward([0, 124, 125, 999], vocab_size=1000) == 0.5
+    assert reward([], vocab_size=1000) == 0.0
+
+
+def test_step_workload_groups_share_a_prompt_and_differ_by_seed():
+    cfg = TrainingConfig(steps=2, prompts=2, group_size=4, prompt_tokens=70, new_tokens=6)
+    step0, again, step1 = (step_workload(s, cfg, 1000) for s in (0, 0, 1))
+    assert step0 == again, "a step's workload is a pure function of the step"
+    assert len(step0) == 8 and {w.temperature for w in step0} == {1.0}
+    groups = [step0[:4], step0[4:]]
+    assert all(len({w.prompt_ids for w in g}) == 1 for g in groups)
+    assert groups[0][0].prompt_ids != groups[1][0].prompt_ids
+    assert max(w.prompt_len for w in step0) == 70  # spans two 64-position KV chunks
+    assert len({w.seed for w in step0}) == 8
+    assert step1[0].prompt_ids != step0[0].prompt_ids, "every step gets fresh prompts"
+
+
+def _bf16(weights):
+    return {k: v.to(torch.bfloat16) for k, v in weights.items()}
+
+
+def test_rollout_gathers_back_what_it_loaded(reference_weights):
+    """The inverse of the rollout's sharding at TP=1, and a pushed tensor that was not loaded
+    is reported by name."""
+    from contractgen.adapters.sglang.model import ReferenceModel
+    from contractgen.parity.rollout import policies, sync_report
+
+    arch, weights = reference_weights
+    pushed = _bf16(weights)
+    _, kp, rp = policies(V1, 1, None, {}, {})
+    model = ReferenceModel(arch, pushed, kp, rp)
+    gathered, problems = model.gathered_weights()
+    assert problems == [] and set(gathered) == set(pushed)
+    assert all(torch.equal(gathered[k].double(), pushed[k].double()) for k in pushed)
+    assert sync_report(model, pushed) == {"synced": True, "mismatched": [], "problems": []}
+    name = stale_tensor(arch)
+    newer = dict(pushed, **{name: pushed[name] + 1})
+    assert sync_report(model, newer) == {"synced": False, "mismatched": [name], "problems": []}
+
+
+def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
+    from contractgen.parity import rollout
+    from contractgen.parity.rollout import RolloutJob, WeightSync
+
+    arch, weights = reference_weights
+    name = stale_tensor(arch)
+    old, new = _bf16(weights), {k: v.to(torch.bfloat16) + 1 for k, v in weights.items()}
+
+    def held(rank: int, tp: int) -> dict:
+        rollout._synced_weights(RolloutJob(V1, old, tp, weight_sync=WeightSync(reset=True)), rank, tp)  # fmt: skip
+        job = RolloutJob(V1, new, tp, weight_sync=WeightSync(stale=name))
+        return rollout._synced_weights(job, rank, tp)
+
+    last, other = held(1, 2), held(0, 2)
+    assert torch.equal(last[name], old[name]) and torch.equal(other[name], new[name])
+    assert all(torch.equal(last[k], new[k]) for k in new if k != name)
+    assert name.startswith("model.layers.0.") and name.endswith("down_proj.weight")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train-fault", STALE_SHARD], "need --train-steps"),
+        (["--train-steps", "1", "--inject-faults"], "--inject-faults cannot be combined"),
+        (["--train-steps", "1", "--grads"], "--grads cannot be combined"),
+        (["--train-steps", "1", "--train-fault", "nope"], "--train-fault 'nope': unknown"),
+    ],
+)
+def test_training_options_are_checked_before_anything_runs(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from contractgen.cli import main
+
+    report = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["parity", "--json", str(report), *args])
+    out = result.output
+    assert result.exit_code == 2 and not report.exists(), out
+    assert message in out and isinstance(result.exception, SystemExit | None)
+    if "unknown" in message:
+        assert STALE_SHARD in out and "kernel.logsoftmax_dtype@trainer" in out
+
+
+@pytest.mark.slow
+def test_gathered_trainer_weights_are_the_loaded_ones_at_tp2pp2(reference_weights):
+    """TP shards concatenated, PP stages merged, megatron's fused QKV and gate/up split back:
+    the trainer's first push is exactly the checkpoint in the trainer's storage dtype."""
+    from contractgen.adapters.megatron.run_types import TrainInit
+    from contractgen.adapters.megatron.trainer import TrainerSession
+
+    arch, weights = reference_weights
+    with TrainerSession(V1, weights, (2, 2, 1)) as session:
+        pushed = session.train(TrainInit()).weights
+    assert set(pushed) == set(weights)
+    bad = [k for k in weights if not torch.equal(pushed[k], weights[k].to(torch.bfloat16))]
+    assert bad == []
+
+
+@pytest.mark.slow
+def test_three_rl_steps_stay_bit_identical_at_every_layout(tmp_path):
+    code, report, out = run_parity(
+        "--train-steps", "3", "--layouts", "tp1,tp2,pp2,cp2", "--rollout-tps", "1,2",
+        "--new-tokens", "6", tmp_path=tmp_path, timeout=1800,
+    )  # fmt: skip
+    assert code == 0, out
+    steps = report["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    for s in steps:
+        assert len(s["pairs"]) == 8 and all(p["exact"] for p in s["pairs"]), s["pairs"]
+        assert all(p["tokens_compared"] == 48 for p in s["pairs"])
+        assert s["ratio_max_abs_dev"] == 0.0 and s["kl"] == 0.0
+        assert s["weights_synced"] and s["rollout_tokens_identical"]
+        assert {e["name"] for e in s["per_layout"]} == {"tp1", "tp2", "pp2", "cp2"}
+    rewards = [s["reward_mean"] for s in steps]
+    assert rewards[-1] > rewards[0], f"the toy reward did not improve: {rewards}"
+    assert out.count("8/8") == 3  # the table: one line per step, every pair exact
+
+
+@pytest.mark.slow
+def test_a_trainer_only_logsoftmax_dtype_moves_the_ratio_at_step_zero(tmp_path):
+    code, report, out = run_parity(
+        "--train-steps", "1", "--layouts", "tp1", "--rollout-tps", "1", "--new-tokens", "4",
+        "--train-fault", "kernel.logsoftmax_dtype@trainer", tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 1, out
+    (step,) = report["steps"]
+    assert not step["exact"] and step["ratio_max_abs_dev"] > 0.0
+    assert step["weights_synced"], "the fault is in the scoring, not in the weights"
+    assert "importance ratio off 1" in out
+
+
+@pytest.mark.slow
+def test_one_stale_rollout_shard_breaks_step_one(tmp_path):
+    code, report, out = run_parity(
+        "--train-steps", "2", "--layouts", "tp1", "--rollout-tps", "1,2", "--new-tokens", "4",
+        "--train-fault", STALE_SHARD, tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 1, out
+    first, second = report["steps"]
+    assert first["exact"] and first["weights_synced"], "step 0 loads every tensor afresh"
+    assert not second["weights_synced"] and not second["exact"]
+    stale = report["training"]["stale_tensor"]
+    (entry,) = second["per_layout"]
+    assert entry["stale"] == {"tp1": [stale], "tp2": [stale]}
+    assert "rollout weights differ from the trainer's" in out
