@@ -1,7 +1,10 @@
 """Write a random-weight Hugging Face checkpoint shaped like one of a contract's checkpoints.
 
 Nothing is downloaded: the dims come from the contract's model profile (e.g. ``Qwen3-0.6B``), the
-weights from the same seeded initialiser as the gate's reference model, and transformers'
+weights from transformers' own initialisation of a fresh model (``--init transformers``: normal,
+std ``initializer_range`` = 0.02, so a near-uniform next-token distribution that sampling can
+explore) or from the gate's reference-model initialiser (``--init contractgen``: unit-variance
+embeddings, which at 28 layers make a nearly deterministic sampler), and transformers'
 ``save_pretrained`` writes ``config.json`` + safetensors, so ``contractgen parity --checkpoint``
 reads it as it would the real model.
 
@@ -25,10 +28,11 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="directory to write")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", default="transformers", choices=["transformers", "contractgen"])
     args = parser.parse_args()
 
     from contractgen.adapters.sglang.model import ModelArch, random_weights
-    from contractgen.parity.reference import hf_model
+    from contractgen.parity.reference import hf_config, hf_model
     from contractgen.vendored import load_target
 
     profile = load_target("sglang").schema.model_profile_for(args.contract)
@@ -38,12 +42,19 @@ def main() -> int:
         return 2
     t0 = time.perf_counter()
     arch = ModelArch.from_profile(profile, by_name[args.name])
-    weights = random_weights(arch, seed=args.seed)
-    model = hf_model(weights, arch, profile.hf_architecture, getattr(torch, args.dtype))
+    dtype = getattr(torch, args.dtype)
+    if args.init == "transformers":
+        import transformers
+
+        torch.manual_seed(args.seed)
+        cls = getattr(transformers, profile.hf_architecture)
+        model = cls(hf_config(arch, profile.hf_architecture)).to(dtype)
+    else:
+        model = hf_model(random_weights(arch, seed=args.seed), arch, profile.hf_architecture, dtype)
     model.save_pretrained(args.out)
-    n = sum(t.numel() for t in weights.values())
+    n = sum(p.numel() for p in model.parameters())
     print(f"wrote {args.out}: {arch.name}, {n / 1e9:.3f} B parameters, {args.dtype}, "
-          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+          f"{args.init} init, {time.perf_counter() - t0:.1f} s")  # fmt: skip
     return 0
 
 

@@ -36,19 +36,15 @@ def reference_sequences(vocab_size: int, max_positions: int) -> list[list[int]]:
     return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
-def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
-    """transformers' model of a checkpoint directory or of an HF-named state dict."""
+def hf_config(arch: Any, hf_architecture: str):
+    """transformers' config of ``hf_architecture`` with ``arch``'s dims and RoPE."""
     import transformers
 
-    if isinstance(weights, (str, Path)):
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(weights), dtype=dtype)
-        return model.eval()
     rope = {"rope_type": "default"}
     if arch.rope_scaling is not None:  # the contract's (type, factor, …), as transformers 5 has it
         params = dict(arch.rope_scaling)
         rope = {"rope_type": params.pop("type", None) or params.pop("rope_type"), **params}
-    cls = getattr(transformers, hf_architecture)
-    config = cls.config_class(
+    return getattr(transformers, hf_architecture).config_class(
         vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_layers,
         num_attention_heads=arch.num_attention_heads, num_key_value_heads=arch.num_kv_heads,
@@ -56,7 +52,17 @@ def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
         rms_norm_eps=arch.norm_eps, tie_word_embeddings=arch.tie_word_embeddings,
         rope_parameters={**rope, "rope_theta": arch.rope_theta},
     )  # fmt: skip
-    model = cls(config).to(dtype)
+
+
+def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
+    """transformers' model of a checkpoint directory or of an HF-named state dict."""
+    import transformers
+
+    if isinstance(weights, (str, Path)):
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(weights), dtype=dtype)
+        return model.eval()
+    cls = getattr(transformers, hf_architecture)
+    model = cls(hf_config(arch, hf_architecture)).to(dtype)
     missing, unexpected = model.load_state_dict(
         {k: v.to(dtype) for k, v in weights.items()}, strict=False
     )
