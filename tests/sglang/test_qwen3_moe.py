@@ -162,6 +162,9 @@ def test_request_alone_equals_in_a_mixed_batch(small, moe_policy):
         alone = eng.generate([dataclasses.replace(r, arrival_step=0)])[r.rid]
         assert alone.tokens == mixed[r.rid].tokens, r.rid
         assert torch.equal(alone.logprob_tensor(), mixed[r.rid].logprob_tensor()), r.rid
+    # decode (one row per step) equals the prefill re-score (all rows at once)
+    b = mixed["b"]
+    assert torch.equal(eng.rescore(b.sequence)[len(b.prompt) - 1 :], b.logprob_tensor())
 
 
 def _block_inputs(seed=0, T=6, H=128, E=8, F=256):
