@@ -336,3 +336,37 @@ def test_generated_schema_holds_the_moe_identity():
     dense = "qwen3_dense_true_on_policy_v1"
     assert schema.kernel_policy_for(dense).moe_topk_tie_break is None
     assert not any("moe" in k for k in schema.CONTRACT_DATA[dense]["kernel_policy"])
+
+
+# ---- the same on a CUDA device (Triton matmul via the registry; skipped without one) ----------
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_moe_block_row_invariant_and_reads_its_fields(moe_policy, dtype):
+    kp = moe_policy.kp if dtype == "bfloat16" else moe_policy.kp32
+    x, router, experts = _block_inputs(T=70)
+    x, router = x.cuda().to(getattr(torch, dtype)), router.cuda()
+    experts = [tuple(w.cuda() for w in e) for e in experts]
+    full = _block(x, router, experts, kp)
+    assert full.is_cuda
+    for rows in (slice(0, 1), slice(5, 6), slice(3, 40)):
+        assert torch.equal(_block(x[rows], router, experts, kp), full[rows]), rows
+    unordered = dataclasses.replace(kp, moe_token_order="unordered")
+    assert torch.equal(_block(x, router, experts, unordered), full)
+    flipped = dataclasses.replace(kp, moe_combine_order="topk_rank")
+    assert not torch.equal(_block(x, router, experts, flipped), full)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_request_alone_equals_in_a_mixed_batch(small, moe_policy):
+    arch, weights = small
+    model = ReferenceModel(arch, weights, moe_policy.kp, moe_policy.rp, device="cuda")
+    eng = RolloutEngine(model, progress=False)
+    mixed = eng.generate(MIX)
+    for r in MIX:
+        alone = eng.generate([dataclasses.replace(r, arrival_step=0)])[r.rid]
+        assert alone.tokens == mixed[r.rid].tokens, r.rid
+        assert torch.equal(alone.logprob_tensor(), mixed[r.rid].logprob_tensor()), r.rid
+    b = mixed["b"]
+    assert torch.equal(eng.rescore(b.sequence)[len(b.prompt) - 1 :], b.logprob_tensor())
