@@ -8,6 +8,7 @@ timestamps, and every file is parsed with ``ast`` before it is returned.
 from __future__ import annotations
 
 import ast
+import typing
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -15,6 +16,8 @@ import jinja2
 
 from ..schema.loader import LoadedContract
 from ..schema.models import (
+    MOE_DIMS_FIELDS,
+    MOE_KERNEL_FIELDS,
     SCHEMA_VERSION,
     KernelPolicy,
     ModelDims,
@@ -47,6 +50,7 @@ class FieldDoc:
     type: str
     doc: str
     off: str = "None"
+    optional: bool = False  # absent from contracts that do not use it: a None default
 
 
 def _environment() -> jinja2.Environment:
@@ -68,6 +72,18 @@ def _seq(items: list[str], open_: str, close: str) -> str:
     return f"{open_}\n{body}{close}"
 
 
+def _call_arg_tuple(keyword: str, items: list[str]) -> str:
+    """A tuple literal passed as ``keyword=`` inside a module-level call, as ruff formats it:
+    one line when it fits in 100 columns, else one item a line."""
+    if len(items) == 1:
+        return f"({items[0]},)"
+    one_line = f"({', '.join(items)})"
+    if len(f"{INDENT}{keyword}={one_line},") <= 100:
+        return one_line
+    body = "".join(f"{INDENT * 2}{item},\n" for item in items)
+    return f"(\n{body}{INDENT})"
+
+
 def _annotation(annotation: object) -> str:
     """Python source for a pydantic field annotation, as a stdlib dataclass type."""
     text = {
@@ -79,6 +95,12 @@ def _annotation(annotation: object) -> str:
     name = getattr(annotation, "__name__", None)
     if name in text:
         return text[name]
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(args) == 1 and type(None) in typing.get_args(annotation):
+        inner = _annotation(args[0])  # an optional field: T | None
+        return inner if inner.endswith("| None") else f"{inner} | None"
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _annotation(args[0])
     raw = str(annotation)
     if "tuple" in raw:
         return "tuple[int, ...] | None" if "None" in raw else "tuple[int, ...]"
@@ -87,9 +109,16 @@ def _annotation(annotation: object) -> str:
     return "str | None" if "None" in raw else "str"
 
 
-def _field_docs(model: type, skip: tuple[str, ...] = ()) -> list[FieldDoc]:
+def _field_docs(
+    model: type, skip: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+) -> list[FieldDoc]:
     return [
-        FieldDoc(name, _annotation(info.annotation), " ".join((info.description or "").split()))
+        FieldDoc(
+            name,
+            _annotation(info.annotation),
+            " ".join((info.description or "").split()),
+            optional=name in optional,
+        )
         for name, info in model.model_fields.items()
         if name not in skip
     ]
@@ -166,7 +195,9 @@ def _contract_context(lc: LoadedContract) -> dict:
         "id_literal": py_str(c.id),
         "const": const,
         "lit": lit,
-        "kernel_contracts_tuple": _seq([py_str(k) for k in c.identity.kernel_contracts], "(", ")"),
+        "kernel_contracts_tuple": _call_arg_tuple(
+            "required_kernel_contracts", [py_str(k) for k in c.identity.kernel_contracts]
+        ),
         "public_alias": public_alias,
     }
 
@@ -257,13 +288,19 @@ def _schema_context(contracts: list[LoadedContract]) -> dict:
             if cid not in {lc.id for lc in contracts}  # a contract with that id takes over
         ],
         "ids_tuple": _seq([py_str(lc.id) for lc in contracts], "(", ")"),
-        "kernel_fields": _field_docs(KernelPolicy),
-        "dims_fields": _field_docs(ModelDims, skip=("rope",)),
+        "kernel_fields": _field_docs(KernelPolicy, optional=MOE_KERNEL_FIELDS),
+        "dims_fields": _field_docs(ModelDims, skip=("rope", *MOE_DIMS_FIELDS)),
+        "dims_optional_fields": _field_docs(ModelDims, skip=_not(ModelDims, MOE_DIMS_FIELDS)),
         "contract_data": py_literal(data),
         "fingerprints": py_literal({cid: contract_fingerprint(d) for cid, d in data.items()}),
         "policy_fingerprints": py_literal({cid: policy_fingerprints(d) for cid, d in data.items()}),
         "superseded_by": py_literal(superseded_by),
     }
+
+
+def _not(model: type, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The fields of ``model`` not in ``names``."""
+    return tuple(f for f in model.model_fields if f not in names)
 
 
 def _source_names(contracts: list[LoadedContract], config: ProjectConfig) -> list[str]:

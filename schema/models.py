@@ -116,16 +116,47 @@ class ModelDims(_Model):
         default=None,
         description="This checkpoint's RoPE (theta, scaling) when it differs from model_profile.rope.",
     )
+    # Mixture of experts (HF config.json names; set exactly when the family has an MoE block).
+    num_experts: PositiveInt | None = Field(
+        default=None, description="Routed experts per MoE layer (HF num_experts)."
+    )
+    num_experts_per_tok: PositiveInt | None = Field(
+        default=None, description="Experts each token is routed to (top-k)."
+    )
+    moe_intermediate_size: PositiveInt | None = Field(
+        default=None, description="FFN width of one expert (its down_proj K)."
+    )
+    norm_topk_prob: bool | None = Field(
+        default=None,
+        description="Renormalise the top-k routing weights to sum to one (the checkpoint's choice).",
+    )
+    decoder_sparse_step: PositiveInt | None = Field(
+        default=None, description="Layer i is MoE when (i + 1) is a multiple of this."
+    )
+    mlp_only_layers: tuple[Annotated[int, Field(ge=0, le=MAX_SIZE)], ...] | None = Field(
+        default=None, description="Layers that keep a dense MLP (intermediate_size) regardless."
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_optional(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # A checkpoint without its own rope / pp_sizes serialises as before those fields existed,
-        # so the canonical data (and the fingerprint) of contracts that do not use them is unchanged.
+        # A checkpoint without its own rope / pp_sizes / MoE fields serialises as before those
+        # fields existed, so the canonical data (and the fingerprint) of contracts that do not
+        # use them is unchanged.
         data = handler(self)
-        for key in ("pp_sizes", "rope"):
+        for key in ("pp_sizes", "rope", *MOE_DIMS_FIELDS):
             if key in data and data[key] is None:
                 del data[key]
         return data
+
+
+MOE_DIMS_FIELDS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+)
 
 
 class Architectures(_Model):
@@ -229,6 +260,73 @@ class KernelPolicy(_Model):
     logsoftmax_vocab_block: PositiveInt = Field(
         description="Vocab chunk of the fixed-order max / sum-exp reduction."
     )
+    # Mixture of experts: set exactly when the contract's family has an MoE block (absent from a
+    # dense contract's canonical data, so dense fingerprints do not move).
+    moe_router_logits_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype of the router matmul's operands, tile partials and logits (the "
+            "batch-invariant matmul, router weight replicated on every TP rank)."
+        ),
+    )
+    moe_router_softmax_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype of the softmax over all experts' logits (fixed-order sum) and of the top-k "
+            "weights and their normalisation."
+        ),
+    )
+    moe_topk_tie_break: Literal["lowest_expert_id", "highest_expert_id"] | None = Field(
+        default=None,
+        description=(
+            "Which expert wins among equal routing probabilities: a stable sort by probability, "
+            "ties by ascending ('lowest_expert_id') or descending expert id."
+        ),
+    )
+    moe_topk_normalisation: Literal["divide_by_topk_sum", "softmax_over_topk_logits"] | None = (
+        Field(
+            default=None,
+            description=(
+                "How the top-k weights are renormalised when the checkpoint's norm_topk_prob is "
+                "true: 'divide_by_topk_sum' (softmax over all experts, the selected probabilities "
+                "divided by their fixed-order sum: HF, SGLang) or 'softmax_over_topk_logits' (a "
+                "softmax over the k selected logits: Megatron's router without pre-softmax)."
+            ),
+        )
+    )
+    moe_token_order: Literal["token_index", "unordered"] | None = Field(
+        default=None,
+        description=(
+            "Order of the tokens grouped to one expert: ascending token index in the batch "
+            "('token_index'), or any order ('unordered', as an atomics-based align kernel gives)."
+        ),
+    )
+    moe_combine_order: Literal["expert_id", "topk_rank"] | None = Field(
+        default=None,
+        description=(
+            "Order a token's k weighted expert outputs are summed in (a left fold): ascending "
+            "expert id (HF's expert loop) or top-k rank (highest weight first)."
+        ),
+    )
+    moe_combine_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype each expert output (reduced over TP, in dense_math_dtype) is weighted and "
+            "summed in; the sum is rounded once to dense_math_dtype."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_moe(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # A dense contract's kernel policy serialises as before the MoE fields existed.
+        data = handler(self)
+        for key in MOE_KERNEL_FIELDS:
+            if key in data and data[key] is None:
+                del data[key]
+        return data
+
+
+MOE_KERNEL_FIELDS = tuple(f for f in KernelPolicy.model_fields if f.startswith("moe_"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from ..adapters.families import FAMILIES, Family
-from .models import Contract, ModelDims, When
+from .models import MOE_DIMS_FIELDS, MOE_KERNEL_FIELDS, Contract, ModelDims, When
 from .tile_order import split_problem
 
 Finding = tuple[str, str]
@@ -61,6 +61,46 @@ def check_family(c: Contract) -> Iterator[Finding]:
         for path, d in _dims_entries(c):
             if d.tie_word_embeddings:
                 yield f"{path}.tie_word_embeddings", f"{family.name} has no tied LM head"
+
+
+def check_moe(c: Contract) -> Iterator[Finding]:
+    """MoE dims and MoE kernel policy are set exactly when the family has an MoE block, and the
+    routing dims make sense (top-k within the experts, dense layers within the model)."""
+    family = FAMILIES.get(c.family)
+    if family is None:
+        return
+    has_moe = family.moe is not None
+    kp = c.kernel_policy
+    for field in MOE_KERNEL_FIELDS:
+        if (getattr(kp, field) is None) == has_moe:
+            yield (
+                f"kernel_policy.{field}",
+                f"required: {family.name} has a mixture-of-experts block"
+                if has_moe
+                else f"must be absent: {family.name} has no mixture-of-experts block",
+            )
+    for path, d in _dims_entries(c):
+        missing = [f for f in MOE_DIMS_FIELDS if (getattr(d, f) is None) == has_moe]
+        for field in missing:
+            yield (
+                f"{path}.{field}",
+                f"required: {family.name} has a mixture-of-experts block"
+                if has_moe
+                else f"must be absent: {family.name} has no mixture-of-experts block",
+            )
+        if not has_moe or missing:
+            continue
+        if d.num_experts_per_tok > d.num_experts:
+            yield (
+                f"{path}.num_experts_per_tok",
+                f"must not exceed num_experts (got {d.num_experts_per_tok} of {d.num_experts})",
+            )
+        outside = [i for i in d.mlp_only_layers if i >= d.num_layers]
+        if outside:
+            yield (
+                f"{path}.mlp_only_layers",
+                f"layers {outside} do not exist (num_layers is {d.num_layers})",
+            )
 
 
 def _family(c: Contract) -> Family | None:
@@ -143,7 +183,12 @@ def check_dims(c: Contract) -> Iterator[Finding]:
             for field, bad, message in checks:
                 if bad:
                     found.setdefault(field, message)
-            row_parallel = family.row_parallel(d) if family is not None else ()
+            moe_ok = (
+                family is None
+                or family.moe is None
+                or all(getattr(d, f) is not None for f in MOE_DIMS_FIELDS)
+            )
+            row_parallel = family.row_parallel(d) if family is not None and moe_ok else ()
             for _, field, k in row_parallel:
                 why = split_problem(k, kp.matmul_k_block, tp, kp.matmul_tile_order)
                 if why:
@@ -270,6 +315,7 @@ def check_unobservable_paths(c: Contract) -> Iterator[Finding]:
 
 RULES: tuple[Callable[[Contract], Iterator[Finding]], ...] = (
     check_family,
+    check_moe,
     check_unique_sizes,
     check_tree_needs_power_of_two,
     check_dims,

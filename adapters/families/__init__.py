@@ -4,7 +4,8 @@ One module per family (``qwen3_dense.py``, ``llama3_dense.py``, …), each defin
 registry finds them by scanning this package, so a new family is one new module. A family says
 what the forward paths and the layout rules need to know and nothing else: HF weight names and
 shapes, how TP shards each weight (which linears are row-parallel), HF config keys, and its
-optional blocks (QK-norm, attention bias, tied LM head).
+optional blocks (QK-norm, attention bias, tied LM head, a mixture-of-experts MLP and which layers
+have it).
 
 Standard library only: ``schema/`` rules, the launcher, ``add-checkpoint`` and the torch adapters
 all import this package, and ``schema/`` must stay torch-free (``tests/core/test_layering.py``).
@@ -32,9 +33,21 @@ class Weight:
     shape: Callable[[Any], tuple[int, ...]]
     shard: Shard
     k_field: str | None = None
-    block: str | None = None  # optional block it belongs to ("qk_norm", "untied_head")
+    block: str | None = None  # optional block it belongs to ("qk_norm", "untied_head", "moe", …)
     init: Literal["linear", "norm", "embedding"] = "linear"  # random init of the tiny models
     after_layers: bool = False  # listed after the decoder layers (HF state-dict order)
+    per_expert: bool = False  # one tensor per routed expert: ``hf_name`` holds ``{e}``
+
+
+@dataclass(frozen=True)
+class MoE:
+    """A family's mixture-of-experts block: which decoder layers have it (the others keep the
+    dense MLP) and where a checkpoint's ``config.json`` names its dims. Layer weights of the
+    block carry ``block="moe"``; the dense MLP's weights carry ``block="dense_mlp"``."""
+
+    config_keys: Mapping[str, tuple[str, ...]]  # ModelDims field -> HF keys, first present wins
+    defaults: Mapping[str, Any]  # ModelDims field -> value when config.json omits it
+    is_moe_layer: Callable[[Any, int], bool]  # (dims, layer index) -> MoE block or dense MLP
 
 
 @dataclass(frozen=True)
@@ -51,10 +64,21 @@ class Family:
     activations: Mapping[str, str]  # HF hidden_act -> model_profile.activation
     config_keys: Mapping[str, str]  # ModelDims field -> HF config.json key
     default_rms_norm_eps: float = 1e-6
+    moe: MoE | None = None  # the mixture-of-experts block, for families that have one
 
     def blocks(self, *, qk_norm: bool, tied: bool) -> frozenset[str]:
         """The optional blocks present in one model."""
         return frozenset(b for b, on in (("qk_norm", qk_norm), ("untied_head", not tied)) if on)
+
+    def layer_blocks(self, dims: Any, i: int) -> frozenset[str]:
+        """The MLP block of decoder layer ``i``: ``{"moe"}`` where the family's MoE rule says
+        so, else ``{"dense_mlp"}`` (every layer of a dense family)."""
+        moe = self.moe is not None and self.moe.is_moe_layer(dims, i)
+        return frozenset({"moe" if moe else "dense_mlp"})
+
+    def mlp_blocks(self, dims: Any) -> frozenset[str]:
+        """The MLP blocks some layer of a model with ``dims`` has."""
+        return frozenset().union(*(self.layer_blocks(dims, i) for i in range(dims.num_layers)))
 
     def weight_shapes(self, dims: Any, *, qk_norm: bool) -> dict[str, tuple[int, ...]]:
         """Every HF-named tensor of a model with ``dims`` and its full (unsharded) shape."""
@@ -67,18 +91,26 @@ class Family:
         out = {w.hf_name: w for w in model if not w.after_layers}
         for i in range(dims.num_layers):
             prefix = LAYER_PREFIX.format(i=i)
+            here = present | self.layer_blocks(dims, i)
             for w in self.layer_weights.values():
-                if w.block is None or w.block in present:
+                if w.block is not None and w.block not in here:
+                    continue
+                if w.per_expert:
+                    for e in range(dims.num_experts):
+                        out[prefix + w.hf_name.format(e=e)] = w
+                else:
                     out[prefix + w.hf_name] = w
         out |= {w.hf_name: w for w in model if w.after_layers}
         return out
 
     def row_parallel(self, dims: Any) -> tuple[tuple[str, str, int], ...]:
-        """``(weight role, dims field, K)`` of each row-parallel linear: the K that TP splits."""
+        """``(weight role, dims field, K)`` of each row-parallel linear some layer of ``dims``
+        has: the K that TP splits."""
+        mlp = self.mlp_blocks(dims)
         return tuple(
             (role, w.k_field or "", w.shape(dims)[1])
             for role, w in self.layer_weights.items()
-            if w.shard == "row"
+            if w.shard == "row" and (w.block not in ("moe", "dense_mlp") or w.block in mlp)
         )
 
 

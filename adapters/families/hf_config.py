@@ -38,6 +38,12 @@ DIM_FIELDS = (
 )
 
 
+def dim_fields(family: Family) -> tuple[str, ...]:
+    """The checkpoint dims an HF config gives for ``family``: the dense ones, then its MoE
+    block's (``num_experts`` …) when it has one."""
+    return DIM_FIELDS + (tuple(family.moe.config_keys) if family.moe is not None else ())
+
+
 class HFConfigError(ValueError):
     """A config.json that cannot be read, or that says something the family cannot run."""
 
@@ -117,6 +123,8 @@ def hf_config_fields(family: Family, cfg: Mapping) -> dict:
         }
     except KeyError as exc:
         raise HFConfigError(f"config.json has no {exc.args[0]!r}") from None
+    if family.moe is not None:
+        dims |= moe_fields(family, cfg)
     act = cfg.get("hidden_act", "silu")
     return {
         "hf_architecture": (cfg.get("architectures") or [None])[0],
@@ -142,9 +150,31 @@ def unsupported(family: Family, fields: Mapping) -> list[str]:
         problems.append(f"attention_bias=true: {family.name} has no attention bias")
     if fields["tie_word_embeddings"] and not family.tied_head:
         problems.append(f"tie_word_embeddings=true: {family.name} has no tied head")
+    if family.moe is not None and fields["num_experts_per_tok"] > fields["num_experts"]:
+        problems.append(
+            f"num_experts_per_tok {fields['num_experts_per_tok']} exceeds num_experts "
+            f"{fields['num_experts']}"
+        )
     if fields["num_attention_heads"] % fields["num_kv_heads"]:
         problems.append(
             f"num_key_value_heads {fields['num_kv_heads']} does not divide "
             f"num_attention_heads {fields['num_attention_heads']}"
         )
     return problems
+
+
+def moe_fields(family: Family, cfg: Mapping) -> dict:
+    """The MoE dims of an HF config (``num_experts`` or transformers 5's ``num_local_experts``
+    …), with the family's defaults for keys the file omits."""
+    assert family.moe is not None
+    out: dict[str, Any] = {}
+    for field, keys in family.moe.config_keys.items():
+        value = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+        if value is None:
+            if field not in family.moe.defaults:
+                raise HFConfigError(f"config.json has no {keys[0]!r}")
+            value = family.moe.defaults[field]
+        out[field] = value
+    out["norm_topk_prob"] = bool(out["norm_topk_prob"])
+    out["mlp_only_layers"] = tuple(sorted(int(i) for i in out["mlp_only_layers"]))
+    return out

@@ -16,6 +16,7 @@ from .logsoftmax import (
 )
 from .matmul import binary_matmul, combine_tiles, invariant_matmul, tile_partials
 from .mlp import silu_glu
+from .moe import moe_block, route
 from .norm import rms_norm
 from .registry import backend_for, kernel
 from .residual import residual_add
@@ -33,10 +34,12 @@ __all__ = [
     "invariant_matmul",
     "kernel",
     "lm_head_token_logprobs",
+    "moe_block",
     "pairwise_sum",
     "residual_add",
     "rms_norm",
     "rope_cos_sin",
+    "route",
     "row_parallel_linear",
     "silu_glu",
     "tile_partials",

@@ -142,9 +142,12 @@ TILE_RUN_LENGTH: Mapping[str, Callable[[int], int]] = {
 def _row_parallel_k(s: Subject) -> tuple[tuple[str, int], ...]:
     """The K (reduction) size of each row-parallel linear (the family says which): TP splits K."""
     layers = s.family.layer_weights
-    return tuple(
-        (layers[role].hf_name.split(".")[-2], k) for role, _, k in s.family.row_parallel(s.dims)
-    )
+
+    def name(role: str) -> str:  # "down_proj", or "expert down_proj" for a per-expert linear
+        w = layers[role]
+        return ("expert " if w.per_expert else "") + w.hf_name.split(".")[-2]
+
+    return tuple((name(role), k) for role, _, k in s.family.row_parallel(s.dims))
 
 
 def _tile_split(name: str, k: int, t: int, kernel: Any) -> str | None:

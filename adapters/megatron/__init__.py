@@ -11,7 +11,13 @@ Public API (see README.md in this folder):
 Submodules import torch and megatron-core; this package file imports nothing heavy.
 """
 
+# The MLP blocks (``Family.layer_blocks``) the trainer's layer spec implements; the parity gate
+# refuses a contract whose models need another (MoE: ``SGLangSpecProvider.grouped_mlp_modules``
+# is not written yet, issue 13).
+MLP_BLOCKS = frozenset({"dense_mlp"})
+
 __all__ = [
+    "MLP_BLOCKS",
     "Layout",
     "TrainerFault",
     "TrainerResult",

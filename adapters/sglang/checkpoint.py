@@ -20,6 +20,7 @@ from ..families import family_for
 from ..families.hf_config import (
     DIM_FIELDS,
     HFConfigError,
+    dim_fields,
     read_hf_config,
     rope_from_hf_config,
     scaling_key,
@@ -62,11 +63,12 @@ def covered_dims(profile, fields: Mapping, where: str = "checkpoint"):
         if getattr(profile, key) != fields[key]
     ]
     candidates = [*profile.checkpoints, profile.reference_model]
+    compared = (*dim_fields(family_for(profile.family)), "rope_theta")
     best, best_diff = None, None
     for dims in candidates:
         diff = [
             f"{f}={fields[f]!r} ({dims.name}: {getattr(dims, f)!r})"
-            for f in (*DIM_FIELDS, "rope_theta")
+            for f in compared
             if getattr(dims, f) != fields[f]
         ]
         if scaling_key(dims.rope_scaling) != scaling_key(fields["rope_scaling"]):
@@ -118,5 +120,5 @@ def load_checkpoint(path: str | Path, profile) -> tuple[ModelArch, dict[str, tor
 def dims_from_hf_config(cfg: Mapping, template, family: str):
     """A ``ModelDims`` (``dataclasses.replace`` of ``template``) with an HF config's dims and RoPE."""
     fields = hf_config_fields(cfg, family)
-    keep = (*DIM_FIELDS, "rope_theta", "rope_scaling")
+    keep = (*dim_fields(family_for(family)), "rope_theta", "rope_scaling")
     return dataclasses.replace(template, **{f: fields[f] for f in keep})

@@ -1,5 +1,5 @@
-"""Dense decoder (Qwen3, Llama 3: the family module names its weights and optional blocks) built
-only from the contract kernels (the rollout's numerics).
+"""Decoder (Qwen3, Llama 3, Qwen3-MoE: the family module names its weights, optional blocks and
+which layers are MoE) built only from the contract kernels (the rollout's numerics).
 
 Weights keep Hugging Face names (``model.layers.{i}.self_attn.q_proj.weight`` …, ``lm_head.weight``)
 so the trainer side loads the same checkpoint. Under TP each rank holds column shards of
@@ -11,8 +11,9 @@ One layer, with the casts the trainer must reproduce (h is the residual stream, 
 ``rms_norm(q_norm/k_norm)`` rounded, then RoPE in ``rope_dtype`` rounded → ``chunked_attention`` →
 ``o_proj`` partial in the accumulation dtype → tree all-reduce → ``.to(dense)`` →
 ``h = residual_add(attn, h)``; then ``post_attention_layernorm`` → gate/up → ``silu_glu`` →
-``down_proj`` the same way → ``h = residual_add(mlp, h)``. Final: ``rms_norm(h, norm)`` →
-``.to(lm_head_input_dtype)`` → LM head (``invariant_matmul``) → logits.
+``down_proj`` the same way → ``h = residual_add(mlp, h)`` (in a layer the family makes MoE,
+``kernels.moe.moe_block`` with the same linears, then the residual add). Final:
+``rms_norm(h, norm)`` → ``.to(lm_head_input_dtype)`` → LM head (``invariant_matmul``) → logits.
 """
 
 from __future__ import annotations
@@ -25,17 +26,20 @@ import torch
 import torch.distributed as dist
 
 from ..families import LAYER_PREFIX, Family, family_for
+from ..kernels.moe import moe_block
 from .kernels._dtypes import dtype_of
 from .kernels.all_reduce import all_gather_exact, world_size
 from .kernels.attention import chunked_attention
 from .kernels.matmul import N_TILE
 from .kernels.mlp import silu_glu
 from .kernels.norm import rms_norm
+from .kernels.residual import residual_add
 from .kernels.rope import apply_rope, rope_cos_sin
 from .ops import resolve_ops
 
 ACTIVATIONS = {"silu_glu": silu_glu}
 ROPE_STYLES = {"neox": apply_rope}
+MLP_BLOCKS = {"dense_mlp": "_dense_mlp", "moe": "_moe_mlp"}  # a layer's MLP block -> method
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,13 @@ class ModelArch:
     activation: str = "silu_glu"
     rope_style: str = "neox"
     family: str = "qwen3_dense"
+    # mixture of experts (None for dense models; the family says which layers are MoE)
+    num_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool | None = None
+    decoder_sparse_step: int | None = None
+    mlp_only_layers: tuple[int, ...] | None = None
 
     @property
     def spec(self) -> Family:
@@ -104,6 +115,7 @@ class ModelArch:
             activation=profile.activation,
             rope_style=profile.rope_style,
             family=family.name,
+            **{f: getattr(dims, f) for f in (family.moe.config_keys if family.moe else ())},
         )
 
 
@@ -172,9 +184,13 @@ class _Layer:
     o: torch.Tensor
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    gate: torch.Tensor | None  # dense MLP (None in an MoE layer)
+    up: torch.Tensor | None
+    down: torch.Tensor | None
+    router: torch.Tensor | None = None  # MoE block (None in a dense layer)
+    expert_gate: list | None = None  # per expert, local shards
+    expert_up: list | None = None
+    expert_down: list | None = None
 
 
 class ReferenceModel:
@@ -193,6 +209,7 @@ class ReferenceModel:
             ("num_attention_heads", arch.num_attention_heads),
             ("num_kv_heads", arch.num_kv_heads),
             ("intermediate_size", arch.intermediate_size),
+            ("moe_intermediate_size", arch.moe_intermediate_size or 0),
         ):
             if n % self.tp:
                 raise ValueError(f"{arch.name}: {what}={n} does not divide over TP={self.tp}")
@@ -206,6 +223,7 @@ class ReferenceModel:
             arch.num_kv_heads // tp,
             arch.intermediate_size // tp,
         )
+        ml = (arch.moe_intermediate_size or 0) // tp
 
         def rows(t, n):
             return t[r * n : (r + 1) * n].to(dense).contiguous()
@@ -223,21 +241,28 @@ class ReferenceModel:
             "gate": il,
             "up": il,
             "down": il,
+            **dict.fromkeys(("expert_gate", "expert_up", "expert_down"), ml),
         }
         shard = {"column": rows, "row": cols}
         blocks = spec.blocks(qk_norm=arch.qk_norm, tied=arch.tie_word_embeddings)
-        self.layers = []
+        self.layers, self.mlps = [], []
         for i in range(arch.num_layers):
             p = LAYER_PREFIX.format(i=i)
+            (mlp,) = spec.layer_blocks(arch, i)  # the family says which MLP block layer i has
+            here = blocks | {mlp}
             layer = {}
             for role, w in spec.layer_weights.items():
-                if w.block is not None and w.block not in blocks:
+                names = [w.hf_name.format(e=e) for e in range(arch.num_experts or 0)]
+                if w.block is not None and w.block not in here:
                     layer[role] = None
+                elif w.per_expert and w.shard in shard:
+                    layer[role] = [shard[w.shard](weights[p + n], local[role]) for n in names]
                 elif w.shard in shard:
                     layer[role] = shard[w.shard](weights[p + w.hf_name], local[role])
                 else:
                     layer[role] = weights[p + w.hf_name].to(dense)
             self.layers.append(_Layer(**layer))
+            self.mlps.append(getattr(self, MLP_BLOCKS[mlp]))
         names = {role: w.hf_name for role, w in spec.model_weights.items()}
         self.embed = weights[names["embed"]].to(dense)
         self.final_norm = weights[names["final_norm"]].to(dense)
@@ -248,6 +273,30 @@ class ReferenceModel:
         self.hl, self.kvl = hl, kvl
 
     # -- forward -----------------------------------------------------------------------------
+    def _dense_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """gate/up → activation → down partial → all-reduce → residual add."""
+        ops, kp = self.ops, self.kp
+        act = self.act(ops.column_linear(x, L.gate, kp), ops.column_linear(x, L.up, kp), kp)
+        return ops.mlp_reduce_residual(ops.row_partial(act, L.down, kp), h, kp, self.group)
+
+    def _moe_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The MoE block (``kernels.moe``) with the dense MLP's linears, then the residual add."""
+        ops, a = self.ops, self.arch
+        y = moe_block(
+            x,
+            L.router,
+            list(zip(L.expert_gate, L.expert_up, L.expert_down, strict=True)),
+            self.kp,
+            top_k=a.num_experts_per_tok,
+            normalize=bool(a.norm_topk_prob),
+            act=self.act,
+            column_linear=ops.column_linear,
+            row_partial=ops.row_partial,
+            all_reduce=ops.mlp_all_reduce,
+            group=self.group,
+        )
+        return residual_add(y, h, self.kp)
+
     def _qk(self, x_LHD, weight, cos, sin):
         if weight is None:
             return self.rope(x_LHD, cos, sin, self.kp)
@@ -311,8 +360,7 @@ class ReferenceModel:
             o = o.reshape(T, self.hl * D).to(dense)
             h = ops.attn_reduce_residual(ops.row_partial(o, L.o, kp), h, kp, self.group)
             x = rms_norm(h, L.post_norm, eps, kp).to(dense)
-            act = self.act(ops.column_linear(x, L.gate, kp), ops.column_linear(x, L.up, kp), kp)
-            h = ops.mlp_reduce_residual(ops.row_partial(act, L.down, kp), h, kp, self.group)
+            h = self.mlps[i](L, x, h)
             if layer_outputs is not None:
                 layer_outputs.append(h)
         rows = torch.arange(T) if all_logits else cu_q[1:] - 1
@@ -348,7 +396,13 @@ class ReferenceModel:
             p = LAYER_PREFIX.format(i=i)
             for role, w in spec.layer_weights.items():
                 value = getattr(layer, role)
-                if value is not None:
+                if value is None:
+                    continue
+                if w.per_expert:  # one local shard per expert, in expert order
+                    for e, shard in enumerate(value):
+                        name = p + w.hf_name.format(e=e)
+                        out[name] = gather(shard, w.shard, name)
+                else:
                     out[p + w.hf_name] = gather(value, w.shard, p + w.hf_name)
         names = {role: w.hf_name for role, w in spec.model_weights.items()}
         out[names["embed"]] = gather(self.embed, "replicated", names["embed"])

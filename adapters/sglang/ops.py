@@ -117,6 +117,7 @@ class RolloutOps:
     row_partial: Callable
     attn_reduce_residual: Callable  # (partial, residual, kp, group) -> residual stream
     mlp_reduce_residual: Callable
+    mlp_all_reduce: Callable  # (partial, group) -> sum: the MoE block's expert outputs
     qk_norm_rope: Callable
     lm_head: Callable
     switches: dict[str, bool]
@@ -145,6 +146,7 @@ def resolve_ops(kp, rp, tp_size: int) -> RolloutOps:
         row_partial=chosen["row_partial"],
         attn_reduce_residual=partial(chosen["attn_reduce_residual"], all_reduce=all_reduce),
         mlp_reduce_residual=partial(chosen["mlp_reduce_residual"], all_reduce=mlp_all_reduce),
+        mlp_all_reduce=mlp_all_reduce,
         qk_norm_rope=chosen["qk_norm_rope"],
         lm_head=chosen["lm_head"],
         switches=on,

@@ -13,7 +13,12 @@ from pathlib import Path
 import click
 
 from ..adapters.families import Family, family_for
-from ..adapters.families.hf_config import DIM_FIELDS, HFConfigError, hf_config_fields, unsupported
+from ..adapters.families.hf_config import (
+    HFConfigError,
+    dim_fields,
+    hf_config_fields,
+    unsupported,
+)
 from ..codegen.scaffold import ScaffoldError, add_checkpoints
 from ..codegen.writer import atomic_write
 from ..schema.models import Contract, ModelDims
@@ -112,7 +117,8 @@ def _entry(
             f"error: {where}: {contract.id} ({family.name}) cannot run this checkpoint: "
             + "; ".join(problems)
         )
-    entry: dict = {"name": name, **{f: fields[f] for f in DIM_FIELDS}}
+    dims = dim_fields(family)  # the dense dims, then the MoE block's for an MoE family
+    entry: dict = {"name": name, **{f: fields[f] for f in dims}}
     rope = fields["rope"]
     profile_rope = {
         "theta": mp.rope.theta,
@@ -136,7 +142,8 @@ def _entry(
                 f"error: {where}: no {key.split('_')[0].upper()} size {contract.id} allows fits "
                 f"this checkpoint ({name}); it cannot run under this contract"
             )
-    order = ["name", *DIM_FIELDS, "tp_sizes", "pp_sizes", "rope"]
+    order = ["name", *dims[: dims.index("max_position_embeddings") + 1], "tp_sizes", "pp_sizes"]
+    order += [*dims[dims.index("max_position_embeddings") + 1 :], "rope"]
     return {k: entry[k] for k in order if entry.get(k) is not None}
 
 

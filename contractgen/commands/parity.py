@@ -153,6 +153,7 @@ def command(
     use_project_from(ctx)
     schema = load_target(ROLLOUT).schema
     schema.get_contract_schema(contract_id)  # unknown ids: exit 2 listing the known ones
+    _check_blocks(contract_id, schema.model_profile_for(contract_id))
     if device == "cuda":
         import torch
 
@@ -258,6 +259,27 @@ def _training_config(config, steps: int, fault: str | None, lr: float | None,
         new_tokens=sizes[2], lr=lr or TrainingConfig.lr, fault=fault,
     )  # fmt: skip
     return dataclasses.replace(config, training=training)
+
+
+def _check_blocks(contract_id: str, profile) -> None:
+    """Both sides implement every MLP block the contract's models have, else one line, exit 2
+    (before any worker starts)."""
+    import importlib
+
+    from ..adapters.families import family_for
+    from ..parity import ROLLOUT, TRAINER
+
+    family = family_for(profile.family)
+    models = (*profile.checkpoints, profile.reference_model)
+    needed = frozenset().union(*(family.mlp_blocks(d) for d in models))
+    for role, target in (("rollout", ROLLOUT), ("trainer", TRAINER)):
+        have = importlib.import_module(f"contractgen.adapters.{target}").MLP_BLOCKS
+        if missing := sorted(needed - have):
+            fail(
+                f"error: {contract_id}: the {role} side ({target}) is not implemented yet for "
+                f"the {', '.join(missing)} block of {family.name} models (it implements: "
+                f"{', '.join(sorted(have))}); parity needs both sides"
+            )
 
 
 def _cuda_device_count() -> int:

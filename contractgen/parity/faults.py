@@ -19,6 +19,16 @@ _DTYPE_FLIP = {"bfloat16": "float32", "float16": "float32", "float32": "bfloat16
 KERNEL_ALTERNATIVES: dict[str, dict[Any, Any]] = {
     "matmul_tile_order": {"sglang_first_level": "binary", "binary": "sglang_first_level"},
     "all_reduce": {"fixed_tree": "nccl", "nccl": "fixed_tree"},
+    "moe_topk_tie_break": {
+        "lowest_expert_id": "highest_expert_id",
+        "highest_expert_id": "lowest_expert_id",
+    },
+    "moe_topk_normalisation": {
+        "divide_by_topk_sum": "softmax_over_topk_logits",
+        "softmax_over_topk_logits": "divide_by_topk_sum",
+    },
+    "moe_token_order": {"token_index": "unordered", "unordered": "token_index"},
+    "moe_combine_order": {"expert_id": "topk_rank", "topk_rank": "expert_id"},
 }
 
 # runtime-policy string fields: what the stock engine would run instead
@@ -111,6 +121,7 @@ def catalogue(kernel_policy: Any, sglang_policy: Any, megatron_policy: Any) -> l
     faults += [
         Fault(side, "kernel", f.name)
         for f in dataclasses.fields(kernel_policy)
+        if getattr(kernel_policy, f.name) is not None  # unset: a dense contract's MoE fields
         for side in ("rollout", "trainer")
     ]
     return faults

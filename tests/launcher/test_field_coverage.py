@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from contractgen.adapters.launcher import Layout, build_plan, to_json_data
-from contractgen.adapters.launcher.layout import subject_for
+from contractgen.adapters.launcher.layout import subject_for, violations
 from contractgen.adapters.launcher.plan import sources
 from contractgen.adapters.launcher.tables import NOT_LAUNCH_RELEVANT, TABLES
 from contractgen.vendored import load_target
@@ -56,12 +56,21 @@ def test_every_row_source_exists(contract_id: str) -> None:
             assert row.reason.strip(), f"{table}: {row.source} has no reason"
 
 
+def _model_for(contract_id: str, layout: Layout) -> str:
+    """The contract's first checkpoint that admits ``layout`` (Qwen3-30B-A3B's expert down_proj
+    rules out TP=4, so the MoE contract's TP=4 layout is planned for Qwen3-235B-A22B)."""
+    for dims in load_target("launcher").schema.model_profile_for(contract_id).checkpoints:
+        if not violations(subject_for(contract_id, layout, dims.name)):
+            return dims.name
+    raise AssertionError(f"no checkpoint of {contract_id} admits {layout}")
+
+
 @pytest.mark.parametrize("contract_id", CONTRACT_IDS)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_every_true_field_reaches_the_output(contract_id: str, layout: Layout) -> None:
     """Each policy field shows up in the JSON rows with its value, and each emitted argument
     is on one of the two command lines (or in the environment)."""
-    plan = build_plan(contract_id, layout)
+    plan = build_plan(contract_id, layout, _model_for(contract_id, layout))
     data = to_json_data(plan)
     shown = {row["source"] for row in data["rows"]}
     assert _policy_fields() - set(NOT_LAUNCH_RELEVANT) <= shown

@@ -27,6 +27,7 @@ CONTRACT_IDS = SCHEMA.CONTRACT_IDS
 MODELS = {
     "qwen3_dense": ("Qwen3-0.6B", "Qwen3-4B"),
     "llama3_dense": ("Llama-3.2-1B", "Llama-3.1-8B"),
+    "qwen3_moe": ("Qwen3-30B-A3B", "Qwen3-235B-A22B"),
 }
 CASES = [
     (cid, model, layout)

@@ -67,12 +67,32 @@ def test_catalogue_covers_every_policy_field():
     import dataclasses
 
     for field in dataclasses.fields(kp):
+        if getattr(kp, field.name) is None:  # unset in this contract (a dense one's MoE fields)
+            assert f"kernel.{field.name}@rollout" not in names
+            continue
         assert f"kernel.{field.name}@rollout" in names and f"kernel.{field.name}@trainer" in names
     for f in faults:  # every fault changes its field's value
         owner = kp if f.kind == "kernel" else None
         if owner is not None:
             value = getattr(owner, f.field)
             assert flipped(f.field, value, f.kind) != value
+
+
+def test_catalogue_flips_every_moe_field():
+    """The MoE contract's kernel fields are all injected, each with a legal other value."""
+    import dataclasses
+
+    from contractgen.vendored import load_target
+
+    moe = "qwen3_moe_true_on_policy_v1"
+    sg, mg = load_target("sglang"), load_target("megatron")
+    kp = sg.schema.kernel_policy_for(moe)
+    faults = catalogue(kp, sg.runtime_policy.policy_for(moe), mg.runtime_policy.policy_for(moe))
+    kernel = {f.field for f in faults if f.kind == "kernel"}
+    assert kernel == {f.name for f in dataclasses.fields(kp)}
+    for name in sorted(n for n in kernel if n.startswith("moe_")):
+        value = getattr(kp, name)
+        assert flipped(name, value, "kernel") not in (value, None), name
 
 
 @pytest.mark.slow

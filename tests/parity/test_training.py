@@ -70,6 +70,20 @@ def test_rollout_gathers_back_what_it_loaded(reference_weights):
     assert sync_report(model, newer) == {"synced": False, "mismatched": [name], "problems": []}
 
 
+def test_rollout_gathers_back_every_expert_of_an_moe_model():
+    from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
+    from contractgen.parity.rollout import policies, sync_report
+    from contractgen.vendored import load_target
+
+    moe = "qwen3_moe_true_on_policy_v1"
+    arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(moe))
+    pushed = _bf16(random_weights(arch, seed=0))
+    assert any(".mlp.experts.7." in name for name in pushed)
+    _, kp, rp = policies(moe, 1, None, {}, {})
+    report = sync_report(ReferenceModel(arch, pushed, kp, rp), pushed)
+    assert report == {"synced": True, "mismatched": [], "problems": []}
+
+
 def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
     from contractgen.parity import rollout
     from contractgen.parity.rollout import RolloutJob, WeightSync

@@ -4,11 +4,13 @@
 #   contracts/llama3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
+#   contracts/qwen3_moe_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-# sha256: 7a943e4072542d37f65fa08076e2458874bd251f6a0a9ff128f94dc2022af1a7
+#   qwen3_moe_true_on_policy_v1 sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad
+# sha256: 168f1b85d611d79549c31041017be82a60cf29298e430231e8c05691683757b2
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -27,6 +29,7 @@ from .schema import (
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
@@ -157,6 +160,21 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "true_on_policy_mode": ("const", True),
         "recompute_logprobs_via_prefill": ("const", False),
     },
+    "qwen3_moe_true_on_policy_v1": {
+        "enabled": ("const", True),
+        "enable_deterministic_inference": ("const", True),
+        "transformer_impl": ("const", "local"),
+        "use_cpu_initialization": ("const", True),
+        "batch_invariant_mode": ("const", True),
+        "no_bias_swiglu_fusion": ("const", True),
+        "no_rope_fusion": ("const", True),
+        "nccl_algo": ("const", "Ring"),
+        "nvte_allow_nondeterministic_algo": ("const", False),
+        "cublas_workspace_config": ("const", ":4096:8"),
+        "deterministic_mode": ("const", True),
+        "true_on_policy_mode": ("const", True),
+        "recompute_logprobs_via_prefill": ("const", True),
+    },
 }
 
 
@@ -258,11 +276,16 @@ QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = LauncherTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
 )
+QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
+    schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
+)
+QWEN3_MOE_TRUE_ON_POLICY_CONTRACT = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 
 # As in miles, the bare ``<ID>`` constant is the contract object (not the id string).
 LLAMA3_DENSE_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT
+QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 
 # The public module's name for the contract class.
 TrueOnPolicyContract = LauncherTrueOnPolicyContract
@@ -271,6 +294,7 @@ _CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
     "llama3_dense_true_on_policy_v1": LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
+    "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
 }
 
 

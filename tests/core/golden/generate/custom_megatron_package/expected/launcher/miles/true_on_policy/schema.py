@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# sha256: 6bc8dcecd41112c0fa3efc1ed9c450bd32b7a8b8d7ec532fd4e460585efb5147
+# sha256: 9cb7a2a9b7dc88d1c3f9af7c313befe5ccdeb899258801fe0c79eedf1908050d
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -101,6 +101,20 @@ class KernelPolicy:
     logsoftmax_dtype: str
     # Vocab chunk of the fixed-order max / sum-exp reduction.
     logsoftmax_vocab_block: int
+    # dtype of the router matmul's operands, tile partials and logits (the batch-invariant matmul, router weight replicated on every TP rank).
+    moe_router_logits_dtype: str | None = None
+    # dtype of the softmax over all experts' logits (fixed-order sum) and of the top-k weights and their normalisation.
+    moe_router_softmax_dtype: str | None = None
+    # Which expert wins among equal routing probabilities: a stable sort by probability, ties by ascending ('lowest_expert_id') or descending expert id.
+    moe_topk_tie_break: str | None = None
+    # How the top-k weights are renormalised when the checkpoint's norm_topk_prob is true: 'divide_by_topk_sum' (softmax over all experts, the selected probabilities divided by their fixed-order sum: HF, SGLang) or 'softmax_over_topk_logits' (a softmax over the k selected logits: Megatron's router without pre-softmax).
+    moe_topk_normalisation: str | None = None
+    # Order of the tokens grouped to one expert: ascending token index in the batch ('token_index'), or any order ('unordered', as an atomics-based align kernel gives).
+    moe_token_order: str | None = None
+    # Order a token's k weighted expert outputs are summed in (a left fold): ascending expert id (HF's expert loop) or top-k rank (highest weight first).
+    moe_combine_order: str | None = None
+    # dtype each expert output (reduced over TP, in dense_math_dtype) is weighted and summed in; the sum is rounded once to dense_math_dtype.
+    moe_combine_dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,18 @@ class ModelDims:
     pp_sizes: tuple[int, ...] | None
     rope_theta: float
     rope_scaling: tuple[tuple[str, float | int | str], ...] | None
+    # Routed experts per MoE layer (HF num_experts).
+    num_experts: int | None = None
+    # Experts each token is routed to (top-k).
+    num_experts_per_tok: int | None = None
+    # FFN width of one expert (its down_proj K).
+    moe_intermediate_size: int | None = None
+    # Renormalise the top-k routing weights to sum to one (the checkpoint's choice).
+    norm_topk_prob: bool | None = None
+    # Layer i is MoE when (i + 1) is a multiple of this.
+    decoder_sparse_step: int | None = None
+    # Layers that keep a dense MLP (intermediate_size) regardless.
+    mlp_only_layers: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -534,7 +560,7 @@ def _scaling(scaling: dict | None) -> tuple[tuple[str, float | int | str], ...] 
 
 def _dims(data: dict, profile_rope: dict) -> ModelDims:
     values = dict(data)
-    for key in ("tp_sizes", "pp_sizes"):
+    for key in ("tp_sizes", "pp_sizes", "mlp_only_layers"):
         values[key] = None if values.get(key) is None else tuple(values[key])
     rope = values.pop("rope", None) or profile_rope
     values["rope_theta"] = rope["theta"]

@@ -1,0 +1,190 @@
+"""Mixture-of-experts block: routing, grouping, expert FFNs and the weighted combine, with every
+choice a kernel-policy field, so a token's route and output depend on that token alone.
+
+* Router: ``logits_TE = invariant_matmul(x, w_router)`` with operands, tile partials and result
+  in ``kp.moe_router_logits_dtype`` (the router weight is replicated on every TP rank).
+* Softmax over all experts in ``kp.moe_router_softmax_dtype``: ``max`` (exact), ``exp`` of a row
+  padded with ``-inf`` to a whole number of ``_E_PAD`` columns (no row ever straddles a vector
+  tail, whose ``exp`` bits can differ from the vector body's), ``fixed_sum``, one divide.
+* Top-k: a stable sort by probability, ties to the lowest expert id (or highest:
+  ``kp.moe_topk_tie_break``); ``torch.topk`` leaves the order of ties unspecified.
+* Weights: the selected probabilities, renormalised (when the checkpoint's ``norm_topk_prob``) as
+  ``kp.moe_topk_normalisation`` says, all in the softmax dtype.
+* Grouping: the tokens routed to expert ``e`` in ``kp.moe_token_order``; each expert's gate/up
+  and down are the dense MLP's own linears (``column_linear``, ``row_partial``), so each row's bits
+  are the batch-invariant matmul's, whatever the other rows.
+* TP: an expert's FFN is sharded like the dense MLP (gate/up by rows, down by K). The ``[T, k,
+  hidden]`` down partials are reduced by the MLP's all-reduce and rounded to the dense dtype
+  *before* weighting, exactly as a dense down_proj, so TP=N equals TP=1 bit for bit.
+* Combine: a token's k weighted outputs in ``kp.moe_combine_dtype``, a left fold in
+  ``kp.moe_combine_order``, rounded once to the dense dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from ._dtypes import dtype_of
+from .matmul import invariant_matmul
+from .reduce import fixed_sum
+
+_E_PAD = 64  # softmax rows padded to a multiple of this many experts
+
+
+def router_logits(x_TH: torch.Tensor, w_EH: torch.Tensor, kp) -> torch.Tensor:
+    """``[T, E]`` router logits: the batch-invariant matmul (the contract's K block and tile
+    order) with operands, tile partials and result all in ``kp.moe_router_logits_dtype`` (a
+    float32 router is float32 through and through, whatever the dense accumulation dtype)."""
+    rd = dtype_of(kp.moe_router_logits_dtype)
+    router_kp = SimpleNamespace(
+        matmul_k_block=kp.matmul_k_block,
+        matmul_tile_order=kp.matmul_tile_order,
+        matmul_accumulation_dtype=kp.moe_router_logits_dtype,
+    )
+    return invariant_matmul(x_TH.to(rd), w_EH.to(rd), router_kp, out_dtype=rd)
+
+
+def softmax(x_TE: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Row softmax in ``dtype`` with a fixed-order sum; each row's bits depend on that row only."""
+    x = x_TE.to(dtype)
+    E = x.shape[-1]
+    x = F.pad(x, (0, math.ceil(E / _E_PAD) * _E_PAD - E), value=-math.inf)
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return (e / fixed_sum(e)[..., None])[..., :E]
+
+
+def _lowest_id_first(probs_TE: torch.Tensor) -> torch.Tensor:
+    return torch.sort(probs_TE, dim=-1, descending=True, stable=True).indices
+
+
+def _highest_id_first(probs_TE: torch.Tensor) -> torch.Tensor:
+    E = probs_TE.shape[-1]
+    return (E - 1) - _lowest_id_first(probs_TE.flip(-1))
+
+
+TIE_BREAKS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "lowest_expert_id": _lowest_id_first,
+    "highest_expert_id": _highest_id_first,
+}
+
+
+def _divide_by_topk_sum(probs_TE, logits_TE, ids_TK, dtype):
+    w_TK = probs_TE.gather(-1, ids_TK)
+    return w_TK / fixed_sum(w_TK)[..., None]
+
+
+def _softmax_over_topk_logits(probs_TE, logits_TE, ids_TK, dtype):
+    return softmax(logits_TE.gather(-1, ids_TK), dtype)
+
+
+NORMALISATIONS: dict[str, Callable] = {
+    "divide_by_topk_sum": _divide_by_topk_sum,
+    "softmax_over_topk_logits": _softmax_over_topk_logits,
+}
+
+
+def _lookup(table: dict, field: str, value: str):
+    try:
+        return table[value]
+    except KeyError:
+        raise ValueError(f"unknown {field} {value!r}; known: {sorted(table)}") from None
+
+
+def route(
+    x_TH: torch.Tensor, w_EH: torch.Tensor, kp, *, top_k: int, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights_TK, ids_TK)``: each token's ``top_k`` experts, best first (ties as the policy
+    says), and their weights in ``kp.moe_router_softmax_dtype``."""
+    sd = dtype_of(kp.moe_router_softmax_dtype)
+    logits_TE = router_logits(x_TH, w_EH, kp)
+    probs_TE = softmax(logits_TE, sd)
+    order = _lookup(TIE_BREAKS, "moe_topk_tie_break", kp.moe_topk_tie_break)
+    ids_TK = order(probs_TE)[..., :top_k]
+    if not normalize:
+        return probs_TE.gather(-1, ids_TK), ids_TK
+    norm = _lookup(NORMALISATIONS, "moe_topk_normalisation", kp.moe_topk_normalisation)
+    return norm(probs_TE, logits_TE, ids_TK, sd), ids_TK
+
+
+def _token_index(tok: torch.Tensor, slot: torch.Tensor):
+    return tok, slot  # ``nonzero`` lists (token, slot) pairs in ascending token index
+
+
+def _unordered(tok: torch.Tensor, slot: torch.Tensor):
+    perm = torch.randperm(tok.shape[0], device=tok.device)  # what an atomics-based align gives
+    return tok[perm], slot[perm]
+
+
+TOKEN_ORDERS: dict[str, Callable] = {"token_index": _token_index, "unordered": _unordered}
+
+
+def group_tokens(ids_TK: torch.Tensor, num_experts: int, kp) -> list[tuple[torch.Tensor, ...]]:
+    """Per expert ``e``: the ``(token, slot)`` pairs routed to it, in ``kp.moe_token_order``."""
+    order = _lookup(TOKEN_ORDERS, "moe_token_order", kp.moe_token_order)
+    return [order(*(ids_TK == e).nonzero(as_tuple=True)) for e in range(num_experts)]
+
+
+def _by_expert_id(ids_TK: torch.Tensor) -> torch.Tensor:
+    return torch.sort(ids_TK, dim=-1, stable=True).indices
+
+
+def _by_topk_rank(ids_TK: torch.Tensor) -> torch.Tensor:
+    return torch.arange(ids_TK.shape[-1], device=ids_TK.device).expand_as(ids_TK)
+
+
+COMBINE_ORDERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "expert_id": _by_expert_id,
+    "topk_rank": _by_topk_rank,
+}
+
+
+def combine(y_TKH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, kp):
+    """``sum_k w_k * y_k`` per token in ``kp.moe_combine_dtype``, a left fold over the slots in
+    ``kp.moe_combine_order``, rounded once to ``kp.dense_math_dtype``."""
+    cd = dtype_of(kp.moe_combine_dtype)
+    slots_TK = _lookup(COMBINE_ORDERS, "moe_combine_order", kp.moe_combine_order)(ids_TK)
+    acc_TH = None
+    for j in range(ids_TK.shape[-1]):
+        s_T = slots_TK[:, j]
+        rows = torch.arange(s_T.shape[0], device=s_T.device)
+        term = weights_TK[rows, s_T].to(cd)[:, None] * y_TKH[rows, s_T].to(cd)
+        acc_TH = term if acc_TH is None else acc_TH + term
+    return acc_TH.to(dtype_of(kp.dense_math_dtype))
+
+
+def moe_block(
+    x_TH: torch.Tensor,
+    w_router_EH: torch.Tensor,
+    experts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    kp,
+    *,
+    top_k: int,
+    normalize: bool,
+    act: Callable,
+    column_linear: Callable,
+    row_partial: Callable,
+    all_reduce: Callable,
+    group=None,
+) -> torch.Tensor:
+    """The MoE MLP of one layer: ``[T, hidden]`` in the dense dtype (before the residual add).
+    ``experts[e]`` is expert ``e``'s local ``(gate, up, down)``; the linears, the activation and
+    the all-reduce are the dense MLP's."""
+    T, H = x_TH.shape
+    weights_TK, ids_TK = route(x_TH, w_router_EH, kp, top_k=top_k, normalize=normalize)
+    acc = dtype_of(kp.matmul_accumulation_dtype)
+    partial_TKH = x_TH.new_zeros((T, top_k, H), dtype=acc)
+    for (tok, slot), (gate, up, down) in zip(
+        group_tokens(ids_TK, len(experts), kp), experts, strict=True
+    ):
+        if tok.numel() == 0:
+            continue
+        x_e = x_TH[tok]
+        a_e = act(column_linear(x_e, gate, kp), column_linear(x_e, up, kp), kp)
+        partial_TKH[tok, slot] = row_partial(a_e, down, kp).to(acc)
+    y_TKH = all_reduce(partial_TKH, group).to(dtype_of(kp.dense_math_dtype))
+    return combine(y_TKH, weights_TK, ids_TK, kp)
