@@ -378,17 +378,28 @@ def fault_change(run: GateRun, fault: Fault, layout: ParityLayout) -> dict[str, 
     return {fault.field: flipped(fault.field, getattr(owner, fault.field), fault.kind)}
 
 
-def _try_fault(run: GateRun, fault: Fault, layout: ParityLayout) -> tuple[str, str]:
-    """("detected" | "undetected" | "error", how) for one fault at one layout."""
+def _try_fault(
+    run: GateRun, fault: Fault, layout: ParityLayout, faulted_rollouts: dict | None = None
+) -> tuple[str, str]:
+    """("detected" | "undetected" | "error", how) for one fault at one layout.
+
+    ``faulted_rollouts`` (``run_faults``' cache, keyed by fault and rollout TP) lets layouts of
+    one TP size share one faulted rollout; both sides are deterministic, so re-running it would
+    give the same bits."""
     from ..adapters.megatron.trainer import TrainerFault
 
     change = fault_change(run, fault, layout)
     try:
         if fault.side == "rollout":
             # the faulted rollout may sample other tokens: the trainer scores what it sampled
-            faulted = run.rollout(layout.tp, **{f"{fault.kind}_changes": change})
+            # (its cached unfaulted run when they are the reference tokens: ``trainer_for``)
+            key = (fault.name, layout.tp, tuple(sorted(change.items())))
+            cache = {} if faulted_rollouts is None else faulted_rollouts
+            if key not in cache:
+                cache[key] = run.rollout(layout.tp, **{f"{fault.kind}_changes": change})
+            faulted = cache[key]
             rollout = run.scored_rollout(faulted)
-            trainer, _ = run.trainer(layout, rollout=faulted)
+            trainer = trainer_for(run, layout, faulted)
         else:
             tf = TrainerFault(**{f"{fault.kind}_policy": change})
             own = run.rollout(layout.tp)
@@ -453,12 +464,13 @@ def run_faults(run: GateRun, ref=None) -> dict:
     faults = catalogue(kp, sg, mg)
     notes = unobservable_notes(run.config.contract_id)
     outcomes: dict[str, tuple[str, str]] = {f.name: ("undetected", "") for f in faults}
+    faulted_rollouts: dict = {}  # (fault, rollout TP) -> its rollout, shared by layouts of one TP
     for layout in layouts:
         for tp in [t for t in run._rollout_sessions if t != layout.tp]:
             run.release_rollout(tp)  # memory: one rollout TP's processes at a time
         pending = [f for f in faults if outcomes[f.name][0] == "undetected"]
         for fault in pending:
-            outcomes[fault.name] = _try_fault(run, fault, layout)
+            outcomes[fault.name] = _try_fault(run, fault, layout, faulted_rollouts)
         run.release(layout)
         if run.config.progress:
             left = sum(1 for o, _ in outcomes.values() if o == "undetected")

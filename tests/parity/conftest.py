@@ -29,6 +29,25 @@ def run_parity(*args: str, tmp_path: Path, timeout: int = 900) -> tuple[int, dic
     return proc.returncode, data, proc.stdout + proc.stderr
 
 
+def run_parity_in_process(*args: str, tmp_path: Path) -> tuple[int, dict | None, str]:
+    """``run_parity`` without the process: for input the command refuses before any worker
+    starts, where a fresh interpreter (torch and megatron-core imported again) is most of the
+    cost. Output is stdout and stderr as a terminal shows them."""
+    from click.testing import CliRunner
+
+    from contractgen.cli import main
+
+    report = tmp_path / "report.json"
+    result = CliRunner().invoke(
+        main,
+        ["parity", "--quiet", "--json", str(report), *args],
+        env={"PYTHONWARNINGS": "ignore"},  # what run_parity's process gets; restored after
+    )
+    data = json.loads(report.read_text()) if report.exists() else None
+    out = result.output + (f"\n{result.exception!r}" if result.exception else "")
+    return result.exit_code, data, out
+
+
 @pytest.fixture(scope="session")
 def reference_weights():
     """The v1 reference model's seeded random weights (what `parity` builds by default)."""

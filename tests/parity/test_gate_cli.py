@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import V1, run_parity
+from conftest import V1, run_parity, run_parity_in_process
 
 REPORT_KEYS = {
     "contract",
@@ -119,7 +119,7 @@ def test_checkpoint_gate_reports_transformers_reference(tmp_path):
     ],
 )
 def test_bad_input_exits_2_with_the_reason(tmp_path, args, message):
-    code, report, out = run_parity(*args, tmp_path=tmp_path, timeout=120)
+    code, report, out = run_parity_in_process(*args, tmp_path=tmp_path)
     assert code == 2, out
     assert message in out
     assert report is None  # nothing written
