@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..workers import errors_before_exit
 from .model import Layout, arch_for, load_checkpoint
 from .run_types import (
     BACKENDS,
@@ -227,8 +228,9 @@ class TrainerSession:
             except queue.Empty:
                 dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
                 if dead or time.monotonic() > deadline:
-                    self.close()
                     why = f"rank(s) {dead} exited" if dead else f"no reply in {self.timeout_s} s"
+                    why += errors_before_exit(replies, self._results)
+                    self.close()
                     raise RuntimeError(f"trainer session ({self.layout.name}): {why}") from None
                 continue
             replies[rank] = (status, *payload)

@@ -282,6 +282,8 @@ class RolloutSession:
             return _run(job)
         import queue
 
+        from ..adapters.workers import errors_before_exit
+
         if not self._procs:
             self._start()
         for commands in self._commands:
@@ -294,8 +296,9 @@ class RolloutSession:
             except queue.Empty:
                 dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
                 if dead or time.monotonic() > deadline:
-                    self.close()
                     why = f"rank(s) {dead} exited" if dead else f"no reply in {self.timeout_s} s"
+                    why += errors_before_exit(replies, self._results)
+                    self.close()
                     raise RuntimeError(f"rollout session (TP={self.tp}): {why}") from None
                 continue
             replies[rank] = (status, payload)

@@ -69,8 +69,8 @@ def test_a_family_needs_no_code_beyond_its_module(tmp_path: Path) -> None:
     assert (project / "generated").is_dir()
     report = tmp_path / "report.json"
     done = subprocess.run(
-        [*cli, "parity", "--contract", new_id, "--layouts", "tp1,tp2", "--quiet",
-         "--no-reference", "--json", str(report)],
+        [*cli, "parity", "--contract", new_id, "--layouts", "tp1,tp2", "--rollout-tps", "1,2",
+         "--quiet", "--no-reference", "--json", str(report)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

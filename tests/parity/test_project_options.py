@@ -24,7 +24,8 @@ def test_parity_reads_given_contracts_and_json_to_stdout_is_json_only(tmp_path: 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     proc = subprocess.run(
         [sys.executable, "-m", "contractgen", "--contracts", str(folder), "parity",
-         "--contract", "mine_v1", "--layouts", "tp1", "--quiet", "--json", "-"],
+         "--contract", "mine_v1", "--layouts", "tp1", "--rollout-tps", "1", "--no-reference",
+         "--quiet", "--json", "-"],
         capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -173,3 +173,18 @@ def test_one_stale_rollout_shard_breaks_step_one(tmp_path):
     (entry,) = second["per_layout"]
     assert entry["stale"] == {"tp1": [stale], "tp2": [stale]}
     assert "rollout weights differ from the trainer's" in out
+
+
+def test_a_broken_session_reports_what_its_ranks_sent():
+    """When a rank exits, the session's error carries the tracebacks ranks sent first (received
+    or still queued), not only "rank(s) [0] exited"."""
+    import queue
+
+    from contractgen.adapters.workers import errors_before_exit
+
+    results = queue.Queue()
+    results.put((0, "err", "Traceback: rank 0 ran out of memory", None, None))
+    text = errors_before_exit({1: ("err", "Traceback: connection reset"), 2: ("ok", None)}, results)
+    assert "rank 0:\nTraceback: rank 0 ran out of memory" in text
+    assert "rank 1:\nTraceback: connection reset" in text and "rank 2" not in text
+    assert errors_before_exit({}, queue.Queue()) == ""
