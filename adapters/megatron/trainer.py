@@ -165,18 +165,13 @@ class TrainerSession:
         self.close()
 
     def start(self) -> None:
-        import torch.multiprocessing as mp
+        from contractgen.adapters.workers import rank_context, start_rank
 
-        ctx = mp.get_context("spawn")
+        ctx = rank_context()
         self._results = ctx.Queue()
         for rank in range(self.layout.world_size):
             commands = ctx.Queue()
-            proc = ctx.Process(
-                target=_session_worker,
-                args=(rank, self._job, commands, self._results),
-                daemon=True,
-            )
-            proc.start()
+            proc = start_rank(ctx, _session_worker, (rank, self._job, commands, self._results))
             self._procs.append(proc)
             self._commands.append(commands)
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism across processes on CPU: gloo, spawned with ``torch.multiprocessing``.
+"""Tensor parallelism across processes on CPU: gloo, ranks started by ``adapters.workers``.
 
 ``spawn(n, fn, *args)`` runs ``fn(rank, n, *args)`` on ``n`` fresh processes sharing one gloo
 process group (the default group) and returns the per-rank results; a worker's traceback is
@@ -22,7 +22,6 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 
 def plain(policy) -> dict:
@@ -51,14 +50,14 @@ def _entry(rank: int, world: int, tmp: str, fn: Callable, args: tuple) -> None:
 
 def spawn(world_size: int, fn: Callable, *args, timeout: float = 300.0) -> list:
     """``[fn(rank, world_size, *args) for rank in ranks]``, each rank in its own process."""
-    ctx = mp.get_context("spawn")
+    from contractgen.adapters.workers import rank_context, start_rank
+
+    ctx = rank_context()
     with tempfile.TemporaryDirectory(prefix="contractgen-tp-") as tmp:
         procs = [
-            ctx.Process(target=_entry, args=(r, world_size, tmp, fn, args), daemon=False)
+            start_rank(ctx, _entry, (r, world_size, tmp, fn, args), daemon=False)
             for r in range(world_size)
         ]
-        for p in procs:
-            p.start()
         for p in procs:
             p.join(timeout)
         hung = [r for r, p in enumerate(procs) if p.is_alive()]

@@ -260,20 +260,15 @@ class RolloutSession:
         self.close()
 
     def _start(self) -> None:
-        import torch.multiprocessing as mp
+        from ..adapters.workers import rank_context, start_rank
 
-        ctx = mp.get_context("spawn")
+        ctx = rank_context()
         self._results = ctx.Queue()
         port = _free_port()
         for rank in range(self.tp):
             commands = ctx.Queue()
-            proc = ctx.Process(
-                target=_worker,
-                args=(rank, self.tp, self.device, port, commands, self._results),
-                daemon=True,
-            )
-            proc.start()
-            self._procs.append(proc)
+            args = (rank, self.tp, self.device, port, commands, self._results)
+            self._procs.append(start_rank(ctx, _worker, args))
             self._commands.append(commands)
 
     def run(self, job: RolloutJob) -> RolloutResult:
