@@ -68,3 +68,80 @@ def errors_before_exit(replies: dict[int, tuple], results: Any) -> str:
         pending[rank] = (status, payload)
     errors = [f"rank {r}:\n{p[1]}" for r, p in sorted(pending.items()) if p[0] == "err"]
     return "\n" + "\n".join(errors) if errors else ""
+
+
+class RankPool:
+    """``world_size`` rank processes kept alive across commands: the one pool behind the
+    rollout's and the trainer's sessions.
+
+    ``target(rank, commands, results, *args)`` runs in each rank (``args`` may be a function
+    giving them when the pool starts, e.g. a free port picked just before the ranks bind it): it takes commands from its
+    ``commands`` queue until ``None`` and answers each with ``results.put((rank, "ok" | "err",
+    payload, ...))``. ``send`` gives every rank one command and returns each rank's reply; a rank
+    that dies or a pool that does not answer within ``timeout_s`` closes the pool and raises with
+    the tracebacks the ranks sent.
+    """
+
+    def __init__(
+        self, name: str, world_size: int, target: Callable[..., Any],
+        args: tuple | Callable[[], tuple] = (),
+        *, timeout_s: float = 900.0,
+    ) -> None:  # fmt: skip
+        self.name, self.world_size, self.timeout_s = name, world_size, timeout_s
+        self._target, self._args = target, args
+        self._procs: list[Any] = []
+        self._commands: list[Any] = []
+        self._results: Any = None
+
+    @property
+    def started(self) -> bool:
+        return bool(self._procs)
+
+    def start(self) -> None:
+        ctx = rank_context()
+        self._results = ctx.Queue()
+        extra = self._args() if callable(self._args) else self._args
+        for rank in range(self.world_size):
+            commands = ctx.Queue()
+            args = (rank, commands, self._results, *extra)
+            self._procs.append(start_rank(ctx, self._target, args))
+            self._commands.append(commands)
+
+    def send(self, command: Any, what: str) -> dict[int, tuple]:
+        """``command`` to every rank (the pool started on first use); ``{rank: (status,
+        payload, ...)}``. A rank's ``"err"`` reply raises ``RuntimeError`` naming ``what``."""
+        import time
+
+        if not self.started:
+            self.start()
+        for commands in self._commands:
+            commands.put(command)
+        replies: dict[int, tuple] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(replies) < self.world_size:
+            try:
+                rank, status, *payload = self._results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    why = f"rank(s) {dead} exited" if dead else f"no reply in {self.timeout_s} s"
+                    why += errors_before_exit(replies, self._results)
+                    self.close()
+                    raise RuntimeError(f"{self.name}: {why}") from None
+                continue
+            replies[rank] = (status, *payload)
+        errors = [f"rank {r}:\n{p[1]}" for r, p in sorted(replies.items()) if p[0] == "err"]
+        if errors:
+            raise RuntimeError(f"{what} failed\n" + "\n".join(errors))
+        return replies
+
+    def close(self) -> None:
+        """Ask every rank to stop; kill one that has not within 30 s."""
+        for commands in self._commands:
+            commands.put(None)
+        for proc in self._procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self._procs, self._commands = [], []

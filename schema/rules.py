@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from ..adapters.families import FAMILIES, Family
+from ..adapters.tile_order import split_problem
 from .models import MOE_DIMS_FIELDS, MOE_KERNEL_FIELDS, Contract, ModelDims, When
-from .tile_order import split_problem
 
 Finding = tuple[str, str]
 

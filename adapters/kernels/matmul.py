@@ -33,23 +33,13 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..tile_order import first_level_block
 from ._dtypes import dtype_of
 from .all_reduce import pairwise_sum
 from .registry import kernel
 
 M_TILE = 64  # rows per GEMM call
 N_TILE = 64  # columns per GEMM call
-
-
-def first_level_block(num_tiles: int) -> int:
-    """SGLang's first-level run length: start at T, halve while even and greater than 2.
-
-    Kept identical to the generated ``schema.first_level_block`` (a test pins the two together).
-    """
-    block = num_tiles
-    while block % 2 == 0 and block > 2:
-        block //= 2
-    return block
 
 
 def sequential_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:

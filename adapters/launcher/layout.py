@@ -13,34 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..families import Family, family_for
+from ..layout import Layout, LayoutError
+from ..tile_order import first_level_block, split_problem
 from . import generated
 
 REFERENCE_MODEL = "reference"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Parallel sizes of one run. ``rollout_tp`` defaults to the training TP."""
-
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    dp: int = 1
-    rollout_tp: int | None = None
-    rollout_dp: int = 1
-    world: int | None = None  # when given, must equal tp * pp * cp * dp
-
-    @property
-    def train_world(self) -> int:
-        return self.tp * self.pp * self.cp * self.dp
-
-    @property
-    def rollout_tp_size(self) -> int:
-        return self.tp if self.rollout_tp is None else self.rollout_tp
-
-    @property
-    def rollout_gpus(self) -> int:
-        return self.rollout_tp_size * self.rollout_dp
 
 
 @dataclass(frozen=True)
@@ -73,17 +50,10 @@ class Violation:
         return f"{self.flag} {self.value}: {self.problem}; {_alternative(self.flag, self.value, self.valid)}"
 
 
-class LayoutError(ValueError):
-    """A layout the contract does not allow; ``violations`` lists every broken rule."""
-
-    def __init__(self, contract_id: str, model: str, violations: list[Violation]) -> None:
-        self.contract_id, self.model, self.violations = contract_id, model, tuple(violations)
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        lines = [f"invalid layout for {self.contract_id} on {self.model}:"]
-        lines += [f"  {v}" for v in self.violations]
-        return "\n".join(lines)
+def layout_error(contract_id: str, model: str, found: list[Violation]) -> LayoutError:
+    """The ``LayoutError`` naming every broken rule of ``contract_id`` on ``model``."""
+    lines = [f"invalid layout for {contract_id} on {model}:", *(f"  {v}" for v in found)]
+    return LayoutError("\n".join(lines), tuple(found))
 
 
 class UnknownModelError(KeyError):
@@ -134,7 +104,7 @@ KV_HEAD_RULES: Mapping[str, Callable[[int, int], str | None]] = {
 # kernel_policy.matmul_tile_order -> length of the first-level run of K tiles summed in sequence;
 # the runs above it form a binary tree.
 TILE_RUN_LENGTH: Mapping[str, Callable[[int], int]] = {
-    "sglang_first_level": lambda tiles: generated.schema().first_level_block(tiles),
+    "sglang_first_level": first_level_block,
     "binary": lambda tiles: 1,
 }
 
@@ -152,18 +122,15 @@ def _row_parallel_k(s: Subject) -> tuple[tuple[str, int], ...]:
 
 def _tile_split(name: str, k: int, t: int, kernel: Any) -> str | None:
     """TP must give every rank a whole subtree of the contract's K-tile order."""
-    if t == 1:
-        return None
     block = kernel.matmul_k_block
+    if t == 1 or split_problem(k, block, t, kernel.matmul_tile_order) is None:
+        return None  # the tree proof decides; the rest says why in the launcher's terms
     if k % block:
         return f"cannot split {name} (K={k} is not a whole number of {block}-wide tiles) exactly"
     tiles = k // block
     run = TILE_RUN_LENGTH[kernel.matmul_tile_order](tiles)
     # A run of one or two tiles is itself a binary node: the whole order is a binary tree over
     # tiles. Longer runs are summed in sequence and cannot be cut, so ranks split whole runs.
-    leaves = tiles if run <= 2 else tiles // run
-    if leaves % t == 0 and _is_pow2(leaves // t):
-        return None
     per_rank = f"{tiles // t}" if tiles % t == 0 else f"{tiles}/{t}"
     return (
         f"splits {name} K={k} ({tiles} tiles of {block} in {tiles // run} first-level runs of "
@@ -429,5 +396,5 @@ def validate_layout(contract_id: str, layout: Layout, model: str | None = None) 
     subject = subject_for(contract_id, layout, model)
     found = violations(subject)
     if found:
-        raise LayoutError(contract_id, subject.dims.name, found)
+        raise layout_error(contract_id, subject.dims.name, found)
     return subject

@@ -41,7 +41,7 @@ def __getattr__(name: str):
 
         return getattr(trainer, name)
     if name == "Layout":
-        from .model import Layout
+        from ..layout import Layout
 
         return Layout
     raise AttributeError(name)

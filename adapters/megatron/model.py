@@ -10,7 +10,6 @@ tied-embedding attributes, is carried over unchanged).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.enums import AttnBackend
 
+from contractgen.adapters.layout import Layout
 from contractgen.adapters.sglang.model import ModelArch
 
 from .layers import SGLangOutputLayer
@@ -47,24 +47,6 @@ def padded_vocab_size(arch: ModelArch, tp: int, kp: Any) -> int:
     themselves whole matmul column tiles), as vocab-parallel log-softmax requires."""
     unit = int(kp.logsoftmax_vocab_block) * tp
     return -(-arch.vocab_size // unit) * unit
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Parallel layout of the trainer forward."""
-
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.cp
-
-    @property
-    def name(self) -> str:
-        parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if v > 1]
-        return "".join(parts) or "tp1"
 
 
 def make_config(

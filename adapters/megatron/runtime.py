@@ -20,9 +20,10 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
+from ..layout import Layout
 from .checkpoint import load_into
 from .kernels import kernel_module
-from .model import Layout, build_model, make_config, padded_vocab_size
+from .model import build_model, make_config, padded_vocab_size
 from .packing import pack_sequences
 from .policy import float32_kernel_policy, generated, policy_for
 from .run_types import BACKENDS, TrainerResult, with_fault

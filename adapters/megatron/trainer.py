@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from ..workers import errors_before_exit
-from .model import Layout, arch_for, load_checkpoint
+from ..layout import Layout
+from ..workers import RankPool
+from .model import arch_for, load_checkpoint
 from .run_types import (
     BACKENDS,
     TrainBatch,
@@ -153,9 +154,10 @@ class TrainerSession:
             device=device,
             port=_free_port(),
         )
-        self._procs: list[Any] = []
-        self._commands: list[Any] = []
-        self._results: Any = None
+        self._pool = RankPool(
+            f"trainer session ({layout.name})", layout.world_size, _session_worker, (self._job,),
+            timeout_s=timeout_s,
+        )  # fmt: skip
 
     def __enter__(self) -> TrainerSession:
         self.start()
@@ -165,15 +167,7 @@ class TrainerSession:
         self.close()
 
     def start(self) -> None:
-        from contractgen.adapters.workers import rank_context, start_rank
-
-        ctx = rank_context()
-        self._results = ctx.Queue()
-        for rank in range(self.layout.world_size):
-            commands = ctx.Queue()
-            proc = start_rank(ctx, _session_worker, (rank, self._job, commands, self._results))
-            self._procs.append(proc)
-            self._commands.append(commands)
+        self._pool.start()
 
     def logprobs(self, sequences: Sequence[Sequence[int]], run: TrainerRun | None = None):
         """One forward (or, with ``run.grads``, one backward) of ``sequences``."""
@@ -209,43 +203,13 @@ class TrainerSession:
         return merged
 
     def _send(self, command: Any, what: str) -> dict[int, tuple]:
-        """``command`` to every rank; every rank's ``(status, payload...)`` reply."""
-        import queue
-        import time
-
-        for commands in self._commands:
-            commands.put(command)
-        replies: dict[int, tuple] = {}
-        deadline = time.monotonic() + self.timeout_s
-        while len(replies) < self.layout.world_size:
-            try:
-                rank, status, *payload = self._results.get(timeout=1.0)
-            except queue.Empty:
-                dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
-                if dead or time.monotonic() > deadline:
-                    why = f"rank(s) {dead} exited" if dead else f"no reply in {self.timeout_s} s"
-                    why += errors_before_exit(replies, self._results)
-                    self.close()
-                    raise RuntimeError(f"trainer session ({self.layout.name}): {why}") from None
-                continue
-            replies[rank] = (status, *payload)
-        errors = [f"rank {r}:\n{p[1]}" for r, p in sorted(replies.items()) if p[0] == "err"]
-        if errors:
-            raise RuntimeError(f"{what} failed\n" + "\n".join(errors))
-        return replies
+        return self._pool.send(command, what)
 
     def close(self) -> None:
-        for commands in self._commands:
-            commands.put(None)
-        for proc in self._procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        self._procs, self._commands = [], []
+        self._pool.close()
 
 
-def _session_worker(rank: int, job: _Job, commands: Any, results: Any) -> None:
+def _session_worker(rank: int, commands: Any, results: Any, job: _Job) -> None:
     import traceback
 
     from . import runtime

@@ -17,7 +17,6 @@ import os
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -33,44 +32,36 @@ def namespace(d: dict) -> SimpleNamespace:
     return SimpleNamespace(**d)
 
 
-def _entry(rank: int, world: int, tmp: str, fn: Callable, args: tuple) -> None:
+def _entry(rank: int, commands, results, world: int, tmp: str) -> None:
+    """One rank of ``spawn``: joins the gloo group, runs each ``(fn, args)`` it is sent."""
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world
     )
     try:
-        result = fn(rank, world, *args)
-        torch.save(result, f"{tmp}/result{rank}.pt")
-    except BaseException:
-        Path(f"{tmp}/error{rank}.txt").write_text(traceback.format_exc())
-        raise
+        while (command := commands.get()) is not None:
+            fn, args = command
+            try:
+                results.put((rank, "ok", fn(rank, world, *args)))
+            except Exception:
+                results.put((rank, "err", traceback.format_exc()))
     finally:
         dist.destroy_process_group()
 
 
 def spawn(world_size: int, fn: Callable, *args, timeout: float = 300.0) -> list:
-    """``[fn(rank, world_size, *args) for rank in ranks]``, each rank in its own process."""
-    from contractgen.adapters.workers import rank_context, start_rank
+    """``[fn(rank, world_size, *args) for rank in ranks]``, each rank in its own process (a
+    ``RankPool`` for one command); a rank's traceback is raised here."""
+    from contractgen.adapters.workers import RankPool
 
-    ctx = rank_context()
     with tempfile.TemporaryDirectory(prefix="contractgen-tp-") as tmp:
-        procs = [
-            start_rank(ctx, _entry, (r, world_size, tmp, fn, args), daemon=False)
-            for r in range(world_size)
-        ]
-        for p in procs:
-            p.join(timeout)
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for r in hung:
-            procs[r].kill()
-            procs[r].join()
-        errors = [Path(tmp, f"error{r}.txt") for r in range(world_size)]
-        msgs = [f"rank {r}:\n{e.read_text()}" for r, e in enumerate(errors) if e.is_file()]
-        if hung or msgs or any(p.exitcode for p in procs):
-            detail = "\n".join(msgs) or f"exit codes {[p.exitcode for p in procs]}"
-            hang = f" (ranks {hung} still running after {timeout:.0f} s)" if hung else ""
-            raise RuntimeError(f"TP={world_size} worker failed{hang}:\n{detail}")
-        return [torch.load(f"{tmp}/result{r}.pt", weights_only=False) for r in range(world_size)]
+        pool = RankPool(f"TP={world_size} workers", world_size, _entry, (world_size, tmp),
+                        timeout_s=timeout)  # fmt: skip
+        try:
+            replies = pool.send((fn, args), f"TP={world_size} worker")
+        finally:
+            pool.close()
+    return [replies[r][1] for r in range(world_size)]
 
 
 def rollout_on_rank(arch, weights, kp, rp, requests=(), rescore=(), layer_outputs=False) -> dict:

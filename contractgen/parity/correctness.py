@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import ROLLOUT
-from .layouts import ParityLayout
+from .layouts import Layout
 from .reference import (
     LOGPROB_TOLERANCE,
     hf_grads,
@@ -88,7 +88,7 @@ def rollout_reference(run: Any, ref: Reference, tp: int, planted: tuple[str, ...
 
 
 def trainer_reference(
-    run: Any, ref: Reference, layout: ParityLayout, planted: tuple[str, ...] = ()
+    run: Any, ref: Reference, layout: Layout, planted: tuple[str, ...] = ()
 ) -> dict:
     """The trainer at ``layout``, every kernel dtype float32, vs transformers."""
     from ..adapters.megatron.trainer import TrainerRun
@@ -137,7 +137,7 @@ def grad_reference(run: Any) -> tuple[GradReference | None, str | None]:
     return GradReference(arch, base.sequences, base.prompt_lens, grads), None
 
 
-def layout_grads(run: Any, ref: GradReference, layout: ParityLayout) -> dict:
+def layout_grads(run: Any, ref: GradReference, layout: Layout) -> dict:
     """The trainer's gradients at ``layout`` (trainer in float32; every TP shard and PP stage,
     gathered under HF names) vs float64 autograd, parameter by parameter."""
     from ..adapters.megatron.trainer import TrainerRun

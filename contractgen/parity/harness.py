@@ -22,7 +22,7 @@ import torch
 
 from . import ROLLOUT, TRAINER
 from .faults import Fault, SharedBug, catalogue, flipped, shared_bugs
-from .layouts import ParityLayout
+from .layouts import Layout
 from .rollout import DEFAULT_WORKLOAD, PromptSpec, RolloutJob, RolloutResult, RolloutSession
 
 # Which rollout logprobs the trainer must equal, by the contract's logprob contract.
@@ -67,7 +67,7 @@ def compare(rollout: list[torch.Tensor], trainer: list[torch.Tensor]) -> Compari
 class GateConfig:
     contract_id: str
     weights: Any  # HF state dict or checkpoint dir
-    layouts: list[ParityLayout]
+    layouts: list[Layout]
     dtype_override: str | None = None
     device: str = "cpu"
     inject_faults: bool = False
@@ -100,7 +100,7 @@ class GateRun:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def release(self, layout: ParityLayout) -> None:
+    def release(self, layout: Layout) -> None:
         """Stop a layout's trainer processes (memory: one layout's trainer ranks at a time)."""
         session = self._trainer_sessions.pop(layout.name, None)
         if session is not None:
@@ -150,7 +150,7 @@ class GateRun:
             self.rollouts[tp] = result
         return result
 
-    def _trainer_session(self, layout: ParityLayout):
+    def _trainer_session(self, layout: Layout):
         from ..adapters.megatron.trainer import TrainerSession
 
         if layout.name not in self._trainer_sessions:
@@ -164,7 +164,7 @@ class GateRun:
 
     def trainer(
         self,
-        layout: ParityLayout,
+        layout: Layout,
         fault=None,
         dump_layers: bool = False,
         rollout: RolloutResult | None = None,
@@ -187,7 +187,7 @@ class GateRun:
             self.trainers[layout.name] = scored
         return scored, result.layer_dumps
 
-    def trainer_run(self, layout: ParityLayout, sequences: list[list[int]], run):
+    def trainer_run(self, layout: Layout, sequences: list[list[int]], run):
         """One ``TrainerRun`` at ``layout`` on ``sequences`` (the gate's planted bugs added)."""
         import dataclasses
 
@@ -200,7 +200,7 @@ class GateRun:
 
 def first_divergence(
     run: GateRun,
-    layout: ParityLayout,
+    layout: Layout,
     first: tuple[int, int],
     *,
     trainer_fault=None,
@@ -248,7 +248,7 @@ def first_divergence(
     }
 
 
-def pair_name(rollout_tp: int, layout: ParityLayout) -> str:
+def pair_name(rollout_tp: int, layout: Layout) -> str:
     return f"rollout tp{rollout_tp} \u00d7 trainer tp{layout.tp}pp{layout.pp}cp{layout.cp}"
 
 
@@ -256,7 +256,7 @@ def same_tokens(a: RolloutResult, b: RolloutResult) -> bool:
     return a.sequences == b.sequences
 
 
-def trainer_for(run: GateRun, layout: ParityLayout, rollout: RolloutResult) -> list[torch.Tensor]:
+def trainer_for(run: GateRun, layout: Layout, rollout: RolloutResult) -> list[torch.Tensor]:
     """The trainer's scored logprobs at ``layout`` on ``rollout``'s sequences (the cached run on
     the reference sequences when they are the same tokens)."""
     if same_tokens(rollout, run.rollout(1)):
@@ -353,7 +353,7 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
     return {"layouts": out, "pairs": pairs, "reference": reference, "grads": grads}
 
 
-def _policies_at(run: GateRun, layout: ParityLayout):
+def _policies_at(run: GateRun, layout: Layout):
     from ..vendored import load_target
 
     cid = run.config.contract_id
@@ -371,7 +371,7 @@ def _policies_at(run: GateRun, layout: ParityLayout):
     return kp, sg, mg
 
 
-def fault_change(run: GateRun, fault: Fault, layout: ParityLayout) -> dict[str, Any]:
+def fault_change(run: GateRun, fault: Fault, layout: Layout) -> dict[str, Any]:
     """``{field: flipped value}`` of ``fault`` on the policies in force at ``layout``."""
     kp, sg, mg = _policies_at(run, layout)
     owner = kp if fault.kind == "kernel" else {"rollout": sg, "trainer": mg}[fault.side]
@@ -379,7 +379,7 @@ def fault_change(run: GateRun, fault: Fault, layout: ParityLayout) -> dict[str, 
 
 
 def _try_fault(
-    run: GateRun, fault: Fault, layout: ParityLayout, faulted_rollouts: dict | None = None
+    run: GateRun, fault: Fault, layout: Layout, faulted_rollouts: dict | None = None
 ) -> tuple[str, str]:
     """("detected" | "undetected" | "error", how) for one fault at one layout.
 
@@ -421,7 +421,7 @@ def unobservable_notes(contract_id: str) -> dict[str, str]:
     return dict(load_target(ROLLOUT).schema.CONTRACT_DATA[contract_id].get("unobservable", {}))
 
 
-def _try_shared(run: GateRun, bug: SharedBug, ref, layout: ParityLayout) -> tuple[str, str]:
+def _try_shared(run: GateRun, bug: SharedBug, ref, layout: Layout) -> tuple[str, str]:
     """A bug planted on both sides: detected when a rollout TP>1 differs from TP=1 under it, or
     when the rollout (TP=1) or the trainer (``layout``) disagrees with transformers."""
     from .correctness import rollout_reference, trainer_reference

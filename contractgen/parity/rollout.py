@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..adapters.workers import RankPool
 from . import ROLLOUT
 from .workload import DEFAULT_WORKLOAD, PromptSpec
 
@@ -218,7 +219,7 @@ def _free_port() -> int:
 BACKENDS = {"cpu": ("gloo", lambda rank: None), "cuda": ("nccl", lambda rank: f"cuda:{rank}")}
 
 
-def _worker(rank: int, tp: int, device: str, port: int, commands, results) -> None:
+def _worker(rank: int, commands, results, tp: int, device: str, port: int) -> None:
     """One TP rank: runs every job it is sent until it receives None."""
     import traceback
 
@@ -249,9 +250,10 @@ class RolloutSession:
         if device not in BACKENDS:
             raise ValueError(f"device={device!r}: expected one of {sorted(BACKENDS)}")
         self.tp, self.device, self.timeout_s = tp, device, timeout_s
-        self._procs: list = []
-        self._commands: list = []
-        self._results = None
+        self._pool = RankPool(
+            f"rollout session (TP={tp})", tp, _worker, lambda: (tp, device, _free_port()),
+            timeout_s=timeout_s,
+        )  # fmt: skip
 
     def __enter__(self) -> RolloutSession:
         return self
@@ -259,57 +261,14 @@ class RolloutSession:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _start(self) -> None:
-        from ..adapters.workers import rank_context, start_rank
-
-        ctx = rank_context()
-        self._results = ctx.Queue()
-        port = _free_port()
-        for rank in range(self.tp):
-            commands = ctx.Queue()
-            args = (rank, self.tp, self.device, port, commands, self._results)
-            self._procs.append(start_rank(ctx, _worker, args))
-            self._commands.append(commands)
-
     def run(self, job: RolloutJob) -> RolloutResult:
         """One rollout run on every rank; rank 0's result."""
         if self.tp == 1 and self.device == "cpu":
             return _run(job)
-        import queue
-
-        from ..adapters.workers import errors_before_exit
-
-        if not self._procs:
-            self._start()
-        for commands in self._commands:
-            commands.put(job)
-        replies: dict[int, tuple] = {}
-        deadline = time.monotonic() + self.timeout_s
-        while len(replies) < self.tp:
-            try:
-                rank, status, payload = self._results.get(timeout=1.0)
-            except queue.Empty:
-                dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
-                if dead or time.monotonic() > deadline:
-                    why = f"rank(s) {dead} exited" if dead else f"no reply in {self.timeout_s} s"
-                    why += errors_before_exit(replies, self._results)
-                    self.close()
-                    raise RuntimeError(f"rollout session (TP={self.tp}): {why}") from None
-                continue
-            replies[rank] = (status, payload)
-        errors = [f"rank {r}:\n{p[1]}" for r, p in sorted(replies.items()) if p[0] == "err"]
-        if errors:
-            raise RuntimeError("rollout failed\n" + "\n".join(errors))
-        return replies[0][1]
+        return self._pool.send(job, "rollout")[0][1]
 
     def close(self) -> None:
-        for commands in self._commands:
-            commands.put(None)
-        for proc in self._procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-        self._procs, self._commands = [], []
+        self._pool.close()
 
 
 def run_rollout(

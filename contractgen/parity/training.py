@@ -34,7 +34,7 @@ import torch
 
 from ..adapters.families import LAYER_PREFIX
 from .harness import GateRun, compare, fault_change, pair_name, same_tokens
-from .layouts import ParityLayout
+from .layouts import Layout
 from .workload import PromptSpec
 
 STALE_SHARD = "sync.stale_shard"
@@ -120,7 +120,7 @@ def training_faults(run: GateRun) -> list[str]:
     return [STALE_SHARD, *(f.name for f in catalogue(*_policies_at(run, first)))]
 
 
-def _one_side_fault(run: GateRun, name: str | None, layout: ParityLayout):
+def _one_side_fault(run: GateRun, name: str | None, layout: Layout):
     """(rollout ``RolloutJob`` changes, trainer ``TrainerFault`` or None) for a policy fault."""
     from ..adapters.megatron.trainer import TrainerFault
     from .faults import catalogue
@@ -198,7 +198,7 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _run_layout(run: GateRun, cfg: TrainingConfig, layout: ParityLayout, arch: Any, cache: dict):
+def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, cache: dict):
     """Yield ``(per-layout entry, pairs, step)`` for each step of one trainer layout's run;
     ``cache`` holds rollout results by (TP, pushed weights, workload, faults) across layouts."""
     from ..adapters.megatron.run_types import OptimizerSettings, TrainBatch, TrainInit

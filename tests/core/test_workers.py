@@ -28,3 +28,37 @@ def test_a_rank_sees_the_environment_of_its_start_not_the_servers(monkeypatch):
     gone, _ = results.get(timeout=60)
     assert (first, second, gone) == ("first", "second", None)
     assert preloaded  # the rank was forked with torch already imported
+
+
+def _echo_rank(rank: int, commands, results, scale: int) -> None:
+    import traceback
+
+    while (command := commands.get()) is not None:
+        if command == "exit" and rank == 1:
+            os._exit(3)
+        try:
+            if command == "fail":
+                raise ValueError(f"rank {rank} cannot do that")
+            results.put((rank, "ok", command * scale + rank))
+        except Exception:
+            results.put((rank, "err", traceback.format_exc()))
+
+
+def test_rank_pool_answers_fails_and_reports_a_dead_rank():
+    import pytest
+
+    from contractgen.adapters.workers import RankPool
+
+    pool = RankPool("echo pool", 2, _echo_rank, (10,), timeout_s=60)
+    try:
+        replies = pool.send(4, "echo")
+        assert replies == {0: ("ok", 40), 1: ("ok", 41)}
+        assert pool.send(5, "echo") == {0: ("ok", 50), 1: ("ok", 51)}  # same ranks, kept alive
+        with pytest.raises(RuntimeError, match="echo failed") as failed:
+            pool.send("fail", "echo")
+        assert "ValueError: rank 1 cannot do that" in str(failed.value)
+        with pytest.raises(RuntimeError, match=r"echo pool: rank\(s\) \[1\] exited"):
+            pool.send("exit", "echo")
+        assert not pool.started  # a broken pool closes itself
+    finally:
+        pool.close()

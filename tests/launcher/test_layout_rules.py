@@ -240,3 +240,19 @@ def test_unknown_cp_kind() -> None:
 def test_vocab_padding_rule(vocab: int, tp: int, padded: int) -> None:
     assert padded_vocab(vocab, tp, 128) == padded
     assert padded % tp == 0 and (padded // tp) % 128 == 0
+
+
+def test_the_launcher_tile_rule_is_the_tree_proof() -> None:
+    """One rule: the launcher refuses a TP split exactly when the tile-order tree proof (which
+    contract validation runs) does, for both orders and K sizes up to 200 tiles."""
+    from types import SimpleNamespace
+
+    from contractgen.adapters.launcher.layout import _tile_split
+    from contractgen.adapters.tile_order import split_problem
+
+    for order in ("sglang_first_level", "binary"):
+        kernel = SimpleNamespace(matmul_k_block=128, matmul_tile_order=order)
+        for k in [*(128 * t for t in range(1, 201)), 96, 200, 3000]:
+            for tp in (2, 3, 4, 8):
+                launcher = _tile_split("down_proj", k, tp, kernel)
+                assert (launcher is None) == (split_problem(k, 128, tp, order) is None), (k, tp)

@@ -1,9 +1,12 @@
 """The K-tile combination order of the invariant matmul, as an expression tree.
 
-Used by validation to prove that, for every TP size a contract allows, each rank's K range is a
-whole subtree of the TP=1 tree (so a row-parallel split plus the fixed-order tree all-reduce gives
-the same bits as TP=1). Trees are nested tuples of tile indices: ``(a, b)`` means ``a + b``.
-Standard library only; the generated ``schema.py`` carries the same ``first_level_block``.
+The one implementation of the order's rules: contract validation (``schema/rules.py``), the
+launcher's layout rules (``launcher/layout.py``) and the matmul kernels (``kernels/matmul.py``)
+all import it. ``split_problem`` proves that, for a TP size, each rank's K range is a whole
+subtree of the TP=1 tree (so a row-parallel split plus the fixed-order tree all-reduce gives the
+same bits as TP=1). Trees are nested tuples of tile indices: ``(a, b)`` means ``a + b``.
+Standard library only (``schema/`` imports it); the generated ``schema.py`` carries a rendered
+copy of ``first_level_block`` for the sibling repos, pinned to this one by a test.
 """
 
 from __future__ import annotations
