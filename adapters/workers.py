@@ -49,7 +49,7 @@ def start_rank(ctx, target: Callable[..., Any], args: tuple, *, daemon: bool = T
 def _in_env(env: dict[str, str], target: Callable[..., Any], args: tuple) -> None:
     os.environ.clear()
     os.environ.update(env)
-    vendored = sys.modules.get("contractgen.vendored")
+    vendored = sys.modules.get("contractgen.codegen.vendored")
     if vendored is not None:  # read the generated targets of this environment's project
         vendored.load_target.cache_clear()
     target(*args)

@@ -245,7 +245,7 @@ def bench_rollout(args, kp, tm, res):
     from contractgen.adapters.kernels import stock
     from contractgen.adapters.kernels.logsoftmax import full_logprobs
     from contractgen.adapters.sglang.model import KVCache, ModelArch, ReferenceModel, weight_shapes
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     dev = args.device
     gen = load_target("sglang")
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from contractgen.adapters.kernels.registry import backend_for
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     kp = load_target("sglang").schema.kernel_policy_for(CONTRACT)
     tm = Timer(args.device)

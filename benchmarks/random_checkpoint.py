@@ -32,8 +32,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from contractgen.adapters.sglang.model import ModelArch, random_weights
+    from contractgen.codegen.vendored import load_target
     from contractgen.parity.reference import hf_config, hf_model
-    from contractgen.vendored import load_target
 
     profile = load_target("sglang").schema.model_profile_for(args.contract)
     by_name = {d.name: d for d in profile.checkpoints}

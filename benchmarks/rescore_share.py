@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from contractgen.adapters.sglang.model import ModelArch, random_weights
+    from contractgen.codegen.vendored import load_target
     from contractgen.parity.rollout import PromptSpec, RolloutJob, RolloutSession
-    from contractgen.vendored import load_target
 
     contract = "qwen3_dense_true_on_policy_v1"
     arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(contract))

@@ -8,8 +8,8 @@ from functools import cached_property
 from pathlib import Path
 
 from .codegen.config import ProjectConfig, find_root, load_config
+from .codegen.paths import builtin_config
 from .codegen.render import render
-from .paths import builtin_config
 from .schema.loader import LoadedContract, load_contracts
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 
 def schema() -> ModuleType:

@@ -1,6 +1,6 @@
 """Contract resolution for the Megatron side: config field -> generated runtime policy + KernelPolicy.
 
-Everything here reads the *generated* modules (``contractgen.vendored.load_target("megatron")``),
+Everything here reads the *generated* modules (``contractgen.codegen.vendored.load_target("megatron")``),
 the same code the Megatron-LM fork vendors, never the pydantic models.
 
 ``TrueOnPolicyTransformerConfig`` is megatron-core's ``TransformerConfig`` with the two fields the
@@ -23,7 +23,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 @lru_cache(maxsize=1)
 def generated() -> Any:
     """The generated megatron target (``.schema`` and ``.runtime_policy`` modules)."""
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     return load_target("megatron")
 

@@ -55,7 +55,7 @@ def project_from(ctx: click.Context) -> Project:
 def use_project_from(ctx: click.Context) -> Project:
     """Open the project (--root, --contracts, contractgen.toml) and make the vendored modules that
     plan, handshake and parity read come from it; invalid contracts exit 2 here."""
-    from ..vendored import use_project
+    from ..codegen.vendored import use_project
 
     project = project_from(ctx)
     use_project(project.config)

@@ -135,6 +135,7 @@ def command(
         "ignore:Apex is not installed:UserWarning,"
         "ignore:Transformer Engine and Apex are not installed:UserWarning",
     )
+    from ..codegen.vendored import load_target
     from ..parity import ROLLOUT
     from ..parity.gate import check_layouts, passed, run_gate, table
     from ..parity.harness import GateConfig
@@ -148,7 +149,6 @@ def command(
     )
     from ..parity.rollout import model_arch
     from ..parity.workload import make_workload
-    from ..vendored import load_target
 
     use_project_from(ctx)
     schema = load_target(ROLLOUT).schema

@@ -41,7 +41,7 @@ class Reference:
 
 
 def _profile(contract_id: str):
-    from ..vendored import load_target
+    from ..codegen.vendored import load_target
 
     return load_target(ROLLOUT).schema.model_profile_for(contract_id)
 

@@ -28,7 +28,7 @@ def check_layouts(config: GateConfig) -> None:
 
 
 def run_gate(config: GateConfig) -> dict:
-    from ..vendored import load_target
+    from ..codegen.vendored import load_target
 
     t0 = time.perf_counter()
     schema = load_target(ROLLOUT).schema

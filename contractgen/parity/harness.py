@@ -114,7 +114,7 @@ class GateRun:
 
     @property
     def logprob_contract(self) -> str:
-        from ..vendored import load_target
+        from ..codegen.vendored import load_target
 
         schema = load_target(ROLLOUT).schema
         return schema.get_contract_schema(self.config.contract_id).logprob_contract
@@ -354,7 +354,7 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
 
 
 def _policies_at(run: GateRun, layout: Layout):
-    from ..vendored import load_target
+    from ..codegen.vendored import load_target
 
     cid = run.config.contract_id
     kp = load_target(TRAINER).schema.kernel_policy_for(cid)
@@ -416,7 +416,7 @@ def _try_fault(
 
 def unobservable_notes(contract_id: str) -> dict[str, str]:
     """The contract's notes on fields the gate cannot observe (from the generated schema)."""
-    from ..vendored import load_target
+    from ..codegen.vendored import load_target
 
     return dict(load_target(ROLLOUT).schema.CONTRACT_DATA[contract_id].get("unobservable", {}))
 

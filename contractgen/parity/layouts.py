@@ -44,7 +44,7 @@ def rollout_tp_problems(contract_id: str, tp: int, model: str) -> list[str]:
 
 def allowed_rollout_tps(contract_id: str, model: str) -> list[int]:
     """Every rollout TP of the contract's ``parallel.rollout.tp`` that the model can run."""
-    from ..vendored import load_target
+    from ..codegen.vendored import load_target
     from . import ROLLOUT
 
     sizes = load_target(ROLLOUT).schema.CONTRACT_DATA[contract_id]["parallel"]["rollout"]["tp"]

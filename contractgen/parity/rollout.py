@@ -111,7 +111,7 @@ def policies(
     contract_id: str, tp: int, dtype_override: str | None, kernel_changes, runtime_changes
 ):
     """(KernelPolicy, SGLang runtime policy) from the generated sglang target, faults applied."""
-    from ..vendored import load_target
+    from ..codegen.vendored import load_target
 
     gen = load_target(ROLLOUT)
     kp = gen.schema.kernel_policy_for(contract_id)
@@ -134,7 +134,7 @@ def model_arch(contract_id: str, weights: Any):
     """(arch, HF state dict) for the contract's reference model or a checkpoint directory."""
     from ..adapters.sglang.checkpoint import load_checkpoint
     from ..adapters.sglang.model import ModelArch
-    from ..vendored import load_target
+    from ..codegen.vendored import load_target
 
     profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
     if isinstance(weights, (str, os.PathLike)):

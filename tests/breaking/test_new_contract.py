@@ -22,9 +22,9 @@ from breaking_support import (
 )
 
 from contractgen.codegen.scaffold import scaffold
+from contractgen.codegen.vendored import load_target
 from contractgen.schema.errors import ContractError
 from contractgen.schema.loader import parse_contract
-from contractgen.vendored import load_target
 
 V1_ID, V2_ID, V3_ID = (f"qwen3_dense_true_on_policy_v{n}" for n in (1, 2, 3))
 V3 = f"contracts/{V3_ID}.yaml"

@@ -89,7 +89,7 @@ def _package_of(path: Path, folder: str, dotted: str) -> str:
 
 
 def test_adapters_never_import_the_pydantic_models() -> None:
-    """Adapters read the generated policy (contractgen.vendored), never contractgen.schema."""
+    """Adapters read the generated policy (contractgen.codegen.vendored), never contractgen.schema."""
     files = _source_files("adapters")
     assert files
     offenders = []
@@ -156,3 +156,18 @@ def test_the_scan_resolves_relative_imports(tmp_path: Path) -> None:
     names = _imports(probe, "contractgen.adapters.x")
     assert "contractgen.schema" in names
     assert "contractgen.vendored" not in names  # ..vendored from adapters.x is adapters.vendored
+
+
+def test_adapters_never_import_the_cli_package() -> None:
+    """The dependency points one way: the CLI (``contractgen/``: commands, the parity gate)
+    imports the adapters; adapters import only adapters and ``codegen`` (the generated-module
+    loader), so a sibling repo can use them without the command line."""
+    allowed = ("contractgen.adapters", "contractgen.codegen")
+    offenders = [
+        f"{p.relative_to(ROOT)}: {name}"
+        for p in _source_files("adapters")
+        for name in _imports(p, _package_of(p, "adapters", "contractgen.adapters"))
+        if name.startswith("contractgen")
+        and not any(name == a or name.startswith(a + ".") for a in allowed)
+    ]
+    assert offenders == []

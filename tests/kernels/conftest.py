@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 CONTRACT = "qwen3_dense_true_on_policy_v1"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 HERE = Path(__file__).parent
 

@@ -13,7 +13,7 @@ from contractgen.adapters.launcher import Layout, build_plan, to_json_data
 from contractgen.adapters.launcher.layout import subject_for, violations
 from contractgen.adapters.launcher.plan import sources
 from contractgen.adapters.launcher.tables import NOT_LAUNCH_RELEVANT, TABLES
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 CONTRACT_IDS = load_target("launcher").schema.CONTRACT_IDS
 POLICY_TARGETS = ("launcher", "sglang", "megatron")

@@ -20,7 +20,7 @@ from contractgen.adapters.launcher.handshake import (
     handshake_report,
 )
 from contractgen.cli import main
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 V1, V2 = "qwen3_dense_true_on_policy_v1", "qwen3_dense_true_on_policy_v2"

@@ -16,7 +16,7 @@ from contractgen.adapters.launcher.layout import (
     validate_layout,
     violations,
 )
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 # the cases below name Qwen3 checkpoints; Llama 3 layouts: test_llama3_layouts.py
 CONTRACT_IDS = tuple(

@@ -6,7 +6,7 @@ import pytest
 
 from contractgen.adapters.families import family_for
 from contractgen.adapters.launcher.layout import Layout, LayoutError, validate_layout
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 LLAMA = "llama3_dense_true_on_policy_v1"
 

@@ -14,7 +14,7 @@ import pytest
 
 from contractgen.adapters.launcher import Layout, build_plan
 from contractgen.adapters.launcher.tables import MEGATRON, MILES
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():

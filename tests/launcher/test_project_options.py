@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from contractgen.cli import main
-from contractgen.vendored import CONTRACTS_ENV, ROOT_ENV, load_target
+from contractgen.codegen.vendored import CONTRACTS_ENV, ROOT_ENV, load_target
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 V1 = "qwen3_dense_true_on_policy_v1"

@@ -19,7 +19,7 @@ from contractgen.adapters.launcher.tables import (
     UNRELEASED_SGLANG_FLAGS,
     Forbid,
 )
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 SCHEMA = load_target("launcher").schema
 CONTRACT_IDS = SCHEMA.CONTRACT_IDS

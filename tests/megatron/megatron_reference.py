@@ -14,7 +14,7 @@ from contractgen.adapters.megatron.model import arch_for
 from contractgen.adapters.megatron.policy import generated
 from contractgen.adapters.sglang.engine import RolloutEngine
 from contractgen.adapters.sglang.model import ReferenceModel, random_weights
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 V1 = "qwen3_dense_true_on_policy_v1"
 V2 = "qwen3_dense_true_on_policy_v2"

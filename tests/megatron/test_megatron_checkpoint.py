@@ -55,7 +55,7 @@ def test_checkpoint_dir_exact_vs_rollout_and_close_to_hf(hf_checkpoint):
     from contractgen.adapters.sglang.checkpoint import load_checkpoint
     from contractgen.adapters.sglang.engine import RolloutEngine
     from contractgen.adapters.sglang.model import ReferenceModel
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     hf_model, path = hf_checkpoint
     schema = generated().schema

@@ -52,7 +52,7 @@ def run_parity_in_process(*args: str, tmp_path: Path) -> tuple[int, dict | None,
 def reference_weights():
     """The v1 reference model's seeded random weights (what `parity` builds by default)."""
     from contractgen.adapters.sglang.model import ModelArch, random_weights
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(V1))
     return arch, random_weights(arch, seed=0)

@@ -57,7 +57,7 @@ def test_first_divergence_names_the_layer(gate):
 
 
 def test_catalogue_covers_every_policy_field():
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     sg = load_target("sglang")
     mg = load_target("megatron")
@@ -82,7 +82,7 @@ def test_catalogue_flips_every_moe_field():
     """The MoE contract's kernel fields are all injected, each with a legal other value."""
     import dataclasses
 
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     moe = "qwen3_moe_true_on_policy_v1"
     sg, mg = load_target("sglang"), load_target("megatron")

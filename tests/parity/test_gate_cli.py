@@ -70,7 +70,7 @@ def test_checkpoint_gate_reports_transformers_reference(tmp_path):
     the report compares the scored logprobs with transformers' own float32 forward."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     dims = load_target("sglang").schema.model_profile_for(V1).reference_model
     profile = load_target("sglang").schema.model_profile_for(V1)

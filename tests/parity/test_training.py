@@ -72,8 +72,8 @@ def test_rollout_gathers_back_what_it_loaded(reference_weights):
 
 def test_rollout_gathers_back_every_expert_of_an_moe_model():
     from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
+    from contractgen.codegen.vendored import load_target
     from contractgen.parity.rollout import policies, sync_report
-    from contractgen.vendored import load_target
 
     moe = "qwen3_moe_true_on_policy_v1"
     arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(moe))

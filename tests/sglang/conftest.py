@@ -15,7 +15,7 @@ CONTRACT = "qwen3_dense_true_on_policy_v1"
 
 
 def _generated():
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     return load_target("sglang")
 

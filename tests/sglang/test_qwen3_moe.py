@@ -20,7 +20,7 @@ from contractgen.adapters.sglang.checkpoint import (
 )
 from contractgen.adapters.sglang.engine import Request, RolloutEngine
 from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 MOE = "qwen3_moe_true_on_policy_v1"
 HF_CASES = {

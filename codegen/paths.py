@@ -6,7 +6,7 @@ import importlib.util
 from functools import cache
 from pathlib import Path
 
-from .codegen.config import CONFIG_NAME, ProjectConfig, load_config
+from .config import CONFIG_NAME, ProjectConfig, load_config
 
 
 def _package_dir(name: str) -> Path | None:

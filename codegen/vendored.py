@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from .codegen.config import ProjectConfig, load_config
+from .config import ProjectConfig, load_config
 from .paths import builtin_config
 
 _LOCK = threading.Lock()
@@ -77,8 +77,8 @@ def _files_for(target: str) -> tuple[dict[str, bytes], str, str]:
     names = ("__init__.py", "schema.py", "runtime_policy.py")
     if builtin and all((on_disk / n).is_file() for n in names):
         return {n: (on_disk / n).read_bytes() for n in names}, str(on_disk), "generated/"
-    from .codegen.render import render
-    from .schema.loader import load_contracts
+    from ..schema.loader import load_contracts
+    from .render import render
 
     rendered = render(load_contracts(config.contracts_dir, config.root), config)
     names = tuple(n for n in names if f"{base}/{n}" in rendered)  # init = false leaves __init__ out
@@ -102,7 +102,7 @@ def _load_module(name: str, source: bytes, filename: str, package: str | None) -
 @cache
 def load_target(target: str) -> GeneratedTarget:
     """Import ``generated/<target>/…`` as package ``contractgen._vendored.<target>``."""
-    from .codegen.targets import get_target
+    from .targets import get_target
 
     get_target(target)  # unknown names raise with the list of known targets
     with _LOCK:
