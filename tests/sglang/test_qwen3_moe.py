@@ -286,7 +286,7 @@ def test_norm_topk_prob_is_read(moe_policy):
 @pytest.mark.slow
 def test_moe_tp2_equals_tp1(small, moe_policy):
     """Experts sharded like the dense MLP (gate/up rows, down K), TP=2 over gloo: same bits."""
-    from contractgen.adapters.sglang import tp
+    import tp_helpers as tp
 
     arch, weights = small
     gen = load_target("sglang")

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+import tp_helpers as tp
 
-from contractgen.adapters.sglang import tp
 from contractgen.adapters.sglang.engine import Request, RolloutEngine
 from contractgen.adapters.sglang.kernels import (
     row_parallel_linear,

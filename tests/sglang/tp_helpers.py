@@ -1,4 +1,4 @@
-"""Tensor parallelism across processes on CPU: gloo, ranks started by ``adapters.workers``.
+"""Test helpers: tensor parallelism across processes on CPU (gloo; ranks from ``contractgen.adapters.workers``).
 
 ``spawn(n, fn, *args)`` runs ``fn(rank, n, *args)`` on ``n`` fresh processes sharing one gloo
 process group (the default group) and returns the per-rank results; a worker's traceback is
@@ -68,9 +68,9 @@ def rollout_on_rank(arch, weights, kp, rp, requests=(), rescore=(), layer_output
     """The rollout on this rank of an initialised default group (call inside a ``spawn`` worker).
 
     ``kp``/``rp`` may be dicts (from ``plain``) or policy objects."""
-    from .checkpoint import load_safetensors
-    from .engine import RolloutEngine
-    from .model import ReferenceModel, random_weights
+    from contractgen.adapters.sglang.checkpoint import load_safetensors
+    from contractgen.adapters.sglang.engine import RolloutEngine
+    from contractgen.adapters.sglang.model import ReferenceModel, random_weights
 
     if isinstance(weights, int):
         weights = random_weights(arch, seed=weights)
