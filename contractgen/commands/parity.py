@@ -64,8 +64,8 @@ def _check_checkpoint(checkpoint: Path, profile) -> None:
 )  # fmt: skip
 @click.option(
     "--workload", type=click.Choice(sorted(WORKLOADS)), default="default", show_default=True,
-    help="Workload preset; --requests/--prompt-tokens/--new-tokens override its parts. 'large' "
-    "scores enough tokens to see a bfloat16 logprob move by one ulp (slow).",
+    help="Workload preset (only 'default' so far: 4 requests, 70-token longest prompt, 10 new "
+    "tokens); --requests/--prompt-tokens/--new-tokens override its parts.",
 )  # fmt: skip
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="Concurrent requests (default 4).")  # fmt: skip
