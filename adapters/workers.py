@@ -1,13 +1,14 @@
 """What the spawned-rank sessions (the rollout's and the trainer's) share: how ranks start, and
 reading why a session broke. Standard library only at import.
 
-Ranks start from a fork server that has imported torch, megatron-core and the rank code once
-(``rank_context``): a spawned interpreter re-imports them for every rank, several seconds of CPU
-each, which was most of the cost of starting a session on the tiny models. The fork server is
-started once per parent process, with the parent's environment at that moment, so
-``start_rank`` hands each rank the parent's environment as it is when the rank starts (project
-paths, ``CONTRACTGEN_*`` switches) and clears what the rank would otherwise inherit from the
-server's imports (the generated-target cache).
+On CPU, ranks start from a fork server that has imported torch, megatron-core and the rank code
+once (``rank_context``): a spawned interpreter re-imports them for every rank, seconds of CPU
+each, which was most of the cost of starting a session on the tiny models. On CUDA each rank is
+a fresh interpreter (``spawn``), as CUDA requires. The fork server is started once per parent
+process, with the parent's environment at that moment, so ``start_rank`` hands each rank the
+parent's environment as it is when the rank starts (project paths, ``CONTRACTGEN_*`` switches)
+and clears what the rank would otherwise inherit from the server's imports (the generated-target
+cache).
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ PRELOAD = (
 )
 
 
-def rank_context():
-    """The multiprocessing context every session's ranks (and their queues) come from."""
+def rank_context(device: str = "cpu"):
+    """The multiprocessing context a session's ranks (and their queues) come from: the fork
+    server on CPU; on CUDA a fresh interpreter per rank (``spawn``), since a process forked from
+    one that has touched CUDA (importing the rank code may) cannot initialise it again."""
     import torch.multiprocessing as mp
 
+    if device != "cpu":
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
     return ctx
@@ -85,9 +90,10 @@ class RankPool:
     def __init__(
         self, name: str, world_size: int, target: Callable[..., Any],
         args: tuple | Callable[[], tuple] = (),
-        *, timeout_s: float = 900.0,
+        *, device: str = "cpu", timeout_s: float = 900.0,
     ) -> None:  # fmt: skip
         self.name, self.world_size, self.timeout_s = name, world_size, timeout_s
+        self.device = device
         self._target, self._args = target, args
         self._procs: list[Any] = []
         self._commands: list[Any] = []
@@ -98,7 +104,7 @@ class RankPool:
         return bool(self._procs)
 
     def start(self) -> None:
-        ctx = rank_context()
+        ctx = rank_context(self.device)
         self._results = ctx.Queue()
         extra = self._args() if callable(self._args) else self._args
         for rank in range(self.world_size):

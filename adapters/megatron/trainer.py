@@ -156,7 +156,7 @@ class TrainerSession:
         )
         self._pool = RankPool(
             f"trainer session ({layout.name})", layout.world_size, _session_worker, (self._job,),
-            timeout_s=timeout_s,
+            device=device, timeout_s=timeout_s,
         )  # fmt: skip
 
     def __enter__(self) -> TrainerSession:

@@ -252,7 +252,7 @@ class RolloutSession:
         self.tp, self.device, self.timeout_s = tp, device, timeout_s
         self._pool = RankPool(
             f"rollout session (TP={tp})", tp, _worker, lambda: (tp, device, _free_port()),
-            timeout_s=timeout_s,
+            device=device, timeout_s=timeout_s,
         )  # fmt: skip
 
     def __enter__(self) -> RolloutSession:
