@@ -353,8 +353,12 @@ def test_cuda_moe_block_row_invariant_and_reads_its_fields(moe_policy, dtype):
         assert torch.equal(_block(x[rows], router, experts, kp), full[rows]), rows
     unordered = dataclasses.replace(kp, moe_token_order="unordered")
     assert torch.equal(_block(x, router, experts, unordered), full)
-    flipped = dataclasses.replace(kp, moe_combine_order="topk_rank")
-    assert not torch.equal(_block(x, router, experts, flipped), full)
+    if dtype == "float32":
+        # In bfloat16 the float32 combine of 4 experts is rounded once to bf16, and on these
+        # inputs no element's rounding depends on the order (seen on the H200): the order is
+        # observable only where the output keeps float32 bits.
+        flipped = dataclasses.replace(kp, moe_combine_order="topk_rank")
+        assert not torch.equal(_block(x, router, experts, flipped), full)
 
 
 @pytest.mark.gpu
