@@ -167,3 +167,47 @@ def test_each_moe_field_flipped_on_the_trainer_alone_breaks_equality(arch, field
     flipped = trainer_moe_layer(arch, dataclasses.replace(kp, **{field: value}), router, experts)
     assert torch.equal(_run(same, x), rollout)
     assert not torch.equal(_run(flipped, x), rollout)
+
+
+def _float64_moe(x, router, experts, top_k):
+    """Qwen3-MoE's block in float64, plainly: softmax over all experts, top-k, weights divided by
+    their sum, each expert's SwiGLU FFN, weighted sum (the function, not the contract's order)."""
+    probs = torch.softmax(x @ router.T, dim=-1)
+    w, ids = torch.topk(probs, top_k, dim=-1)
+    w = w / w.sum(-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e, (gate, up, down) in enumerate(experts):
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        h = x[tok]
+        y = (torch.nn.functional.silu(h @ gate.T) * (h @ up.T)) @ down.T
+        out = out.index_add(0, tok, w[tok, slot, None] * y)
+    return out
+
+
+def test_moe_layer_gradients_match_float64_autograd(arch):
+    """Backward through the trainer's MoE layer (kernel forward, megatron's linear backward, the
+    kernels' own autograd for softmax and combine), every dtype float32: the gradients of the
+    input, the router and every expert's weights within the gate's ``--grads`` tolerance
+    (``1e-4`` relative) of float64 autograd through the plain block."""
+    kp = float32_kernel_policy(_kp())
+    router, experts = _weights(arch)
+    layer = trainer_moe_layer(arch, kp, router, experts).train()
+    for p in layer.parameters():
+        p.data = p.data.float()
+    x = _rand(24, arch.hidden_size, seed=99, scale=1.0).float().requires_grad_()
+    g = _rand(24, arch.hidden_size, seed=7, scale=1.0).double()
+    (_run(layer, x).double() * g).sum().backward()
+
+    x64 = x.detach().double().requires_grad_()
+    r64 = router.double().requires_grad_()
+    e64 = [tuple(t.double().requires_grad_() for t in ex) for ex in experts]
+    (_float64_moe(x64, r64, e64, arch.num_experts_per_tok) * g).sum().backward()
+
+    pairs = [(x.grad, x64.grad), (layer.router.weight.grad, r64.grad)]
+    for mlp, (gate, up, down) in zip(layer.experts.local_experts, e64, strict=True):
+        pairs.append((mlp.linear_fc1.weight.grad, torch.cat([gate.grad, up.grad])))
+        pairs.append((mlp.linear_fc2.weight.grad, down.grad))
+    for got, want in pairs:
+        assert got is not None and got.shape == want.shape
+        rel = float((got.double() - want).abs().max() / want.abs().max())
+        assert rel <= 1e-4, rel

@@ -14,6 +14,7 @@ float32 dtypes, where they do change its output."""
 from __future__ import annotations
 
 import pytest
+from conftest import run_parity_in_process
 
 from contractgen.parity.faults import Fault
 from contractgen.parity.harness import GateConfig, GateRun, _try_fault, run_layouts
@@ -70,3 +71,17 @@ def test_moe_gate_is_exact_at_every_layout(gate):
     assert all(lay["exact"] and lay["max_abs_diff"] == 0 for lay in layouts), layouts
     assert all(lay["tokens_compared"] == 6 for lay in layouts), layouts
     assert report["pairs"] and all(p["exact"] for p in report["pairs"]), report["pairs"]
+
+
+def test_a_side_without_the_moe_block_is_refused_with_one_line(monkeypatch, tmp_path):
+    """The gate's check that both sides implement every MLP block the contract's models have
+    (what ``parity`` on this contract did before the trainer side existed): exit 2, one line."""
+    import contractgen.adapters.megatron as trainer_side
+
+    monkeypatch.setattr(trainer_side, "MLP_BLOCKS", frozenset({"dense_mlp"}))
+    code, report, out = run_parity_in_process("--contract", MOE, tmp_path=tmp_path)
+    assert code == 2 and report is None and "Traceback" not in out, out
+    assert [ln for ln in out.splitlines() if ln.startswith("error:")] == [
+        f"error: {MOE}: the trainer side (megatron) is not implemented yet for the moe block of "
+        "qwen3_moe models (it implements: dense_mlp); parity needs both sides"
+    ]
