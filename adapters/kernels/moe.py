@@ -100,8 +100,16 @@ def route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights_TK, ids_TK)``: each token's ``top_k`` experts, best first (ties as the policy
     says), and their weights in ``kp.moe_router_softmax_dtype``."""
+    return select_experts(router_logits(x_TH, w_EH, kp), kp, top_k=top_k, normalize=normalize)
+
+
+def select_experts(
+    logits_TE: torch.Tensor, kp, *, top_k: int, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``route`` from the router logits on: softmax, top-k, weights. Split out so a caller that
+    computes the logits itself (the trainer's router, whose gradient is megatron's gating
+    linear) selects with the same code."""
     sd = dtype_of(kp.moe_router_softmax_dtype)
-    logits_TE = router_logits(x_TH, w_EH, kp)
     probs_TE = softmax(logits_TE, sd)
     order = _lookup(TIE_BREAKS, "moe_topk_tie_break", kp.moe_topk_tie_break)
     ids_TK = order(probs_TE)[..., :top_k]

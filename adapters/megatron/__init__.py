@@ -11,10 +11,10 @@ Public API (see README.md in this folder):
 Submodules import torch and megatron-core; this package file imports nothing heavy.
 """
 
-# The MLP blocks (``Family.layer_blocks``) the trainer's layer spec implements; the parity gate
-# refuses a contract whose models need another (MoE: ``SGLangSpecProvider.grouped_mlp_modules``
-# is not written yet, issue 13).
-MLP_BLOCKS = frozenset({"dense_mlp"})
+# The MLP blocks (``Family.layer_blocks``) the trainer's layer spec implements (``provider.py``:
+# ``SGLangMLP``, and megatron's ``MoELayer`` tree with the ``moe.py`` subclasses); the parity gate
+# refuses a contract whose models need another.
+MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
 
 __all__ = [
     "MLP_BLOCKS",

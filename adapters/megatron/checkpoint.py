@@ -4,7 +4,9 @@ The same HF-named weights the rollout loads (``model.load_checkpoint`` reads a c
 with the rollout's own reader; the default gate passes the rollout's in-memory random weights). Layouts: megatron's fused ``linear_qkv`` is, per query group,
 ``[q heads of the group; k; v]``, and a TP rank holds a contiguous run of whole groups;
 ``linear_fc1`` is ``[gate shard; up shard]`` per rank; row-parallel weights split K; the
-vocabulary is zero-padded (``ModelShape.padded_vocab_size``) then split by rows.
+vocabulary is zero-padded (``ModelShape.padded_vocab_size``) then split by rows. An MoE layer
+(``Family.layer_blocks``) has megatron's ``mlp.router.weight`` (replicated) and per expert
+``mlp.experts.local_experts.{e}.linear_fc1/linear_fc2``, sharded as the dense MLP.
 """
 
 from __future__ import annotations
@@ -39,6 +41,39 @@ def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: ModelArch
     k = k.reshape(ng, d, -1)
     v = v.reshape(ng, d, -1)
     return torch.cat([q, k, v], dim=1).reshape(ng * (per + 2) * d, -1)
+
+
+def _fc1_fc2(gate, up, down, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SwiGLU MLP's HF gate/up/down -> this rank's ``linear_fc1`` ([gate shard; up shard])
+    and ``linear_fc2`` (down's K shard)."""
+    fc1 = torch.cat([_rows(gate, rank, size), _rows(up, rank, size)], dim=0)
+    return fc1, _cols(down, rank, size)
+
+
+def _dense_mlp_to_megatron(hf, src: str, arch: ModelArch, rank: int, size: int):
+    w = {role: hf[src + x.hf_name] for role, x in arch.spec.layer_weights.items() if role in _MLP}
+    fc1, fc2 = _fc1_fc2(w["gate"], w["up"], w["down"], rank, size)
+    return [("mlp.linear_fc1.weight", fc1), ("mlp.linear_fc2.weight", fc2)]
+
+
+def _moe_to_megatron(hf, src: str, arch: ModelArch, rank: int, size: int):
+    """Router (replicated) -> ``mlp.router.weight``; expert ``e`` -> megatron's
+    ``mlp.experts.local_experts.{e}.linear_fc1/linear_fc2`` sharded as the dense MLP (EP=1)."""
+    names = {role: x.hf_name for role, x in arch.spec.layer_weights.items()}
+    out = [("mlp.router.weight", hf[src + names["router"]])]
+    for e in range(arch.num_experts):
+        gate, up, down = (hf[src + names[f"expert_{r}"].format(e=e)] for r in _MLP)
+        fc1, fc2 = _fc1_fc2(gate, up, down, rank, size)
+        out += [(_EXPERT.format(e=e) + "linear_fc1.weight", fc1)]
+        out += [(_EXPERT.format(e=e) + "linear_fc2.weight", fc2)]
+    return out
+
+
+_MLP = ("gate", "up", "down")
+_EXPERT = "mlp.experts.local_experts.{e}."
+
+# a layer's MLP block (``Family.layer_blocks``) -> its megatron (name, this rank's shard) pairs
+MLP_TO_MEGATRON = {"dense_mlp": _dense_mlp_to_megatron, "moe": _moe_to_megatron}
 
 
 def megatron_stage_state_dict(
@@ -80,10 +115,9 @@ def megatron_stage_state_dict(
             put(dst + "self_attention.k_layernorm.weight", w["k_norm"])
         put(dst + "input_layernorm.weight", w["input_norm"])
         put(dst + "pre_mlp_layernorm.weight", w["post_norm"])
-        gate = _rows(w["gate"], tp_rank, tp_size)
-        up = _rows(w["up"], tp_rank, tp_size)
-        put(dst + "mlp.linear_fc1.weight", torch.cat([gate, up], dim=0))
-        put(dst + "mlp.linear_fc2.weight", _cols(w["down"], tp_rank, tp_size))
+        (block,) = spec.layer_blocks(arch, i)
+        for name, value in MLP_TO_MEGATRON[block](hf, src, arch, tp_rank, tp_size):
+            put(dst + name, value)
 
     missing = sorted(wanted - set(out))
     if missing:
@@ -156,8 +190,6 @@ def hf_state_from_stage(
     for local, i in sorted(layer_numbers.items()):
         src, dst = f"decoder.layers.{local}.", LAYER_PREFIX.format(i=i)
         q, k, v = split_qkv(full[src + "self_attention.linear_qkv.weight"], arch)
-        parts = torch.chunk(full[src + "mlp.linear_fc1.weight"], tp_size, dim=0)
-        half = arch.intermediate_size // tp_size
         layer = {
             "q": q,
             "k": k,
@@ -165,13 +197,44 @@ def hf_state_from_stage(
             "o": full[src + "self_attention.linear_proj.weight"],
             "input_norm": full[src + "input_layernorm.weight"],
             "post_norm": full[src + "pre_mlp_layernorm.weight"],
-            "gate": torch.cat([p[:half] for p in parts]),
-            "up": torch.cat([p[half:] for p in parts]),
-            "down": full[src + "mlp.linear_fc2.weight"],
         }
         if arch.qk_norm:
             layer["q_norm"] = full[src + "self_attention.q_layernorm.weight"]
             layer["k_norm"] = full[src + "self_attention.k_layernorm.weight"]
         for role, value in layer.items():
             out[dst + names[role]] = value
+        (block,) = spec.layer_blocks(arch, i)
+        for name, value in MLP_FROM_MEGATRON[block](full, src, arch, tp_size):
+            out[dst + name] = value
     return out
+
+
+def _gate_up_down(full, prefix: str, width: int, tp_size: int):
+    """``linear_fc1`` ([gate_0; up_0; gate_1; up_1; …]) and ``linear_fc2`` -> HF gate, up, down."""
+    parts = torch.chunk(full[prefix + "linear_fc1.weight"], tp_size, dim=0)
+    half = width // tp_size
+    gate = torch.cat([p[:half] for p in parts])
+    up = torch.cat([p[half:] for p in parts])
+    return gate, up, full[prefix + "linear_fc2.weight"]
+
+
+def _dense_mlp_from_megatron(full, src: str, arch: ModelArch, tp_size: int):
+    names = {role: w.hf_name for role, w in arch.spec.layer_weights.items()}
+    tensors = _gate_up_down(full, src + "mlp.", arch.intermediate_size, tp_size)
+    return [(names[role], t) for role, t in zip(_MLP, tensors, strict=True)]
+
+
+def _moe_from_megatron(full, src: str, arch: ModelArch, tp_size: int):
+    names = {role: w.hf_name for role, w in arch.spec.layer_weights.items()}
+    out = [(names["router"], full[src + "mlp.router.weight"])]
+    for e in range(arch.num_experts):
+        prefix = src + _EXPERT.format(e=e)
+        tensors = _gate_up_down(full, prefix, arch.moe_intermediate_size, tp_size)
+        out += [
+            (names[f"expert_{role}"].format(e=e), t) for role, t in zip(_MLP, tensors, strict=True)
+        ]
+    return out
+
+
+# a layer's MLP block -> its HF (name, full tensor) pairs from the TP-concatenated megatron stage
+MLP_FROM_MEGATRON = {"dense_mlp": _dense_mlp_from_megatron, "moe": _moe_from_megatron}

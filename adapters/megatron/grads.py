@@ -49,6 +49,7 @@ def finalize_grads(
     over PP stages), sum the embedding's and the head copy's gradients over that group, as
     ``_allreduce_word_embedding_grads`` does. Training-path reductions, not scored ones."""
     scale = grad_scale(policy, dp=dp, cp=cp)
+    _zero_grads_missing_here(model, group)
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
@@ -60,3 +61,23 @@ def finalize_grads(
                 dist.all_reduce(p.grad, group=tp_group)
         if embedding_group is not None and name in TIED_EMBEDDING_PARAMS:
             dist.all_reduce(p.grad, group=embedding_group)
+
+
+def _zero_grads_missing_here(model: torch.nn.Module, group: Any) -> None:
+    """Give a zero gradient to every parameter that has none on this rank but has one on another
+    rank of ``group``, so that every rank joins the same all-reduces in ``finalize_grads``. Under
+    context parallelism a routed expert that none of this rank's tokens reached has no gradient
+    here while another CP rank's tokens did reach it (its contribution here is exactly zero).
+    A parameter without a gradient on every rank (or any parameter of a dense model, whose ranks
+    all agree) is left as it is."""
+    if dist.get_world_size(group) == 1:
+        return
+    params = list(model.parameters())
+    here = torch.tensor(
+        [p.grad is not None for p in params], dtype=torch.int32, device=params[0].device
+    )
+    anywhere = here.clone()
+    dist.all_reduce(anywhere, op=dist.ReduceOp.MAX, group=group)
+    for p, mine, any_rank in zip(params, here.tolist(), anywhere.tolist(), strict=True):
+        if any_rank and not mine:
+            p.grad = torch.zeros_like(p)

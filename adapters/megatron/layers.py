@@ -335,11 +335,16 @@ class SGLangMLP(MLP):
         ]
 
     def forward(self, hidden_states: torch.Tensor, per_token_scale=None, **kwargs: Any):
-        # The norm output is rounded to the dense math dtype before gate/up, as SGLang does.
-        hidden_states = hidden_states.to(dtype_of(self.kernel_policy.dense_math_dtype))
-        fc1_out, _ = self.linear_fc1(hidden_states)
-        act = self._swiglu(fc1_out, self.kernel_policy)
-        return self.linear_fc2(act)
+        return sglang_mlp_forward(self, hidden_states, self._swiglu, self.kernel_policy)
+
+
+def sglang_mlp_forward(mlp: MLP, hidden_states: torch.Tensor, swiglu: Callable, kp: Any):
+    """SGLang's MLP on a megatron ``MLP``'s linears: input rounded to the dense math dtype (as
+    SGLang rounds the norm output before gate/up), ``linear_fc1`` ([gate; up]), ``swiglu``,
+    ``linear_fc2``. Returns ``linear_fc2``'s ``(output, bias)``. Shared by the dense MLP and each
+    routed expert (``moe.SGLangSequentialMLP``), whose ``MLP`` megatron-core builds itself."""
+    fc1_out, _ = mlp.linear_fc1(hidden_states.to(dtype_of(kp.dense_math_dtype)))
+    return mlp.linear_fc2(swiglu(fc1_out, kp))
 
 
 __all__ = [
@@ -354,5 +359,6 @@ __all__ = [
     "SGLangRowParallelLinear",
     "join_carrier",
     "residual_add",
+    "sglang_mlp_forward",
     "split_carrier",
 ]

@@ -107,7 +107,37 @@ def make_config(
         true_on_policy_max_position_embeddings=arch.max_position_embeddings,
         true_on_policy_runtime_policy_override=runtime_policy,
         true_on_policy_kernel_policy_override=kernel_policy,
+        **moe_config_fields(arch, kp),
     )
+
+
+# KernelPolicy ``moe_router_logits_dtype`` -> megatron's ``moe_router_dtype`` (None: input dtype)
+MOE_ROUTER_DTYPE = {"bfloat16": None, "float32": "fp32", "float64": "fp64"}
+
+
+def moe_config_fields(arch: ModelArch, kp: Any) -> dict[str, Any]:
+    """megatron's MoE fields for ``arch``: ``moe_layer_freq`` as the family's per-layer pattern
+    (1 where ``Family.layer_blocks`` has ``"moe"``), and, when some layer is MoE, the experts'
+    dims. ``norm_topk_prob`` is megatron's ``moe_router_pre_softmax=False`` (select on the
+    scores, then renormalise the top k); no auxiliary loss, no grouped GEMM, no shared experts,
+    EP=1. A dense model gets an all-zero pattern and nothing else."""
+    pattern = [int("moe" in arch.spec.layer_blocks(arch, i)) for i in range(arch.num_layers)]
+    if not any(pattern):
+        return {"moe_layer_freq": pattern}
+    return {
+        "moe_layer_freq": pattern,
+        "num_moe_experts": arch.num_experts,
+        "moe_router_topk": arch.num_experts_per_tok,
+        "moe_ffn_hidden_size": arch.moe_intermediate_size,
+        "moe_router_pre_softmax": not arch.norm_topk_prob,
+        "moe_router_score_function": "softmax",
+        "moe_router_dtype": MOE_ROUTER_DTYPE[kp.moe_router_logits_dtype],
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_token_dispatcher_type": "allgather",
+        "moe_grouped_gemm": False,
+        "moe_permute_fusion": False,
+    }
 
 
 class SGLangGPTModel(GPTModel):

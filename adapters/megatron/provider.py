@@ -12,6 +12,7 @@ from typing import Any
 
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.models.backends import BackendSpecProvider, LocalSpecProvider
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
 from megatron.core.transformer.attention import SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLPSubmodules
@@ -20,7 +21,10 @@ from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
     get_num_layers_to_build,
 )
-from megatron.core.transformer.transformer_layer import TransformerLayerSubmodules
+from megatron.core.transformer.transformer_layer import (
+    TransformerLayerSubmodules,
+    get_transformer_layer_offset,
+)
 
 from .attention import SGLangCoreAttention, SGLangSelfAttention
 from .layers import (
@@ -31,12 +35,13 @@ from .layers import (
     SGLangQKRMSNorm,
     SGLangRowParallelLinear,
 )
+from .moe import SGLangMoELayer, SGLangSequentialMLP, SGLangTopKRouter
 from .policy import policy_for
 from .transformer_layer import SGLangTransformerLayer
 
 
 class SGLangSpecProvider(BackendSpecProvider):
-    """Backend spec provider for true-on-policy contracts (dense models; MoE slot reserved)."""
+    """Backend spec provider for true-on-policy contracts (dense MLP and routed experts)."""
 
     def column_parallel_linear(self) -> type:
         return SGLangColumnParallelLinear
@@ -59,9 +64,16 @@ class SGLangSpecProvider(BackendSpecProvider):
         return SGLangCoreAttention
 
     def grouped_mlp_modules(self, moe_use_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool):
-        raise NotImplementedError(
-            "no MoE contract yet: SGLangSpecProvider.grouped_mlp_modules is reserved for "
-            "qwen3_moe_true_on_policy_v1"
+        """The routed experts: megatron's ``SequentialMLP`` (``SGLangSequentialMLP``) of ``MLP``s
+        with this provider's linears. Grouped GEMM would batch experts with another reduction
+        order, so it is refused."""
+        if moe_use_grouped_gemm:
+            raise ValueError(
+                "true-on-policy MoE runs each expert through the batch-invariant linears; "
+                "set moe_grouped_gemm=False"
+            )
+        return SGLangSequentialMLP, MLPSubmodules(
+            linear_fc1=self.column_parallel_linear(), linear_fc2=self.row_parallel_linear()
         )
 
     def activation_func(self) -> type | None:
@@ -87,9 +99,47 @@ SPEC_PROVIDER_BY_USE_SGLANG_BACKEND: dict[bool, type[BackendSpecProvider]] = {
 }
 
 
-def get_sglang_layer_spec(config: Any) -> ModuleSpec:
-    """One decoder layer's spec (dense families: RMSNorm, QK-norm when the family has it, SwiGLU,
-    no bias, GQA)."""
+def _dense_mlp_spec(config: Any, backend: BackendSpecProvider) -> ModuleSpec:
+    """megatron's MLP slot: ``SGLangMLP`` with the backend's linears."""
+    return ModuleSpec(
+        module=SGLangMLP,
+        params={"ffn_hidden_size": config.ffn_hidden_size},
+        submodules=MLPSubmodules(
+            linear_fc1=backend.column_parallel_linear(),
+            linear_fc2=backend.row_parallel_linear(),
+        ),
+    )
+
+
+def _moe_spec(config: Any, backend: BackendSpecProvider) -> ModuleSpec:
+    """megatron's own MoE spec (``get_moe_module_spec_for_backend``: experts from the backend's
+    ``grouped_mlp_modules``) with our ``MoELayer`` and router subclasses in its slots."""
+    spec = get_moe_module_spec_for_backend(
+        backend, num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm
+    )
+    spec.module = SGLangMoELayer
+    spec.submodules.router = SGLangTopKRouter
+    return spec
+
+
+# megatron's ``moe_layer_freq`` pattern entry (0 dense, 1 experts) -> the layer's MLP spec
+MLP_SPEC_BY_MOE_PATTERN = {0: _dense_mlp_spec, 1: _moe_spec}
+
+
+def moe_layer_pattern(config: Any) -> list[int]:
+    """megatron's per-layer MoE pattern: ``config.moe_layer_freq`` as a list (``make_config`` sets
+    it from the model family), or every layer dense when the config has no experts."""
+    if config.num_moe_experts is None:
+        return [0] * config.num_layers
+    freq = config.moe_layer_freq
+    if isinstance(freq, int):
+        return [int(i % freq == 0) for i in range(config.num_layers)]
+    return list(freq)
+
+
+def get_sglang_layer_spec(config: Any, moe: int = 0) -> ModuleSpec:
+    """One decoder layer's spec (RMSNorm, QK-norm when the family has it, no bias, GQA), with the
+    MLP slot of megatron's pattern entry ``moe`` (0: SwiGLU MLP, 1: routed experts)."""
     policy = policy_for(config)
     backend = SPEC_PROVIDER_BY_USE_SGLANG_BACKEND[bool(policy.use_sglang_backend)]()
     norm = backend.layer_norm(rms_norm=True, for_qk=False)
@@ -111,24 +161,20 @@ def get_sglang_layer_spec(config: Any) -> ModuleSpec:
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=norm,
-            mlp=ModuleSpec(
-                module=SGLangMLP,
-                params={"ffn_hidden_size": config.ffn_hidden_size},
-                submodules=MLPSubmodules(
-                    linear_fc1=backend.column_parallel_linear(),
-                    linear_fc2=backend.row_parallel_linear(),
-                ),
-            ),
+            mlp=MLP_SPEC_BY_MOE_PATTERN[moe](config, backend),
             mlp_bda=get_bias_dropout_add,
         ),
     )
 
 
 def get_sglang_block_spec(config: Any, vp_stage: int | None = None) -> TransformerBlockSubmodules:
-    """The decoder block spec for this pipeline stage, final norm included."""
+    """The decoder block spec for this pipeline stage (each layer's MLP slot from megatron's MoE
+    layer pattern at its global index), final norm included."""
     policy = policy_for(config)
-    layer = get_sglang_layer_spec(config)
+    offset = get_transformer_layer_offset(config, vp_stage)
+    pattern = moe_layer_pattern(config)
+    n = get_num_layers_to_build(config, vp_stage)
     return TransformerBlockSubmodules(
-        layer_specs=[layer] * get_num_layers_to_build(config, vp_stage),
+        layer_specs=[get_sglang_layer_spec(config, pattern[offset + i]) for i in range(n)],
         layer_norm=FINAL_NORM_BY_USE_SGLANG_FINAL_NORM[bool(policy.use_sglang_final_norm)],
     )

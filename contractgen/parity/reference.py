@@ -51,7 +51,22 @@ def hf_config(arch: Any, hf_architecture: str):
         head_dim=arch.head_dim, max_position_embeddings=arch.max_position_embeddings,
         rms_norm_eps=arch.norm_eps, tie_word_embeddings=arch.tie_word_embeddings,
         rope_parameters={**rope, "rope_theta": arch.rope_theta},
+        **_moe_config(arch),
     )  # fmt: skip
+
+
+def _moe_config(arch: Any) -> dict:
+    """The family's mixture-of-experts keys (``Family.moe.config_keys``, first HF name of each)
+    with ``arch``'s values (tuples as the JSON lists config.json holds), and the eager experts
+    implementation; none for a family without experts."""
+    moe = arch.spec.moe
+    if moe is None:
+        return {}
+    values = {keys[0]: getattr(arch, field) for field, keys in moe.config_keys.items()}
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+    # transformers 5's default experts kernel (torch grouped_mm) refuses float64 (the gradient
+    # reference); its eager per-expert loop computes the same function in any dtype
+    return {**values, "experts_implementation": "eager"}
 
 
 def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
@@ -64,7 +79,7 @@ def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
     cls = getattr(transformers, hf_architecture)
     model = cls(hf_config(arch, hf_architecture)).to(dtype)
     missing, unexpected = model.load_state_dict(
-        {k: v.to(dtype) for k, v in weights.items()}, strict=False
+        _to_model_layout(model, {k: v.to(dtype) for k, v in weights.items()}, arch), strict=False
     )
     # a tied head is one tensor, which transformers also lists under the LM head's name
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
@@ -72,6 +87,30 @@ def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
     if unexpected or not set(missing) <= may_miss:
         raise RuntimeError(f"state dict does not fit {hf_architecture}: {missing=} {unexpected=}")
     return model.eval()
+
+
+def _to_model_layout(model, weights: dict[str, torch.Tensor], arch: Any) -> dict:
+    """Checkpoint names -> the transformers model's own. transformers 5 keeps a layer's routed
+    experts as two stacked tensors, ``mlp.experts.gate_up_proj`` ``[E, 2F, H]`` (gate rows, then
+    up) and ``mlp.experts.down_proj`` ``[E, H, F]``, and converts per-expert checkpoint tensors
+    (``mlp.experts.{e}.gate_proj.weight`` …) only in ``from_pretrained``: the same stacking is
+    done here. Checkpoints keep their names where the model has them (dense layers, 4.x)."""
+    own = model.state_dict()
+    out = dict(weights)
+    for i in range(arch.num_layers):
+        prefix = f"model.layers.{i}.mlp.experts."
+        if prefix + "gate_up_proj" not in own:
+            continue
+        experts = range(arch.num_experts)
+        per = {r: [out.pop(f"{prefix}{e}.{r}_proj.weight") for e in experts] for r in _PROJ}
+        out[prefix + "gate_up_proj"] = torch.stack(
+            [torch.cat([g, u]) for g, u in zip(per["gate"], per["up"], strict=True)]
+        )
+        out[prefix + "down_proj"] = torch.stack(per["down"])
+    return out
+
+
+_PROJ = ("gate", "up", "down")
 
 
 def hf_name(weights: Any) -> str:
@@ -102,7 +141,26 @@ def hf_grads(model, sequences: list[list[int]], prompt_lens: list[int]) -> dict[
         lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
         loss = loss - lp.gather(-1, ids[0, 1:, None])[p - 1 :, 0].sum()
     loss.backward()
-    return {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+    return _to_checkpoint_layout(grads)
+
+
+def _to_checkpoint_layout(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of ``_to_model_layout``: stacked expert tensors back to per-expert checkpoint
+    names (the names the trainer's gathered gradients carry)."""
+    out = {}
+    for name, t in tensors.items():
+        prefix, _, leaf = name.rpartition(".")
+        if leaf == "gate_up_proj":
+            for e, w in enumerate(t):
+                gate, up = w.chunk(2)
+                out[f"{prefix}.{e}.gate_proj.weight"] = gate
+                out[f"{prefix}.{e}.up_proj.weight"] = up
+        elif leaf == "down_proj" and prefix.endswith("mlp.experts"):
+            out |= {f"{prefix}.{e}.down_proj.weight": w for e, w in enumerate(t)}
+        else:
+            out[name] = t
+    return out
 
 
 def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

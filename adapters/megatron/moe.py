@@ -1,0 +1,216 @@
+"""The Qwen3-MoE block on megatron-core's own ``MoELayer`` module tree, with SGLang numerics.
+
+megatron-core builds the tree: ``MoELayer`` (``mlp``) holding ``router`` (a ``TopKRouter``,
+parameter ``router.weight``), ``token_dispatcher`` and ``experts`` (a ``SequentialMLP`` of
+megatron ``MLP``s, ``experts.local_experts.{e}.linear_fc1/linear_fc2``, whose linears are the
+spec's: ours). State-dict names are megatron's. The subclasses below replace only the steps
+whose numerics megatron would choose differently from the rollout, and each calls the kernel the
+rollout's ``_moe_mlp`` calls (``contractgen.adapters.kernels.moe``):
+
+* ``SGLangTopKRouter``: logits by ``kernels.moe.router_logits`` (the gradient is the plain
+  product's, through ``autograd.straight_through``: see ``gating``), then
+  ``kernels.moe.select_experts`` (softmax with a fixed-order sum, stable-sort top-k with the
+  policy's tie-break, the policy's top-k normalisation) instead of ``torch.softmax``/``torch.topk``.
+* ``SGLangTokenDispatcher``: groups tokens per expert with ``kernels.moe.group_tokens`` (the
+  policy's token order) instead of megatron's ``permute``, and combines a token's expert outputs
+  with ``kernels.moe.combine`` (the policy's dtype and slot order) instead of megatron's
+  probability-weighted ``unpermute`` (scatter-add). No communication: without sequence parallel
+  every TP rank holds every token (megatron's all-gather / reduce-scatter would duplicate them).
+* ``SGLangSequentialMLP``: each expert is the dense MLP's computation (``sglang_mlp_forward``:
+  invariant matmul gate/up, the SiLU-GLU kernel, the row-parallel linear with the fixed-tree TP
+  all-reduce), unweighted: megatron's expert ``MLP`` would multiply by the routing probability
+  before ``linear_fc2``; here the weights enter once, in the combine, as in the rollout.
+* ``SGLangMoELayer``: megatron's stage methods in megatron's order (``route``, ``preprocess``,
+  ``dispatch``, ``routed_experts_compute``, ``combine``, ``postprocess``), minus the
+  training-time refusal of TP>1 without sequence parallel (the contract disables it) and the
+  shared-expert / CUDA-graph / recompute branches Qwen3-MoE does not use.
+
+Between router and dispatcher the routing travels in top-k form, ``(weights_TK, ids_TK)`` best
+first, not as megatron's ``[tokens, experts]`` map: the combine order ``topk_rank`` needs the
+rank order the map loses. ``SGLangTopKRouter.route_topk`` gives it; its ``forward`` still returns megatron's ``(probs,
+routing_map)`` for any other caller. Expert parallelism is refused (not in the contract yet).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core import utils
+from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+from megatron.core.transformer.moe.experts import SequentialMLP
+from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
+from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
+
+from .autograd import straight_through
+from .kernels import kernel_module
+from .layers import SWIGLU_BY_DISABLE_BIAS_SWIGLU_FUSION, sglang_mlp_forward
+from .policy import dtype_of, kernel_policy_for, policy_for
+
+
+def _moe_kernels():
+    return kernel_module("moe")
+
+
+class SGLangTopKRouter(TopKRouter):
+    """megatron's ``TopKRouter`` (its ``weight`` parameter, ``[experts, hidden]``, replicated over
+    TP) routing with the rollout's kernels. ``config.moe_router_topk`` is k;
+    ``config.moe_router_pre_softmax=False`` means the checkpoint's ``norm_topk_prob`` (top-k
+    weights renormalised, as ``kp.moe_topk_normalisation`` says)."""
+
+    def __init__(self, config: Any, pg_collection: Any = None) -> None:
+        super().__init__(config=config, pg_collection=pg_collection or get_default_pg_collection())
+        self.kernel_policy = kernel_policy_for(config)
+        self.normalize = not config.moe_router_pre_softmax
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:
+        """``[tokens, experts]`` logits: the kernel's value (megatron's ``gating`` would move the
+        weight to CUDA and multiply with ``torch.mm`` or TE). The gradient is that of the same
+        product in the router dtype, ``input @ weight.T`` through torch autograd: megatron's
+        ``router_gating_linear`` cannot run here (0.16.1 calls ``te_general_gemm`` for any router
+        dtype but float64, a name only defined when Transformer Engine imports)."""
+        kp = self.kernel_policy
+        rd = dtype_of(kp.moe_router_logits_dtype)
+        return straight_through(
+            lambda: _moe_kernels().router_logits(input, self.weight, kp),
+            lambda: F.linear(input.to(rd), self.weight.to(rd)),
+            [input, self.weight],
+        )
+
+    def route_topk(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights_TK, ids_TK)`` for ``[..., hidden]`` input flattened to tokens."""
+        x = hidden_states.reshape(-1, self.config.hidden_size)
+        return _moe_kernels().select_experts(
+            self.gating(x), self.kernel_policy, top_k=self.topk, normalize=self.normalize
+        )
+
+    def routing(self, logits: torch.Tensor):
+        """megatron's ``(probs, routing_map)``, ``[tokens, experts]``, from given logits."""
+        weights, ids = _moe_kernels().select_experts(
+            logits, self.kernel_policy, top_k=self.topk, normalize=self.normalize
+        )
+        return _dense_routing(weights, ids, logits.shape[-1])
+
+    def forward(self, input: torch.Tensor, padding_mask: torch.Tensor | None = None):
+        return _dense_routing(*self.route_topk(input), self.config.num_moe_experts)
+
+
+def _dense_routing(weights_TK: torch.Tensor, ids_TK: torch.Tensor, num_experts: int):
+    """Top-k form -> megatron's ``[tokens, experts]`` probabilities (zero where not routed) and
+    boolean routing map."""
+    probs = weights_TK.new_zeros((weights_TK.shape[0], num_experts)).scatter(1, ids_TK, weights_TK)
+    routing_map = torch.zeros_like(probs, dtype=torch.bool).scatter(1, ids_TK, True)
+    return probs, routing_map
+
+
+class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
+    """Grouping and combine by the contract's MoE kernels, no token communication (see the
+    module docstring). ``dispatch_preprocess`` takes the router's top-k form."""
+
+    def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
+        super().__init__(*args, config=config, **kwargs)
+        if self.ep_size > 1:
+            raise ValueError(
+                "expert parallelism is not supported by the trainer's MoE block yet "
+                f"(expert_model_parallel_size={self.ep_size}); use EP=1"
+            )
+        self.kernel_policy = kernel_policy_for(config)
+
+    def dispatch_preprocess(self, hidden_states, routing_map, probs):
+        """``routing_map`` is ``ids_TK``, ``probs`` is ``weights_TK`` (top-k form)."""
+        self.hidden_shape = hidden_states.shape
+        self.ids_TK, self.weights_TK = routing_map, probs
+        return hidden_states.reshape(-1, self.hidden_shape[-1]), probs
+
+    def token_dispatch(self, hidden_states, probs):
+        """No data moves (every TP rank has every token); the experts' input is marked as
+        replicated over TP so its gradient, partial per rank, is all-reduced (megatron's
+        ``copy_to_tensor_model_parallel_region``)."""
+        if self.tp_size > 1:
+            hidden_states = copy_to_tensor_model_parallel_region(hidden_states, group=self.tp_group)
+        return hidden_states, probs
+
+    def dispatch_postprocess(self, hidden_states, probs):
+        """Tokens grouped per expert (``kernels.moe.group_tokens``: the policy's token order),
+        concatenated expert by expert, as megatron's ``permute`` lays them out."""
+        groups = _moe_kernels().group_tokens(
+            self.ids_TK, self.config.num_moe_experts, self.kernel_policy
+        )
+        self.tok = torch.cat([tok for tok, _ in groups])
+        self.slot = torch.cat([slot for _, slot in groups])
+        tokens_per_expert = torch.tensor([tok.numel() for tok, _ in groups], dtype=torch.long)
+        return hidden_states[self.tok], tokens_per_expert, probs[self.tok, self.slot]
+
+    def combine_preprocess(self, hidden_states):
+        """Expert outputs back to ``[tokens, k, hidden]`` (each (token, slot) written once), then
+        ``kernels.moe.combine``: the weighted sum in the policy's dtype and order."""
+        T, K = self.ids_TK.shape
+        y_TKH = hidden_states.new_zeros((T, K, hidden_states.shape[-1]))
+        y_TKH = y_TKH.index_put((self.tok, self.slot), hidden_states)
+        return _moe_kernels().combine(y_TKH, self.weights_TK, self.ids_TK, self.kernel_policy)
+
+    def token_combine(self, hidden_states):
+        return hidden_states
+
+    def combine_postprocess(self, hidden_states):
+        return hidden_states.view(self.hidden_shape)
+
+
+class SGLangSequentialMLP(SequentialMLP):
+    """megatron's ``SequentialMLP`` (its ``local_experts`` ``MLP``s, built by megatron-core with
+    the spec's linears); each expert runs ``sglang_mlp_forward`` on its tokens, unweighted."""
+
+    def __init__(self, num_local_experts: int, config: Any, submodules: Any, **kwargs: Any):
+        kwargs.setdefault("pg_collection", get_default_pg_collection())
+        super().__init__(num_local_experts, config, submodules, **kwargs)
+        self.kernel_policy = kernel_policy_for(config)
+        self._swiglu = SWIGLU_BY_DISABLE_BIAS_SWIGLU_FUSION[
+            bool(policy_for(config).disable_bias_swiglu_fusion)
+        ]
+
+    def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
+        """Each expert on its run of rows; the probabilities are left to the combine."""
+        chunks = torch.split(permuted_local_hidden_states, tokens_per_expert.tolist())
+        outputs = [
+            sglang_mlp_forward(expert, tokens, self._swiglu, self.kernel_policy)[0]
+            for expert, tokens in zip(self.local_experts, chunks, strict=True)
+            if tokens.shape[0] > 0
+        ]
+        return torch.cat(outputs), None
+
+
+class SGLangMoELayer(MoELayer):
+    """megatron's ``MoELayer`` with ``SGLangTokenDispatcher`` (router and experts come from the
+    spec: ``SGLangTopKRouter``, ``SGLangSequentialMLP``)."""
+
+    def __init__(self, config: Any, submodules: Any = None, layer_number=None, pg_collection=None):
+        pg_collection = pg_collection or get_default_pg_collection()
+        if utils.get_pg_size(pg_collection.ep) > 1:
+            raise ValueError(
+                "expert parallelism is not supported by the trainer's MoE block yet "
+                f"(expert_model_parallel_size={utils.get_pg_size(pg_collection.ep)}); use EP=1"
+            )
+        super().__init__(config, submodules, layer_number, pg_collection)
+        self.kernel_policy = kernel_policy_for(config)
+        self.token_dispatcher = SGLangTokenDispatcher(
+            self.num_local_experts,
+            self.local_expert_indices,
+            config=self.config,
+            pg_collection=pg_collection,
+        )
+
+    def route(self, hidden_states: torch.Tensor, padding_mask: torch.Tensor | None = None):
+        """The router's top-k form ``(weights_TK, ids_TK)`` (see the module docstring)."""
+        return self.router.route_topk(hidden_states)
+
+    def forward(self, hidden_states: torch.Tensor, intermediate_tensors=None, padding_mask=None):
+        # The norm output is rounded to the dense math dtype, as SGLang does before the MoE block.
+        hidden_states = hidden_states.to(dtype_of(self.kernel_policy.dense_math_dtype))
+        probs, routing = self.route(hidden_states, padding_mask)
+        hidden, probs = self.preprocess(hidden_states, probs, routing)
+        dispatched, probs = self.dispatch(hidden, probs)
+        output, mlp_bias = self.routed_experts_compute(dispatched, probs)
+        return self.postprocess(self.combine(output), None), mlp_bias
