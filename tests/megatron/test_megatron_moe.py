@@ -20,7 +20,7 @@ from contractgen.adapters.megatron.policy import float32_kernel_policy, generate
 from contractgen.adapters.megatron.provider import SGLangSpecProvider, _moe_spec
 from contractgen.adapters.sglang.model import ACTIVATIONS, ModelArch
 from contractgen.adapters.sglang.ops import resolve_ops
-from contractgen.vendored import load_target
+from contractgen.codegen.vendored import load_target
 
 MOE = "qwen3_moe_true_on_policy_v1"
 

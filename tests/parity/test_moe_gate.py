@@ -29,7 +29,7 @@ TP1 = LAYOUTS[0]
 def tied_router_weights():
     """The reference model's seeded random weights with router rows 2 and 5 made equal."""
     from contractgen.adapters.sglang.model import ModelArch, random_weights
-    from contractgen.vendored import load_target
+    from contractgen.codegen.vendored import load_target
 
     arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(MOE))
     weights = random_weights(arch, seed=0)
