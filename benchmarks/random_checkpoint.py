@@ -18,8 +18,6 @@ import argparse
 import sys
 import time
 
-import torch
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -31,29 +29,19 @@ def main() -> int:
     parser.add_argument("--init", default="transformers", choices=["transformers", "contractgen"])
     args = parser.parse_args()
 
-    from contractgen.adapters.sglang.model import ModelArch, random_weights
     from contractgen.codegen.vendored import load_target
-    from contractgen.parity.reference import hf_config, hf_model
+    from contractgen.parity.random_model import UnknownModelName, write_random_checkpoint
 
     profile = load_target("sglang").schema.model_profile_for(args.contract)
-    by_name = {d.name: d for d in profile.checkpoints}
-    if args.name not in by_name:
-        print(f"error: --name {args.name!r}: not in {sorted(by_name)}", file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
-    arch = ModelArch.from_profile(profile, by_name[args.name])
-    dtype = getattr(torch, args.dtype)
-    if args.init == "transformers":
-        import transformers
-
-        torch.manual_seed(args.seed)
-        cls = getattr(transformers, profile.hf_architecture)
-        model = cls(hf_config(arch, profile.hf_architecture)).to(dtype)
-    else:
-        model = hf_model(random_weights(arch, seed=args.seed), arch, profile.hf_architecture, dtype)
-    model.save_pretrained(args.out)
-    n = sum(p.numel() for p in model.parameters())
-    print(f"wrote {args.out}: {arch.name}, {n / 1e9:.3f} B parameters, {args.dtype}, "
+    try:
+        out, n = write_random_checkpoint(
+            profile, args.name, args.out, seed=args.seed, dtype=args.dtype, init=args.init
+        )
+    except UnknownModelName as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}: {args.name}, {n / 1e9:.3f} B parameters, {args.dtype}, "
           f"{args.init} init, {time.perf_counter() - t0:.1f} s")  # fmt: skip
     return 0
 

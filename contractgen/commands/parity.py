@@ -31,6 +31,39 @@ def _check_checkpoint(checkpoint: Path, profile) -> None:
         fail(f"error: {text}" if text.startswith(str(checkpoint)) else f"error: {where}: {text}")
 
 
+def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, quiet: bool):
+    """``--model NAME``: ``(path, its temporary folder)`` of a random-weight checkpoint of the
+    profile's model ``name``. Exit 2, nothing written, for an unknown name, with --checkpoint,
+    or without transformers."""
+    import tempfile
+    import time
+
+    from ..codegen.vendored import load_target
+    from ..parity import ROLLOUT
+    from ..parity.random_model import UnknownModelName, dims_named, write_random_checkpoint
+    from ..parity.reference import transformers_reason
+
+    if checkpoint is not None:
+        fail("error: --model and --checkpoint cannot be combined (give one model)")
+    profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
+    try:
+        dims_named(profile, name)
+    except UnknownModelName as exc:
+        fail(f"error: {exc}")
+    if why := transformers_reason():
+        fail(f"error: --model writes its checkpoint with transformers: {why}")
+    scratch = tempfile.TemporaryDirectory(prefix="contractgen-model-")
+    t0 = time.perf_counter()
+    path, n = write_random_checkpoint(profile, name, Path(scratch.name) / "checkpoint")
+    if not quiet:
+        print(
+            f"parity: wrote a random-weight {name} checkpoint ({n / 1e9:.3f} B parameters, "
+            f"transformers init, seed 0) in {time.perf_counter() - t0:.1f} s",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+    return path, scratch
+
+
 @click.command("parity")
 @click.option(
     "--contract", "contract_id", default=DEFAULT_CONTRACT, show_default=True, help="Contract id."
@@ -39,6 +72,12 @@ def _check_checkpoint(checkpoint: Path, profile) -> None:
     "--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
     help="Hugging Face checkpoint directory (config.json + *.safetensors). Default: the contract's "
     "tiny reference model with seeded random weights.",
+)  # fmt: skip
+@click.option(
+    "--model", "model_name", default=None,
+    help="Build a random-weight checkpoint of this model of the contract's profile (e.g. "
+    "Qwen3-4B: its real dims, transformers' own init, seeded) in a temporary folder and gate it "
+    "as --checkpoint would. Needs transformers; the weights are held in memory while written.",
 )  # fmt: skip
 @click.option(
     "--layouts", default=None,
@@ -109,7 +148,8 @@ def _check_checkpoint(checkpoint: Path, profile) -> None:
 @click.pass_context
 @handle_errors
 def command(
-    ctx: click.Context, contract_id: str, checkpoint: Path | None, layouts: str | None, dtype: str, device: str,
+    ctx: click.Context, contract_id: str, checkpoint: Path | None, model_name: str | None,
+    layouts: str | None, dtype: str, device: str,
     json_path: Path | None, inject_faults: bool, rollout_tps: str | None, workload: str,
     requests: int | None, prompt_tokens: int | None, new_tokens: int | None, grads: bool,
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
@@ -160,6 +200,9 @@ def command(
         if not torch.cuda.is_available():
             fail("error: --device cuda: no CUDA device is available here")
     weights: object
+    scratch = None  # the temporary folder of a --model checkpoint, removed at exit
+    if model_name is not None:
+        checkpoint, scratch = _random_checkpoint(contract_id, model_name, checkpoint, quiet)
     if checkpoint is None:
         from ..adapters.sglang.model import ModelArch, random_weights
 
