@@ -3,14 +3,7 @@
 # parity gate on CUDA (NCCL), plus the re-score timing. Expects megatron-core and pydantic (and
 # their deps) as cp312 wheels in .whl/; writes logs and JSON reports under $OUT.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-{ nvidia-smi -L; python3 -c 'import torch, megatron.core as m; print("torch", torch.__version__, "cuda", torch.version.cuda, "megatron-core", m.__version__)'; } | tee "$OUT/env.txt"
+source "$(dirname "$0")/gpu_env.sh"
 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/sglang tests/megatron 2>&1 | tail -n 25 | tee "$OUT/gpu_tests.log"
 for c in qwen3_dense_true_on_policy_v1 qwen3_dense_true_on_policy_v2; do
   timeout 150 contractgen parity --device cuda --contract "$c" --layouts tp1,tp2,pp2,cp2 --quiet \

@@ -29,16 +29,15 @@ def main() -> int:
     parser.add_argument("--init", default="transformers", choices=["transformers", "contractgen"])
     args = parser.parse_args()
 
-    from contractgen.codegen.vendored import load_target
-    from contractgen.parity.random_model import UnknownModelName, write_random_checkpoint
+    from contractgen.adapters.launcher.layout import UnknownModelError
+    from contractgen.parity.random_model import write_random_checkpoint
 
-    profile = load_target("sglang").schema.model_profile_for(args.contract)
     t0 = time.perf_counter()
     try:
         out, n = write_random_checkpoint(
-            profile, args.name, args.out, seed=args.seed, dtype=args.dtype, init=args.init
+            args.contract, args.name, args.out, seed=args.seed, dtype=args.dtype, init=args.init
         )
-    except UnknownModelName as exc:
+    except UnknownModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {out}: {args.name}, {n / 1e9:.3f} B parameters, {args.dtype}, "

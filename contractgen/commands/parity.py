@@ -38,23 +38,21 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     import tempfile
     import time
 
-    from ..codegen.vendored import load_target
-    from ..parity import ROLLOUT
-    from ..parity.random_model import UnknownModelName, dims_named, write_random_checkpoint
+    from ..adapters.launcher.layout import UnknownModelError, select_checkpoint
+    from ..parity.random_model import write_random_checkpoint
     from ..parity.reference import transformers_reason
 
     if checkpoint is not None:
         fail("error: --model and --checkpoint cannot be combined (give one model)")
-    profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
     try:
-        dims_named(profile, name)
-    except UnknownModelName as exc:
+        select_checkpoint(contract_id, name)
+    except UnknownModelError as exc:
         fail(f"error: {exc}")
     if why := transformers_reason():
         fail(f"error: --model writes its checkpoint with transformers: {why}")
     scratch = tempfile.TemporaryDirectory(prefix="contractgen-model-")
     t0 = time.perf_counter()
-    path, n = write_random_checkpoint(profile, name, Path(scratch.name) / "checkpoint")
+    path, n = write_random_checkpoint(contract_id, name, Path(scratch.name) / "checkpoint")
     if not quiet:
         print(
             f"parity: wrote a random-weight {name} checkpoint ({n / 1e9:.3f} B parameters, "

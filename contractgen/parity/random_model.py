@@ -14,45 +14,30 @@ real depth make a nearly deterministic sampler).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 INITS = ("transformers", "contractgen")
 
 
-class UnknownModelName(ValueError):
-    """A model name the contract's profile does not list."""
-
-
-def model_names(profile: Any) -> list[str]:
-    """The names ``--model`` takes: the profile's checkpoints, then its reference model."""
-    return [*(d.name for d in profile.checkpoints), profile.reference_model.name]
-
-
-def dims_named(profile: Any, name: str) -> Any:
-    """The profile's dims entry called ``name`` (a checkpoint or the reference model)."""
-    by_name = {d.name: d for d in (*profile.checkpoints, profile.reference_model)}
-    if name not in by_name:
-        raise UnknownModelName(
-            f"--model {name!r}: not a model of the {profile.family} profile; known: "
-            + ", ".join(model_names(profile))
-        )
-    return by_name[name]
-
-
 def write_random_checkpoint(
-    profile: Any, name: str, out: str | Path, *, seed: int = 0, dtype: str = "bfloat16",
+    contract_id: str, name: str, out: str | Path, *, seed: int = 0, dtype: str = "bfloat16",
     init: str = "transformers",
 ) -> tuple[Path, int]:  # fmt: skip
-    """Write a seeded random-weight checkpoint of the profile's model ``name`` to ``out``;
-    ``(out, number of parameters)``. Needs transformers."""
+    """Write a seeded random-weight checkpoint of the contract's model ``name`` (the launcher's
+    ``--model`` names: ``select_checkpoint``, whose ``UnknownModelError`` lists the known ones)
+    to ``out``; ``(out, number of parameters)``. Needs transformers."""
     import torch
 
+    from ..adapters.launcher.layout import select_checkpoint
     from ..adapters.sglang.model import ModelArch, random_weights
+    from ..codegen.vendored import load_target
+    from . import ROLLOUT
     from .reference import hf_config, hf_model
 
     if init not in INITS:
         raise ValueError(f"init {init!r}: expected one of {', '.join(INITS)}")
-    arch = ModelArch.from_profile(profile, dims_named(profile, name))
+    dims = select_checkpoint(contract_id, name)
+    profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
+    arch = ModelArch.from_profile(profile, dims)
     torch_dtype = getattr(torch, dtype)
     if init == "transformers":
         import transformers

@@ -27,7 +27,7 @@ def test_the_written_checkpoint_has_the_profiles_dims(tmp_path: Path) -> None:
     from contractgen.parity.random_model import write_random_checkpoint
 
     profile = load_target("sglang").schema.model_profile_for(V1)
-    out, n = write_random_checkpoint(profile, REFERENCE, tmp_path / "ckpt")
+    out, n = write_random_checkpoint(V1, REFERENCE, tmp_path / "ckpt")
     config = json.loads((out / "config.json").read_text())
     ref = profile.reference_model
     assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (
@@ -40,8 +40,8 @@ def test_the_written_checkpoint_has_the_profiles_dims(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--model", "Qwen3-7B"), "error: --model 'Qwen3-7B': not a model of the qwen3_dense "
-         "profile; known: Qwen3-0.6B"),
+        (("--model", "Qwen3-7B"), "error: --model 'Qwen3-7B': not a checkpoint of the qwen3_dense "
+         f"profile of {V1}; known: Qwen3-0.6B"),
         (("--model", REFERENCE, "--checkpoint", "."), "error: --model and --checkpoint cannot be "
          "combined"),
     ],
