@@ -141,20 +141,9 @@ def _kernel_attention(q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, kp, sc
     return out
 
 
-def visibility_mask(params: SGLangPackedSeqParams, total: int) -> torch.Tensor:
-    """``[T, T]`` bool: row ``i`` (query) may attend column ``j`` (key)."""
-    device = params.positions.device
-    mask = torch.zeros(total, total, dtype=torch.bool, device=device)
-    for path, owned in zip(params.paths, params.owned, strict=True):
-        n = path.numel()
-        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=device))
-        rows = path[owned]
-        mask[rows[:, None], path[None, :]] = causal[owned]
-    return mask
-
-
 def reference_attention(q_THD, k_TKD, v_TKD, mask_TT, scale) -> torch.Tensor:
-    """Differentiable fp32 masked-softmax attention (GQA by repeat): the gradient path."""
+    """Differentiable fp32 masked-softmax attention (GQA by repeat): ``mask[i, j]``, query row
+    ``i`` may attend key row ``j``."""
     scale = q_THD.shape[-1] ** -0.5 if scale is None else scale
     g = q_THD.shape[1] // k_TKD.shape[1]
     q = q_THD.float()
@@ -166,17 +155,38 @@ def reference_attention(q_THD, k_TKD, v_TKD, mask_TT, scale) -> torch.Tensor:
     return torch.einsum("hts,shd->thd", p, v).to(q_THD.dtype)
 
 
+def path_reference_attention(q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, scale):
+    """``reference_attention`` one packed path at a time (a row sees its own path's keys up to
+    its position; paths share only prefix rows): ``[rows, path]`` scores per path instead of
+    ``[T, T]`` for the whole pack, so the gradient path's memory and work grow with each
+    sequence's length squared, not the pack's (32 x 512 packed tokens: 16 MiB of scores a head
+    group instead of 16 GiB). Rows outside every path get 0."""
+    outs, rows_all = [], []
+    for path, owned in zip(params.paths, params.owned, strict=True):
+        rows = path[owned]
+        if rows.numel() == 0:
+            continue
+        n = path.numel()
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=path.device))[owned]
+        outs.append(reference_attention(q_THD[rows], k_TKD[path], v_TKD[path], causal, scale))
+        rows_all.append(rows)
+    out = q_THD.new_zeros(q_THD.shape)
+    if not outs:
+        return out
+    return out.index_copy(0, torch.cat(rows_all), torch.cat(outs).to(out.dtype))
+
+
 def _kernel_attention_backend(q, k, v, params, kp, scale):
     return straight_through(
         lambda: _kernel_attention(q, k, v, params, kp, scale),
-        lambda: reference_attention(q, k, v, visibility_mask(params, q.shape[0]), scale),
+        lambda: path_reference_attention(q, k, v, params, scale),
         [q, k, v],
     )
 
 
 def _sdpa_backend(q, k, v, params, kp, scale):
     """Stock attention (one fused softmax, no fixed KV chunking)."""
-    return reference_attention(q, k, v, visibility_mask(params, q.shape[0]), scale)
+    return path_reference_attention(q, k, v, params, scale)
 
 
 ATTENTION_BACKENDS: dict[str | None, Callable[..., torch.Tensor]] = {

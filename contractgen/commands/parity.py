@@ -79,7 +79,8 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
 )  # fmt: skip
 @click.option(
     "--layouts", default=None,
-    help=f"Comma-separated layouts (default: {DEFAULT_LAYOUTS}, plus tp2pp2 where the model allows).",
+    help=f"Comma-separated layouts (default: {DEFAULT_LAYOUTS}, plus tp2pp2 where the model "
+    "allows; with --inject-faults, tp4 too where the model allows).",
 )  # fmt: skip
 @click.option(
     "--dtype", type=click.Choice(["contract", "float32"]), default="contract", show_default=True,
@@ -92,7 +93,9 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
 @click.option(
     "--inject-faults",
     is_flag=True,
-    help="Flip every policy field on one side; each must be detected.",
+    help="Flip every policy field on one side; each must be detected, or explained by the "
+    "contract's 'unobservable' notes. A fault no layout detects gets a second chance at the "
+    "first layout on the 'large' workload (when the run's own is smaller).",
 )
 @click.option(
     "--rollout-tps", default=None,
@@ -101,8 +104,9 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
 )  # fmt: skip
 @click.option(
     "--workload", type=click.Choice(sorted(WORKLOADS)), default="default", show_default=True,
-    help="Workload preset (only 'default' so far: 4 requests, 70-token longest prompt, 10 new "
-    "tokens); --requests/--prompt-tokens/--new-tokens override its parts.",
+    help="Workload preset: 'default' (4 requests, 70-token longest prompt, 10 new tokens: 40 "
+    "scored) or 'large' (16 requests, 128-token longest prompt, 16 new tokens: 256 scored); "
+    "--requests/--prompt-tokens/--new-tokens override its parts.",
 )  # fmt: skip
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="Concurrent requests (default 4).")  # fmt: skip

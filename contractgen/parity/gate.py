@@ -46,6 +46,7 @@ NO_FAULTS = {
     "contradicted": [],
     "errors": {},
     "details": {},
+    "retried": None,
 }
 
 
@@ -213,6 +214,12 @@ def table(report: dict) -> str:
     f = report["faults"]
     if f["injected"]:
         lines += ["", f"faults    {f['detected']}/{f['injected']} detected"]
+        retried = f.get("retried")
+        if retried:
+            lines.append(
+                f"          {len(retried['detected'])}/{len(retried['faults'])} of those no layout "
+                f"saw, seen at {retried['layout']} on the {retried['workload']} workload"
+            )
         lines += [f"          undetected: {name}" for name in f["undetected"]]
         lines += [f"          error: {name}: {how}" for name, how in f.get("errors", {}).items()]
         lines += [

@@ -479,6 +479,12 @@ def run_faults(run: GateRun, ref=None) -> dict:
         outcomes[bug.name] = _try_shared(run, bug, ref, layouts[0])
         faults.append(bug)
     run.close()
+    unexplained = [
+        f for f in faults
+        if isinstance(f, Fault) and outcomes[f.name][0] == "undetected"
+        and f.contract_path not in notes
+    ]  # fmt: skip
+    retried = _retry_on_large_workload(run, unexplained, layouts[0], outcomes)
     detected, undetected, explained, contradicted, errors, details = [], [], {}, [], {}, {}
     for i, fault in enumerate(faults):
         outcome, how = outcomes[fault.name]
@@ -495,7 +501,11 @@ def run_faults(run: GateRun, ref=None) -> dict:
             outcome = "explained"
         else:
             undetected.append(fault.name)
-        details[fault.name] = how or f"no layout of {[lay.name for lay in layouts]} differs"
+        if not how:
+            how = f"no layout of {[lay.name for lay in layouts]} differs"
+            if retried and fault.name in retried["faults"]:
+                how += f", nor {retried['layout']} on the {retried['workload']} workload"
+        details[fault.name] = how
         if run.config.progress:
             _say(f"fault {i + 1}/{len(faults)} {fault.name}: {outcome} {how}".rstrip())
     return {
@@ -506,4 +516,45 @@ def run_faults(run: GateRun, ref=None) -> dict:
         "contradicted": contradicted,
         "errors": errors,
         "details": details,
+        "retried": retried,
+    }
+
+
+RETRY_WORKLOAD = "large"
+
+
+def _retry_on_large_workload(
+    run: GateRun, faults: list[Fault], layout: Layout, outcomes: dict[str, tuple[str, str]]
+) -> dict | None:
+    """Give each fault no layout detected a second chance at ``layout`` on the ``large``
+    workload (when it is larger than the run's own), updating ``outcomes``.
+
+    A reordered float32 reduction moves a float32 logprob by an ulp on a few percent of tokens
+    (``logsoftmax_vocab_block`` under float32 logprobs: about 1 in 25), so the default 40 scored
+    tokens can miss it; 256 cannot, in practice. Only the undetected, unexplained faults pay for
+    the larger workload."""
+    from dataclasses import replace
+
+    from .rollout import model_arch
+    from .workload import describe, fitted, scored_tokens
+
+    config = run.config
+    max_positions = model_arch(config.contract_id, config.weights)[0].max_position_embeddings
+    workload = fitted(RETRY_WORKLOAD, max_positions)
+    if not faults or scored_tokens(workload) <= scored_tokens(config.workload):
+        return None
+    what = f"{layout.name} on the {RETRY_WORKLOAD} workload ({describe(RETRY_WORKLOAD)})"
+    if config.progress:
+        _say(f"faults: {len(faults)} undetected; trying them at {what}")
+    big = replace(config, workload=workload, layouts=[layout], rollout_tps=[1])
+    with GateRun(big) as big_run:
+        for fault in faults:
+            outcome, how = _try_fault(big_run, fault, layout)
+            if outcome != "undetected":
+                outcomes[fault.name] = (outcome, f"{how}, on the {RETRY_WORKLOAD} workload")
+    return {
+        "workload": RETRY_WORKLOAD,
+        "layout": layout.name,
+        "faults": [f.name for f in faults],
+        "detected": [f.name for f in faults if outcomes[f.name][0] == "detected"],
     }

@@ -48,4 +48,27 @@ def make_workload(
 DEFAULT_WORKLOAD = make_workload()
 
 # Named workload presets of ``contractgen parity --workload``: (requests, prompt tokens, new tokens).
-WORKLOADS: dict[str, tuple[int, int, int]] = {"default": (4, 70, 10)}
+# "large": 256 scored tokens (6.4x the default) from many requests rather than many decode steps
+# or long prompts, which cost the most on CPU; the longest sequence still crosses two KV-chunk
+# boundaries. It is the workload a fault gets a second chance on when the run's own workload is too
+# small to show it (``harness.run_faults``). Agreement with transformers has its own, longer
+# sequences (``reference.REFERENCE_LENGTHS``).
+WORKLOADS: dict[str, tuple[int, int, int]] = {"default": (4, 70, 10), "large": (16, 128, 16)}
+
+
+def describe(name: str) -> str:
+    """``8 requests x 256-token prompts x 32 new tokens`` for a preset."""
+    requests, prompt, new = WORKLOADS[name]
+    return f"{requests} requests x {prompt}-token longest prompt x {new} new tokens"
+
+
+def scored_tokens(workload: tuple[PromptSpec, ...]) -> int:
+    """Response tokens the gate compares on ``workload``."""
+    return sum(p.max_new_tokens for p in workload)
+
+
+def fitted(name: str, max_positions: int) -> tuple[PromptSpec, ...]:
+    """The preset ``name``, its prompts shortened so that prompt + new tokens fit a model of
+    ``max_positions`` positions."""
+    requests, prompt, new = WORKLOADS[name]
+    return make_workload(requests, max(1, min(prompt, max_positions - new)), new)

@@ -59,6 +59,20 @@ def test_triton_matmul_batch_and_decode_invariant(kp, m, k, n, monkeypatch):
     assert torch.equal(tmm.triton_matmul(x, w, kp), full)
 
 
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device: a 2**31-element output (4 GiB)")
+def test_triton_matmul_output_past_int32_offsets(kp):
+    """An LM head at 16k tokens: ``[16,448, 131,072]`` is past 2**31 elements. The last rows
+    must equal the same rows computed alone (int32 offsets wrapped and faulted here: found by
+    the trainer benchmark at 32 x 512 tokens)."""
+    m, k, n = 16_448, 64, 131_072
+    x, w = _r(m, k), _r(n, k, seed=1)
+    full = tmm.triton_matmul(x, w, kp)
+    assert full.numel() > 2**31
+    tail = tmm.triton_matmul(x[-64:].contiguous(), w, kp)
+    assert torch.equal(full[-64:], tail)
+    del full
+
+
 def test_twin_stock_matmul_is_not_batch_invariant():
     """cuBLAS / CPU BLAS: some row alone (a GEMV) differs from the same row inside a batch (on an
     H200, K = N = 4096 and a batch of 256 rows)."""

@@ -248,11 +248,32 @@ def test_norm_backward_matches_float64(arch, cls):
         _close(gx, rx)
 
 
-def test_core_attention_backward_matches_float64(arch):
+def _visibility_mask(params, total: int) -> torch.Tensor:
+    """``[T, T]`` bool over the whole pack: row ``i`` may attend key row ``j`` (the oracle the
+    per-path gradient path must agree with)."""
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    for path, owned in zip(params.paths, params.owned, strict=True):
+        n = path.numel()
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        mask[path[owned][:, None], path[None, :]] = causal[owned]
+    return mask
+
+
+@pytest.mark.parametrize(
+    "sequences,prompt_lens",
+    [
+        ([list(range(20)), list(range(7))], None),
+        # a shared 6-token prompt stored once (prefix tree): its rows feed both paths' keys
+        ([list(range(6)) + [30, 31, 32], list(range(6)) + [40, 41], list(range(8))], [6, 6, 3]),
+    ],
+    ids=["two-paths", "prefix-tree"],
+)
+def test_core_attention_backward_matches_float64(arch, sequences, prompt_lens):
     kp32 = float32_kernel_policy(_kp())
-    pack = pack_sequences([list(range(20)), list(range(7))])
+    pack = pack_sequences(sequences, prompt_lens=prompt_lens, prefix_tree=prompt_lens is not None)
     params = pack.seq_params()
-    q, k, v = _qkv(arch, 27, seed=20, dtype=torch.float32)
+    total = pack.token_ids.numel()
+    q, k, v = _qkv(arch, total, seed=20, dtype=torch.float32)
     core = _core_attention(_fp32_config(arch))
     _, got = _grads(lambda a, b, c: core(a, b, c, None, packed_seq_params=params), q, k, v)
 
@@ -264,7 +285,7 @@ def test_core_attention_backward_matches_float64(arch):
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos[:, None] + rot * sin[:, None]
 
-    mask = attn_mod.visibility_mask(params, 27)
+    mask = _visibility_mask(params, total)
 
     def ref(a, b, c):
         rep = a.shape[1] // b.shape[1]

@@ -42,15 +42,17 @@ _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl
 
 @triton.jit
 def _tile_dot(x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K: tl.constexpr):
-    """One K tile: ``x[rows, k0:k0+BK] @ w[cols, k0:k0+BK].T`` in float32 (zero padded)."""
+    """One K tile: ``x[rows, k0:k0+BK] @ w[cols, k0:k0+BK].T`` in float32 (zero padded).
+    Row offsets are int64: an LM head's ``[tokens, vocab]`` is past 2**31 elements at 16k tokens
+    (16,384 x 151,936), where int32 offsets wrap and the access faults."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(
-        x_ptr + offs_m[:, None] * sxm + offs_k[None, :],
+        x_ptr + offs_m.to(tl.int64)[:, None] * sxm + offs_k[None, :],
         mask=(offs_m[:, None] < M) & (offs_k[None, :] < K),
         other=0.0,
     )
     b = tl.load(
-        w_ptr + offs_n[None, :] * swn + offs_k[:, None],
+        w_ptr + offs_n.to(tl.int64)[None, :] * swn + offs_k[:, None],
         mask=(offs_n[None, :] < N) & (offs_k[:, None] < K),
         other=0.0,
     )
@@ -133,7 +135,7 @@ def _mm_tile(
         BLOCK_K,
     )  # fmt: skip
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(y_ptr + offs_m[:, None] * sym + offs_n[None, :], y, mask=mask)
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
 
 
 @triton.jit
@@ -239,7 +241,8 @@ def _mm_runs(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c = _run(x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN, ACC, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(ws_ptr + r * swr + offs_m[:, None] * swm + offs_n[None, :], c, mask=mask)
+    rows = r.to(tl.int64) * swr + offs_m.to(tl.int64)[:, None] * swm
+    tl.store(ws_ptr + rows + offs_n[None, :], c, mask=mask)
 
 
 @functools.cache

@@ -1,0 +1,300 @@
+"""Trainer cost: megatron-core GPTModel with contractgen's ``SGLangSpecProvider`` spec
+(``SGLangGPTModel``, the contract's config from ``make_config``) vs megatron-core's stock
+``get_gpt_layer_local_spec`` GPTModel (same dims, bf16, ``transformer_impl='local'``, RoPE, causal
+``DotProductAttention``, no fusions: the same non-fused settings make_config uses), one process,
+TP=PP=CP=1, random init (megatron's own), Qwen3-0.6B shapes by default.
+
+Per model: ``B`` sequences of ``S`` tokens (SGLang: packed into one row with
+``SGLangPackedSeqParams``; stock: a ``[B, S]`` batch), loss = summed vocab-parallel cross entropy;
+timed: forward without grad (the logprob pass), forward with grad, backward. One warm-up
+iteration, then the median of ``--iters``.
+
+    python3 benchmarks/bench_trainer.py --device cuda --json $OUT/trainer.json
+    python3 benchmarks/bench_trainer.py --device cuda --batch 32 --seq 512   # 16k packed tokens
+    python3 benchmarks/bench_trainer.py --device cpu --small     # gloo smoke test
+
+The team's baseline script of 2026-11-30 (``../shared/bench``), kept here so the issue-10 trainer
+row is measured with the same code before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+CONTRACT = "qwen3_dense_true_on_policy_v1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_sglang(arch, dev):
+    from contractgen.adapters.megatron.model import (
+        Layout,
+        build_model,
+        make_config,
+        padded_vocab_size,
+    )
+    from contractgen.adapters.megatron.policy import generated
+
+    kp = generated().schema.kernel_policy_for(CONTRACT)
+    for var in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):  # see build_stock
+        os.environ.pop(var, None)
+    config = make_config(CONTRACT, arch, Layout())
+    padded = padded_vocab_size(arch, 1, kp)
+    torch.manual_seed(0)
+    model = build_model(config, arch, pre_process=True, post_process=True, padded_vocab_size=padded)
+    return model.to(dev), padded
+
+
+def build_stock(arch, dev, padded):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
+
+    # a model built before set TE's NVTE_* flags for its attention backend; TE is not used here,
+    # and megatron asserts the flags match the backend, so clear them before each build
+    for var in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):
+        os.environ.pop(var, None)
+    cfg = TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.intermediate_size,
+        layernorm_epsilon=arch.norm_eps,
+        normalization="RMSNorm",
+        qk_layernorm=arch.qk_norm,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.bfloat16,
+        bf16=True,
+        pipeline_dtype=torch.bfloat16,
+        tensor_model_parallel_size=1,
+        sequence_parallel=False,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        transformer_impl="local",
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        attention_backend=AttnBackend.local,
+    )
+    if dev.type == "cuda":  # DotProductAttention forks megatron's CUDA RNG tracker (dropout region)
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(0)
+    spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    torch.manual_seed(0)
+    model = GPTModel(
+        cfg,
+        spec,
+        vocab_size=padded,
+        max_sequence_length=4096,
+        pre_process=True,
+        post_process=True,
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta),
+    )
+    return model.to(dev)
+
+
+def time_model(name, model, make_inputs, targets_fn, iters, dev):
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    inputs = make_inputs()
+    targets = targets_fn()
+    fwd_ng, fwd, bwd = [], [], []
+    for it in range(iters + 1):
+        model.eval()
+        sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model(**inputs)
+        sync()
+        t1 = time.perf_counter()
+        model.train()
+        model.zero_grad(set_to_none=True)
+        logits = model(**inputs)
+        loss = vocab_parallel_cross_entropy(logits.float(), targets).sum()
+        sync()
+        t2 = time.perf_counter()
+        loss.backward()
+        sync()
+        t3 = time.perf_counter()
+        if it:
+            fwd_ng.append(t1 - t0)
+            fwd.append(t2 - t1)
+            bwd.append(t3 - t2)
+        del logits, loss
+    r = {
+        "forward_nograd_s": statistics.median(fwd_ng),
+        "forward_grad_s": statistics.median(fwd),
+        "backward_s": statistics.median(bwd),
+        "fwd_bwd_s": statistics.median(a + b for a, b in zip(fwd, bwd, strict=False)),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    if cuda:
+        r["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return r
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--small", action="store_true", help="contract's tiny reference model")
+    ap.add_argument("--model", default="Qwen3-0.6B")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--models", default="sglang,stock")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    import dataclasses
+
+    from contractgen.adapters.megatron import runtime
+    from contractgen.adapters.megatron.model import Layout, arch_for
+    from contractgen.adapters.megatron.packing import pack_sequences
+    from contractgen.adapters.megatron.policy import model_profile_for
+
+    if args.small:
+        arch = arch_for(CONTRACT)
+        args.batch, args.seq, args.iters = 2, 32, 1
+    else:
+        dims = next(d for d in model_profile_for(CONTRACT).checkpoints if d.name == args.model)
+        arch = arch_for(CONTRACT, dims)
+    if args.layers:
+        arch = dataclasses.replace(arch, num_layers=args.layers)
+    runtime.init_distributed(0, Layout(), free_port(), device=args.device)
+    dev = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, arch.vocab_size, (args.seq,), generator=g) for _ in range(args.batch)]
+    res = {
+        "arch": dataclasses.asdict(arch),
+        "batch": args.batch,
+        "seq": args.seq,
+        "iters": args.iters,
+        "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "models": {},
+    }
+    print(json.dumps({k: v for k, v in res.items() if k != "models"}), flush=True)
+    padded = None
+    for name in args.models.split(","):
+        t0 = time.perf_counter()
+        try:
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            if name == "sglang":
+                model, padded = build_sglang(arch, dev)
+                pack = pack_sequences([s.tolist() for s in seqs])
+                params = pack.seq_params().to(dev)
+
+                def make_inputs(pack=pack, params=params):
+                    return dict(
+                        input_ids=pack.token_ids[None].to(dev),
+                        position_ids=pack.positions[None].to(dev),
+                        attention_mask=None,
+                        packed_seq_params=params,
+                    )
+
+                def targets_fn(pack=pack):
+                    t = torch.zeros_like(pack.token_ids)
+                    for path in pack.paths:
+                        t[path[:-1]] = pack.token_ids[path[1:]]
+                    return t[None].to(dev)
+            else:
+                if padded is None:
+                    from contractgen.adapters.megatron.model import padded_vocab_size
+                    from contractgen.adapters.megatron.policy import generated
+
+                    padded = padded_vocab_size(
+                        arch, 1, generated().schema.kernel_policy_for(CONTRACT)
+                    )
+                model = build_stock(arch, dev, padded)
+                ids = torch.stack(seqs)
+
+                def make_inputs(ids=ids):
+                    pos = torch.arange(ids.shape[1])[None].expand_as(ids)
+                    return dict(
+                        input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=None
+                    )
+
+                def targets_fn(ids=ids):
+                    t = torch.zeros_like(ids)
+                    t[:, :-1] = ids[:, 1:]
+                    return t.to(dev)
+
+            build_s = time.perf_counter() - t0
+            r = time_model(name, model, make_inputs, targets_fn, args.iters, dev)
+            r["build_s"] = build_s
+        except Exception as e:
+            r = {
+                "error": f"{type(e).__name__}: {str(e)[:400]}",
+                "traceback": traceback.format_exc()[-2000:],
+            }
+        res["models"][name] = r
+        print(json.dumps({name: {k: v for k, v in r.items() if k != "traceback"}}), flush=True)
+        if "traceback" in r:
+            print(r["traceback"], flush=True)
+        model = None
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    runtime.shutdown()
+    print()
+    print(f"{arch.name}, {arch.num_layers} layers, {args.batch} x {args.seq} tokens, {dev.type}")
+    print(
+        f"{'model':<8}{'fwd no-grad (s)':>16}{'fwd (s)':>10}{'bwd (s)':>10}{'fwd+bwd (s)':>13}{'peak GiB':>10}"
+    )
+    for name, r in res["models"].items():
+        if "error" in r:
+            print(f"{name:<8} ERROR {r['error'][:200]}")
+        else:
+            print(
+                f"{name:<8}{r['forward_nograd_s']:>16.3f}{r['forward_grad_s']:>10.3f}"
+                f"{r['backward_s']:>10.3f}{r['fwd_bwd_s']:>13.3f}{r.get('peak_gib', 0):>10.2f}"
+            )
+    m = res["models"]
+    if all("fwd_bwd_s" in m.get(k, {}) for k in ("sglang", "stock")):
+        print(
+            f"sglang/stock: fwd+bwd {m['sglang']['fwd_bwd_s'] / m['stock']['fwd_bwd_s']:.2f}x, "
+            f"fwd no-grad {m['sglang']['forward_nograd_s'] / m['stock']['forward_nograd_s']:.2f}x"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
