@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 from megatron.core.transformer.mlp import MLP
 
 from .autograd import straight_through
@@ -181,7 +180,8 @@ class SGLangRowParallelLinear(RowParallelLinear):
     shard, then the fixed-order tree all-reduce), replacing megatron's NCCL/gloo all-reduce.
 
     Backward is megatron-core's: ``linear_with_grad_accumulation_and_async_allreduce`` for the
-    local matmul and ``reduce_from_tensor_model_parallel_region`` (identity backward).
+    local matmul; the TP all-reduce after it has the identity as its backward, so the gradient
+    path skips it (one all-reduce per layer: the kernel's tree all-reduce).
     """
 
     def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
@@ -219,9 +219,11 @@ class SGLangRowParallelLinear(RowParallelLinear):
                 tp_group=None,
                 grad_output_buffer=None,
             )
-            # Only the backward of this mapping matters here (identity); forward values are
-            # discarded by straight_through, so a sum in any order is fine.
-            return reduce_from_tensor_model_parallel_region(out_parallel, group=self.tp_group)
+            # Megatron would now all-reduce ``out_parallel`` over TP
+            # (``reduce_from_tensor_model_parallel_region``), whose backward is the identity.
+            # straight_through keeps only this value's gradient, never its value, so the
+            # unreduced partial gives the same gradient without a second all-reduce per layer.
+            return out_parallel
 
         out = straight_through(kernel_value, megatron_value, [input_, w])
         if self.skip_bias_add:
