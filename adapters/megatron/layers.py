@@ -2,8 +2,8 @@
 
 Each class keeps megatron-core's constructor, parameters, state-dict names and backward, and takes
 its forward *values* from the SGLang kernels (``contractgen.adapters.sglang.kernels``) through
-``autograd.straight_through`` (linears) or by running the differentiable kernel directly
-(norms, residual add, SwiGLU). Behaviour is chosen from the generated runtime policy and the
+``autograd.kernel_value_linear`` (linears: megatron's backward, no second GEMM) or by running the
+differentiable kernel directly (norms, residual add, SwiGLU). Behaviour is chosen from the generated runtime policy and the
 contract's ``KernelPolicy`` (``policy.policy_for`` / ``policy.kernel_policy_for``); runtime-policy
 booleans select implementations through the lookup tables below, never by testing the contract.
 """
@@ -20,7 +20,7 @@ from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.mlp import MLP
 
-from .autograd import straight_through
+from .autograd import kernel_value_linear
 from .kernels import kernel_module
 from .policy import dtype_of, kernel_policy_for, policy_for
 
@@ -143,15 +143,14 @@ class SGLangColumnParallelLinear(ColumnParallelLinear):
                 "parallel (vocab-parallel log-softmax gathers in fixed order itself)"
             )
 
-        def megatron_value() -> torch.Tensor:
-            return ColumnParallelLinear.forward(self, input_, weight, runtime_gather_output=False)[
-                0
-            ]
+        # megatron-core's own forward (its TP region mappings, its arguments to the linear),
+        # whose GEMM call lands in ``_forward_impl`` below: the kernel's value there.
+        return ColumnParallelLinear.forward(self, input_, weight, runtime_gather_output=False)
 
-        out = straight_through(lambda: self._kernel_forward(input_, w), megatron_value, [input_, w])
-        if self.bias is not None and not self.skip_bias_add:
-            out = out + self.bias
-        return out, (self.bias if self.skip_bias_add else None)
+    def _forward_impl(self, input, weight, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return kernel_value_linear(
+            lambda: self._kernel_forward(input, weight), input, weight, *args, **kwargs
+        )
 
 
 class SGLangOutputLayer(SGLangColumnParallelLinear):
@@ -179,9 +178,9 @@ class SGLangRowParallelLinear(RowParallelLinear):
     """Row-parallel linear: forward = SGLang row-parallel linear (invariant matmul on the local K
     shard, then the fixed-order tree all-reduce), replacing megatron's NCCL/gloo all-reduce.
 
-    Backward is megatron-core's: ``linear_with_grad_accumulation_and_async_allreduce`` for the
-    local matmul; the TP all-reduce after it has the identity as its backward, so the gradient
-    path skips it (one all-reduce per layer: the kernel's tree all-reduce).
+    Backward is megatron-core's: ``LinearWithGradAccumulationAndAsyncCommunication`` for the
+    local matmul; the TP all-reduce after it has the identity as its backward (one all-reduce
+    per layer in training: the kernel's tree all-reduce).
     """
 
     def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
@@ -208,24 +207,13 @@ class SGLangRowParallelLinear(RowParallelLinear):
         def kernel_value() -> torch.Tensor:
             return self._reduce(input_, w, self.kernel_policy, self.tp_group, self._matmul)
 
-        def megatron_value() -> torch.Tensor:
-            out_parallel = self._forward_impl(
-                input=input_,
-                weight=w,
-                bias=None,
-                gradient_accumulation_fusion=self.gradient_accumulation_fusion,
-                allreduce_dgrad=False,
-                sequence_parallel=False,
-                tp_group=None,
-                grad_output_buffer=None,
-            )
-            # Megatron would now all-reduce ``out_parallel`` over TP
-            # (``reduce_from_tensor_model_parallel_region``), whose backward is the identity.
-            # straight_through keeps only this value's gradient, never its value, so the
-            # unreduced partial gives the same gradient without a second all-reduce per layer.
-            return out_parallel
-
-        out = straight_through(kernel_value, megatron_value, [input_, w])
+        # Megatron's local matmul then its TP all-reduce, whose backward is the identity: so the
+        # value is the kernel's (local matmul and tree all-reduce) and the backward megatron's
+        # local-matmul backward (no dgrad all-reduce: each rank holds its own K shard).
+        out = kernel_value_linear(
+            kernel_value, input_, w, None, self.gradient_accumulation_fusion,
+            allreduce_dgrad=False, sequence_parallel=False, tp_group=self.tp_group,
+        )  # fmt: skip
         if self.skip_bias_add:
             return out, self.bias
         return (out + self.bias if self.bias is not None else out), None

@@ -311,3 +311,56 @@ def test_mlp_activation_backward_matches_float64():
 
     _, (r,) = _grads(ref, fc1.double())
     _close(g, r)
+
+
+class _RecordingCtx:
+    """Stands in for autograd's ctx: records what a Function's forward leaves for backward."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+def test_kernel_value_linear_builds_the_context_megatron_linear_builds():
+    """KernelValueLinear sets the fields megatron-core's linear forward sets and nothing less: a
+    megatron version whose backward reads a new field fails here, not in a training run."""
+    from megatron.core.tensor_parallel.layers import (
+        LinearWithGradAccumulationAndAsyncCommunication as MegatronLinear,
+    )
+
+    from contractgen.adapters.megatron.autograd import LINEAR_CTX_FIELDS, KernelValueLinear
+
+    x, w = _rand(3, 8, seed=40), _rand(5, 8, seed=41)
+    args = (x, w, None, False, False, False, None, None, None)
+    theirs, ours = _RecordingCtx(), _RecordingCtx()
+    MegatronLinear.forward(theirs, *args)
+    value = KernelValueLinear.forward(ours, lambda: torch.zeros(3, 5, dtype=x.dtype), *args)
+    assert set(vars(theirs)) - {"saved_tensors"} <= set(vars(ours))
+    assert set(LINEAR_CTX_FIELDS) <= set(vars(theirs))
+    assert all(a is b for a, b in zip(theirs.saved_tensors, ours.saved_tensors, strict=True))
+    assert torch.equal(value, torch.zeros(3, 5, dtype=x.dtype))  # the kernel's value, no GEMM
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_value_linear_forward_is_the_kernel_backward_is_megatrons(dtype):
+    """Forward: the kernel's bits. Backward: bit for bit what megatron-core's own linear gives
+    for the same output gradient (dX = dY W, dW = dYᵀ X)."""
+    from megatron.core.tensor_parallel.layers import (
+        linear_with_grad_accumulation_and_async_allreduce,
+    )
+
+    from contractgen.adapters.megatron.autograd import kernel_value_linear
+
+    kp = _kp() if dtype == torch.bfloat16 else float32_kernel_policy(_kp())
+    x0, w0 = _rand(7, 256, seed=42, dtype=dtype), _rand(24, 256, seed=43, dtype=dtype)
+    dy = _rand(7, 24, seed=44, dtype=dtype)
+    kernel = K.invariant_matmul(x0, w0, kp)
+
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    out = kernel_value_linear(lambda: K.invariant_matmul(x.detach(), w.detach(), kp), x, w)
+    assert torch.equal(out, kernel)
+    out.backward(dy)
+
+    xm, wm = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    ref = linear_with_grad_accumulation_and_async_allreduce(xm, wm, None, False, False, False)
+    ref.backward(dy)
+    assert torch.equal(x.grad, xm.grad) and torch.equal(w.grad, wm.grad)
