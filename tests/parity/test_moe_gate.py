@@ -22,6 +22,7 @@ from contractgen.parity.layouts import parse_layouts
 from contractgen.parity.workload import make_workload
 
 MOE = "qwen3_moe_true_on_policy_v1"
+MOE_V2 = "qwen3_moe_true_on_policy_v2"
 LAYOUTS = parse_layouts("tp1,tp2,pp2,cp2")
 TP1 = LAYOUTS[0]
 
@@ -41,17 +42,35 @@ def tied_router_weights():
 
 
 @pytest.fixture(scope="module")
-def gate():
-    config = GateConfig(
-        MOE,
-        tied_router_weights(),
-        LAYOUTS,
-        progress=False,
-        hf_reference=False,
-        workload=make_workload(requests=2, prompt_tokens=12, new_tokens=3),
-    )
-    with GateRun(config) as run:
-        yield run
+def gates():
+    """``gates(contract)``: that contract's gate run on the tied-router model (started on first
+    use; one contract's processes alive at a time)."""
+    runs: dict[str, GateRun] = {}
+    weights = tied_router_weights()
+
+    def gate_for(contract: str) -> GateRun:
+        if contract not in runs:
+            for run in runs.values():
+                run.close()
+            config = GateConfig(
+                contract,
+                weights,
+                LAYOUTS,
+                progress=False,
+                hf_reference=False,
+                workload=make_workload(requests=2, prompt_tokens=12, new_tokens=3),
+            )
+            runs[contract] = GateRun(config)
+        return runs[contract]
+
+    yield gate_for
+    for run in runs.values():
+        run.close()
+
+
+@pytest.fixture
+def gate(gates):
+    return gates(MOE)
 
 
 @pytest.mark.parametrize(
@@ -62,9 +81,13 @@ def test_one_flipped_moe_field_on_the_trainer_breaks_parity(gate, field):
     assert outcome == "detected", how
 
 
-def test_moe_gate_is_exact_at_every_layout(gate):
+@pytest.mark.parametrize("contract", [MOE, MOE_V2])
+def test_moe_gate_is_exact_at_every_layout(gates, contract):
     """One gate run over the four layouts (``run_layouts``, as ``contractgen parity`` runs them):
-    every layout's trainer logprobs ``torch.equal`` the rollout's."""
+    every layout's trainer logprobs ``torch.equal`` the rollout's logprobs the contract names
+    (v1: the prefill re-score in bfloat16; v2: the decode-step logprobs in float32)."""
+    gate = gates(contract)
+    assert gate.logprob_contract == {MOE: "sglang_prefill", MOE_V2: "decode"}[contract]
     report = run_layouts(gate)
     layouts = report["layouts"]
     assert [lay["name"] for lay in layouts] == ["tp1", "tp2", "pp2", "cp2"]
