@@ -1,19 +1,21 @@
 """Issue 13, Qwen3-MoE through the gate: rollout and trainer (megatron-core's ``MoELayer`` tree with
-the contract's MoE kernels) agree bit for bit at TP1, TP2, PP2 and CP2 in one gate run, and
-flipping an MoE kernel-policy field on the trainer side alone breaks that.
+the contract's MoE kernels) agree bit for bit at TP1, TP2, PP2 and CP2 in one gate run, for v1 and
+v2, and flipping an MoE kernel-policy field on the trainer side alone breaks that.
 
-The model is the contract's reference model with one deliberate change: in every MoE layer the
-router rows of experts 2 and 5 are equal, so their logits tie for every token and the tie-break
-decides, whenever the pair straddles the top-k boundary, which of two different expert FFNs runs
-(with the plain random weights no tie ever occurs and a flipped tie-break cannot show; measured:
-undetected). ``moe_topk_normalisation`` and ``moe_combine_order`` change float32 ulps that the
-contract's bfloat16 rounding hides on this model (measured: undetected here, also with 40 scored
-tokens); ``tests/megatron/test_megatron_moe.py`` shows the trainer's MoE layer reading both under
-float32 dtypes, where they do change its output."""
+The model is the contract's reference model as ``contractgen parity`` builds it: its
+``tied_router_experts: [2, 5]`` makes the router rows of experts 2 and 5 equal in every MoE layer,
+so their logits tie for every token and the tie-break decides, whenever the pair straddles the
+top-k boundary, which of two different expert FFNs runs (with untied random rows no tie occurs
+and a flipped tie-break cannot show; measured: undetected). ``moe_topk_normalisation`` and
+``moe_combine_order`` change float32 ulps that the contract's bfloat16 rounding hides on this
+model (the contract's ``unobservable`` notes say so); ``tests/megatron/test_megatron_moe.py``
+shows the trainer's MoE layer reading both under float32 dtypes, where they do change its
+output."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import run_parity_in_process
 
 from contractgen.parity.faults import Fault
@@ -27,18 +29,45 @@ LAYOUTS = parse_layouts("tp1,tp2,pp2,cp2")
 TP1 = LAYOUTS[0]
 
 
-def tied_router_weights():
-    """The reference model's seeded random weights with router rows 2 and 5 made equal."""
+def reference_weights():
+    """The contract's reference model's seeded random weights (what ``parity`` builds)."""
     from contractgen.adapters.sglang.model import ModelArch, random_weights
     from contractgen.codegen.vendored import load_target
 
     arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(MOE))
-    weights = random_weights(arch, seed=0)
-    routers = [name for name in weights if name.endswith("mlp.gate.weight")]
-    assert len(routers) == 3  # layers 0, 2, 3 (layer 1 is dense: mlp_only_layers)
+    return random_weights(arch, seed=0)
+
+
+def test_reference_model_ties_router_rows_2_and_5():
+    """``tied_router_experts: [2, 5]``: in each MoE layer (0, 2, 3; layer 1 is dense) router row 5
+    is row 2, and no other two rows are equal."""
+    weights = reference_weights()
+    routers = sorted(name for name in weights if name.endswith("mlp.gate.weight"))
+    assert [name.split(".")[2] for name in routers] == ["0", "2", "3"]
+    pairs = [(a, b) for a in range(8) for b in range(a + 1, 8)]
     for name in routers:
-        weights[name][5] = weights[name][2]
-    return weights
+        w = weights[name]
+        assert [(a, b) for a, b in pairs if torch.equal(w[a], w[b])] == [(2, 5)], name
+
+
+def test_transformers_reference_breaks_router_ties_to_the_lowest_id():
+    """Inside ``ties_to_lowest_index`` ``torch.topk`` returns the lowest index of equal values
+    first (stock CPU ``torch.topk`` returns the higher one for some of these rows) and selects
+    what stock ``torch.topk`` selects where nothing ties; outside it is stock again."""
+    from contractgen.parity.reference import ties_to_lowest_index
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 8, generator=g)
+    x[:, 5] = x[:, 2]
+    stock = torch.topk(x, 4).indices
+    with ties_to_lowest_index():
+        ours = torch.topk(x, 4)
+        untied = torch.topk(x[:, :5], 3)
+    straddle = (stock == 5).any(-1) & ~(stock == 2).any(-1)
+    assert straddle.any()  # the stock op picked 5 over its equal 2 somewhere
+    assert not ((ours.indices == 5).any(-1) & ~(ours.indices == 2).any(-1)).any()
+    assert torch.equal(ours.values, torch.topk(x, 4).values)
+    assert torch.equal(untied.indices, torch.topk(x[:, :5], 3).indices)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +75,7 @@ def gates():
     """``gates(contract)``: that contract's gate run on the tied-router model (started on first
     use; one contract's processes alive at a time)."""
     runs: dict[str, GateRun] = {}
-    weights = tied_router_weights()
+    weights = reference_weights()
 
     def gate_for(contract: str) -> GateRun:
         if contract not in runs:

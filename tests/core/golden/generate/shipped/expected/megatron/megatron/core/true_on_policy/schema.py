@@ -10,9 +10,9 @@
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_moe_true_on_policy_v1 sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad
-#   qwen3_moe_true_on_policy_v2 sha256:2dfb9c622d0e7cb8925d639db0ec82d16aa9afa93fb254c2a134d8853ab7fd21
-# sha256: 1f242ed2b6cc147d2733475bea3cf59dadfd8168b86f3d4f3ab4ec82839ce116
+#   qwen3_moe_true_on_policy_v1 sha256:46b2b551e32785f0b287df35b18992403f72756acb2f3b85c98ee2783a67f55b
+#   qwen3_moe_true_on_policy_v2 sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794
+# sha256: 059b783ad62bc616aad86c207c4eb516f0798795ca3df923361ae77da4f0cd72
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -170,6 +170,8 @@ class ModelDims:
     decoder_sparse_step: int | None = None
     # Layers that keep a dense MLP (intermediate_size) regardless.
     mlp_only_layers: tuple[int, ...] | None = None
+    # Reference model only: experts whose router rows the seeded init makes equal, so their router logits tie for every token and the top-k tie-break decides between them.
+    tied_router_experts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -1470,6 +1472,10 @@ CONTRACT_DATA: dict[str, dict] = {
                 "num_kv_heads": 4,
                 "num_layers": 4,
                 "tie_word_embeddings": False,
+                "tied_router_experts": [
+                    2,
+                    5,
+                ],
                 "tp_sizes": [
                     1,
                     2,
@@ -1721,6 +1727,10 @@ CONTRACT_DATA: dict[str, dict] = {
                 "num_kv_heads": 4,
                 "num_layers": 4,
                 "tie_word_embeddings": False,
+                "tied_router_experts": [
+                    2,
+                    5,
+                ],
                 "tp_sizes": [
                     1,
                     2,
@@ -1861,8 +1871,8 @@ FINGERPRINTS: dict[str, str] = {
     "llama3_dense_true_on_policy_v1": "sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8",
     "qwen3_dense_true_on_policy_v1": "sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644",
     "qwen3_dense_true_on_policy_v2": "sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085",
-    "qwen3_moe_true_on_policy_v1": "sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad",
-    "qwen3_moe_true_on_policy_v2": "sha256:2dfb9c622d0e7cb8925d639db0ec82d16aa9afa93fb254c2a134d8853ab7fd21",
+    "qwen3_moe_true_on_policy_v1": "sha256:46b2b551e32785f0b287df35b18992403f72756acb2f3b85c98ee2783a67f55b",
+    "qwen3_moe_true_on_policy_v2": "sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794",
 }
 
 # sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
@@ -1995,7 +2005,7 @@ def _scaling(scaling: dict | None) -> tuple[tuple[str, float | int | str], ...] 
 
 def _dims(data: dict, profile_rope: dict) -> ModelDims:
     values = dict(data)
-    for key in ("tp_sizes", "pp_sizes", "mlp_only_layers"):
+    for key in ("tp_sizes", "pp_sizes", "mlp_only_layers", "tied_router_experts"):
         values[key] = None if values.get(key) is None else tuple(values[key])
     rope = values.pop("rope", None) or profile_rope
     values["rope_theta"] = rope["theta"]
