@@ -18,6 +18,7 @@ from ..schema.loader import LoadedContract
 from ..schema.models import (
     MOE_DIMS_FIELDS,
     MOE_KERNEL_FIELDS,
+    REFERENCE_ONLY_DIMS_FIELDS,
     SCHEMA_VERSION,
     KernelPolicy,
     ModelDims,
@@ -289,13 +290,16 @@ def _schema_context(contracts: list[LoadedContract]) -> dict:
         ],
         "ids_tuple": _seq([py_str(lc.id) for lc in contracts], "(", ")"),
         "kernel_fields": _field_docs(KernelPolicy, optional=MOE_KERNEL_FIELDS),
-        "dims_fields": _field_docs(ModelDims, skip=("rope", *MOE_DIMS_FIELDS)),
-        "dims_optional_fields": _field_docs(ModelDims, skip=_not(ModelDims, MOE_DIMS_FIELDS)),
+        "dims_fields": _field_docs(ModelDims, skip=("rope", *OPTIONAL_DIMS_FIELDS)),
+        "dims_optional_fields": _field_docs(ModelDims, skip=_not(ModelDims, OPTIONAL_DIMS_FIELDS)),
         "contract_data": py_literal(data),
         "fingerprints": py_literal({cid: contract_fingerprint(d) for cid, d in data.items()}),
         "policy_fingerprints": py_literal({cid: policy_fingerprints(d) for cid, d in data.items()}),
         "superseded_by": py_literal(superseded_by),
     }
+
+
+OPTIONAL_DIMS_FIELDS = (*MOE_DIMS_FIELDS, *REFERENCE_ONLY_DIMS_FIELDS)
 
 
 def _not(model: type, names: tuple[str, ...]) -> tuple[str, ...]:

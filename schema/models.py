@@ -136,6 +136,13 @@ class ModelDims(_Model):
     mlp_only_layers: tuple[Annotated[int, Field(ge=0, le=MAX_SIZE)], ...] | None = Field(
         default=None, description="Layers that keep a dense MLP (intermediate_size) regardless."
     )
+    tied_router_experts: tuple[Annotated[int, Field(ge=0, le=MAX_SIZE)], ...] | None = Field(
+        default=None,
+        description=(
+            "Reference model only: experts whose router rows the seeded init makes equal, so "
+            "their router logits tie for every token and the top-k tie-break decides between them."
+        ),
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_optional(self, handler: SerializerFunctionWrapHandler) -> dict:
@@ -143,7 +150,7 @@ class ModelDims(_Model):
         # fields existed, so the canonical data (and the fingerprint) of contracts that do not
         # use them is unchanged.
         data = handler(self)
-        for key in ("pp_sizes", "rope", *MOE_DIMS_FIELDS):
+        for key in ("pp_sizes", "rope", *MOE_DIMS_FIELDS, *REFERENCE_ONLY_DIMS_FIELDS):
             if key in data and data[key] is None:
                 del data[key]
         return data
@@ -157,6 +164,8 @@ MOE_DIMS_FIELDS = (
     "decoder_sparse_step",
     "mlp_only_layers",
 )
+# Properties of the seeded random reference model, never of a real checkpoint.
+REFERENCE_ONLY_DIMS_FIELDS = ("tied_router_experts",)
 
 
 class Architectures(_Model):

@@ -103,6 +103,33 @@ def check_moe(c: Contract) -> Iterator[Finding]:
             )
 
 
+def check_tied_router_experts(c: Contract) -> Iterator[Finding]:
+    """Router ties are a property of the seeded reference model (a real checkpoint's router
+    weights are its own), need an MoE block, and name two or more existing experts."""
+    for i, d in enumerate(c.model_profile.checkpoints):
+        if d.tied_router_experts is not None:
+            yield (
+                f"model_profile.checkpoints.{i}.tied_router_experts",
+                "must be absent: a checkpoint's router weights are its own; only "
+                "model_profile.reference_model (seeded random weights) can tie router rows",
+            )
+    d = c.model_profile.reference_model
+    tied, path = d.tied_router_experts, "model_profile.reference_model.tied_router_experts"
+    if tied is None:
+        return
+    if d.num_experts is None:
+        yield path, "must be absent: the reference model has no mixture-of-experts block"
+        return
+    if len(tied) < 2 or list(tied) != sorted(set(tied)):
+        yield (
+            path,
+            f"must list two or more expert ids, ascending, without repeats (got {list(tied)})",
+        )
+    outside = [e for e in tied if e >= d.num_experts]
+    if outside:
+        yield path, f"experts {outside} do not exist (num_experts is {d.num_experts})"
+
+
 def _family(c: Contract) -> Family | None:
     return FAMILIES.get(c.family)
 
@@ -316,6 +343,7 @@ def check_unobservable_paths(c: Contract) -> Iterator[Finding]:
 RULES: tuple[Callable[[Contract], Iterator[Finding]], ...] = (
     check_family,
     check_moe,
+    check_tied_router_experts,
     check_unique_sizes,
     check_tree_needs_power_of_two,
     check_dims,

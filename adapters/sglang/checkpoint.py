@@ -118,7 +118,8 @@ def load_checkpoint(path: str | Path, profile) -> tuple[ModelArch, dict[str, tor
 
 
 def dims_from_hf_config(cfg: Mapping, template, family: str):
-    """A ``ModelDims`` (``dataclasses.replace`` of ``template``) with an HF config's dims and RoPE."""
+    """A ``ModelDims`` (``dataclasses.replace`` of ``template``) with an HF config's dims and RoPE
+    (and none of the reference model's own properties: a checkpoint's router rows are its own)."""
     fields = hf_config_fields(cfg, family)
     keep = (*dim_fields(family_for(family)), "rope_theta", "rope_scaling")
-    return dataclasses.replace(template, **{f: fields[f] for f in keep})
+    return dataclasses.replace(template, **{f: fields[f] for f in keep}, tied_router_experts=None)

@@ -70,6 +70,8 @@ class ModelArch:
     norm_topk_prob: bool | None = None
     decoder_sparse_step: int | None = None
     mlp_only_layers: tuple[int, ...] | None = None
+    tied_router_experts: tuple[int, ...] | None = None
+    """Reference model only: experts whose router rows ``random_weights`` makes equal."""
 
     @property
     def spec(self) -> Family:
@@ -116,6 +118,7 @@ class ModelArch:
             rope_style=profile.rope_style,
             family=family.name,
             **{f: getattr(dims, f) for f in (family.moe.config_keys if family.moe else ())},
+            tied_router_experts=dims.tied_router_experts,
         )
 
 
@@ -125,17 +128,23 @@ def weight_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
 
 
 def random_weights(arch: ModelArch, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded float32 weights: linears ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norms ~ 1 + N(0, 0.1²)."""
+    """Seeded float32 weights: linears ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norms ~ 1 + N(0, 0.1²).
+    With ``arch.tied_router_experts`` (the contract's reference model), every MoE layer's router
+    rows of those experts are copies of the first one's: their logits tie for every token."""
     g = torch.Generator().manual_seed(seed)
     init = {
         "norm": lambda shape: 1.0 + 0.1 * torch.randn(shape, generator=g),
         "embedding": lambda shape: torch.randn(shape, generator=g),
         "linear": lambda shape: torch.randn(shape, generator=g) / math.sqrt(shape[1]),
     }
-    return {
-        name: init[w.init](w.shape(arch))
-        for name, w in arch.spec.weights(arch, qk_norm=arch.qk_norm).items()
-    }
+    specs = arch.spec.weights(arch, qk_norm=arch.qk_norm)
+    weights = {name: init[w.init](w.shape(arch)) for name, w in specs.items()}
+    if arch.tied_router_experts:
+        first, *others = arch.tied_router_experts
+        router = arch.spec.layer_weights["router"]
+        for name in [n for n, w in specs.items() if w is router]:
+            weights[name][list(others)] = weights[name][first].clone()
+    return weights
 
 
 def check_weights(

@@ -8,6 +8,7 @@ profile names (``hf_architecture``). transformers is optional: without it the re
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -121,24 +122,51 @@ def hf_name(weights: Any) -> str:
 
 
 @torch.no_grad()
+def _topk_lowest_index_first(input, k, dim=-1, largest=True, sorted=True, *, out=None):
+    if out is not None:
+        raise TypeError("the reference's torch.topk does not take out=")
+    order = torch.sort(input, dim=dim, descending=largest, stable=True).indices
+    indices = order.narrow(dim, 0, k)
+    return torch.return_types.topk((input.gather(dim, indices), indices))
+
+
+@contextmanager
+def ties_to_lowest_index():
+    """transformers' MoE routers pick experts with ``torch.topk``, which leaves the order of equal
+    values unspecified (on CPU it returns the higher index first for some rows). The reference
+    model's tied router rows (``tied_router_experts``) make such ties real, so in here
+    ``torch.topk`` breaks them to the lowest index, as the contracts'
+    ``moe_topk_tie_break: lowest_expert_id``; values without a tie select what they did."""
+    stock = torch.topk
+    torch.topk = _topk_lowest_index_first
+    try:
+        yield
+    finally:
+        torch.topk = stock
+
+
 def hf_logprobs(model, sequences: list[list[int]]) -> list[torch.Tensor]:
-    """Per sequence: ``log p(seq[t + 1] | seq[: t + 1])`` for every t (float32)."""
+    """Per sequence: ``log p(seq[t + 1] | seq[: t + 1])`` for every t (float32); router ties
+    to the lowest expert id (``ties_to_lowest_index``)."""
     out = []
     for seq in sequences:
         ids = torch.tensor([seq])
-        logits = model(input_ids=ids).logits[0].float()
+        with ties_to_lowest_index():
+            logits = model(input_ids=ids).logits[0].float()
         out.append(torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0])
     return out
 
 
 def hf_grads(model, sequences: list[list[int]], prompt_lens: list[int]) -> dict[str, torch.Tensor]:
     """HF-named gradients of ``-sum(logprob of every response token)`` (the trainer's loss) in
-    ``model``'s dtype (float64 for the gate)."""
+    ``model``'s dtype (float64 for the gate); router ties to the lowest expert id."""
     model.zero_grad(set_to_none=True)
     loss = 0
     for seq, p in zip(sequences, prompt_lens, strict=True):
         ids = torch.tensor([seq])
-        lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
+        with ties_to_lowest_index():
+            logits = model(input_ids=ids).logits[0, :-1]
+        lp = torch.log_softmax(logits, dim=-1)
         loss = loss - lp.gather(-1, ids[0, 1:, None])[p - 1 :, 0].sum()
     loss.backward()
     grads = {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}

@@ -47,8 +47,19 @@ def test_moe_contract_needs_every_moe_field() -> None:
     assert len(got) == 1 and got[0].endswith(
         "model_profile.reference_model.num_experts_per_tok: must not exceed num_experts (got 9 of 8)"
     ), got
-    got = _problems(text.replace("mlp_only_layers: [1]}", "mlp_only_layers: [1, 4]}"), MOE)
+    got = _problems(text.replace("mlp_only_layers: [1],", "mlp_only_layers: [1, 4],"), MOE)
     assert len(got) == 1 and "layers [4] do not exist (num_layers is 4)" in got[0], got
+
+
+def test_tied_router_experts_are_ascending_distinct_ids() -> None:
+    """(Misplaced or missing experts: golden errors/tied_router_experts_misplaced.)"""
+    text = (ROOT / MOE).read_text()
+    for tied in ("[5, 2]", "[2, 2]", "[2]"):
+        got = _problems(text.replace("tied_router_experts: [2, 5]", f"tied_router_experts: {tied}"), MOE)  # fmt: skip
+        assert len(got) == 1 and got[0].endswith(
+            "model_profile.reference_model.tied_router_experts: must list two or more expert "
+            f"ids, ascending, without repeats (got {tied})"
+        ), got
 
 
 def test_expert_down_k_limits_tp() -> None:

@@ -149,7 +149,7 @@ def test_copy_that_does_not_know_the_contract(tmp_path: Path, repos: tuple[Path,
         handshake_report(trainer, V2, "trainer"),
     )
     assert error.kind == "unknown_contract"
-    known = f"llama3_dense_true_on_policy_v1, {V1}, qwen3_moe_true_on_policy_v1"
+    known = f"llama3_dense_true_on_policy_v1, {V1}, qwen3_moe_true_on_policy_v1, qwen3_moe_true_on_policy_v2"
     assert f"does not define {V2} (it knows: {known})" in str(error)
 
 

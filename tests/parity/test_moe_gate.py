@@ -1,19 +1,21 @@
 """Issue 13, Qwen3-MoE through the gate: rollout and trainer (megatron-core's ``MoELayer`` tree with
-the contract's MoE kernels) agree bit for bit at TP1, TP2, PP2 and CP2 in one gate run, and
-flipping an MoE kernel-policy field on the trainer side alone breaks that.
+the contract's MoE kernels) agree bit for bit at TP1, TP2, PP2 and CP2 in one gate run, for v1 and
+v2, and flipping an MoE kernel-policy field on the trainer side alone breaks that.
 
-The model is the contract's reference model with one deliberate change: in every MoE layer the
-router rows of experts 2 and 5 are equal, so their logits tie for every token and the tie-break
-decides, whenever the pair straddles the top-k boundary, which of two different expert FFNs runs
-(with the plain random weights no tie ever occurs and a flipped tie-break cannot show; measured:
-undetected). ``moe_topk_normalisation`` and ``moe_combine_order`` change float32 ulps that the
-contract's bfloat16 rounding hides on this model (measured: undetected here, also with 40 scored
-tokens); ``tests/megatron/test_megatron_moe.py`` shows the trainer's MoE layer reading both under
-float32 dtypes, where they do change its output."""
+The model is the contract's reference model as ``contractgen parity`` builds it: its
+``tied_router_experts: [2, 5]`` makes the router rows of experts 2 and 5 equal in every MoE layer,
+so their logits tie for every token and the tie-break decides, whenever the pair straddles the
+top-k boundary, which of two different expert FFNs runs (with untied random rows no tie occurs
+and a flipped tie-break cannot show; measured: undetected). ``moe_topk_normalisation`` and
+``moe_combine_order`` change float32 ulps that the contract's bfloat16 rounding hides on this
+model (the contract's ``unobservable`` notes say so); ``tests/megatron/test_megatron_moe.py``
+shows the trainer's MoE layer reading both under float32 dtypes, where they do change its
+output."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import run_parity_in_process
 
 from contractgen.parity.faults import Fault
@@ -22,36 +24,82 @@ from contractgen.parity.layouts import parse_layouts
 from contractgen.parity.workload import make_workload
 
 MOE = "qwen3_moe_true_on_policy_v1"
+MOE_V2 = "qwen3_moe_true_on_policy_v2"
 LAYOUTS = parse_layouts("tp1,tp2,pp2,cp2")
 TP1 = LAYOUTS[0]
 
 
-def tied_router_weights():
-    """The reference model's seeded random weights with router rows 2 and 5 made equal."""
+def reference_weights():
+    """The contract's reference model's seeded random weights (what ``parity`` builds)."""
     from contractgen.adapters.sglang.model import ModelArch, random_weights
     from contractgen.codegen.vendored import load_target
 
     arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(MOE))
-    weights = random_weights(arch, seed=0)
-    routers = [name for name in weights if name.endswith("mlp.gate.weight")]
-    assert len(routers) == 3  # layers 0, 2, 3 (layer 1 is dense: mlp_only_layers)
+    return random_weights(arch, seed=0)
+
+
+def test_reference_model_ties_router_rows_2_and_5():
+    """``tied_router_experts: [2, 5]``: in each MoE layer (0, 2, 3; layer 1 is dense) router row 5
+    is row 2, and no other two rows are equal."""
+    weights = reference_weights()
+    routers = sorted(name for name in weights if name.endswith("mlp.gate.weight"))
+    assert [name.split(".")[2] for name in routers] == ["0", "2", "3"]
+    pairs = [(a, b) for a in range(8) for b in range(a + 1, 8)]
     for name in routers:
-        weights[name][5] = weights[name][2]
-    return weights
+        w = weights[name]
+        assert [(a, b) for a, b in pairs if torch.equal(w[a], w[b])] == [(2, 5)], name
+
+
+def test_transformers_reference_breaks_router_ties_to_the_lowest_id():
+    """Inside ``ties_to_lowest_index`` ``torch.topk`` returns the lowest index of equal values
+    first (stock CPU ``torch.topk`` returns the higher one for some of these rows) and selects
+    what stock ``torch.topk`` selects where nothing ties; outside it is stock again."""
+    from contractgen.parity.reference import ties_to_lowest_index
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 8, generator=g)
+    x[:, 5] = x[:, 2]
+    stock = torch.topk(x, 4).indices
+    with ties_to_lowest_index():
+        ours = torch.topk(x, 4)
+        untied = torch.topk(x[:, :5], 3)
+    straddle = (stock == 5).any(-1) & ~(stock == 2).any(-1)
+    assert straddle.any()  # the stock op picked 5 over its equal 2 somewhere
+    assert not ((ours.indices == 5).any(-1) & ~(ours.indices == 2).any(-1)).any()
+    assert torch.equal(ours.values, torch.topk(x, 4).values)
+    assert torch.equal(untied.indices, torch.topk(x[:, :5], 3).indices)
 
 
 @pytest.fixture(scope="module")
-def gate():
-    config = GateConfig(
-        MOE,
-        tied_router_weights(),
-        LAYOUTS,
-        progress=False,
-        hf_reference=False,
-        workload=make_workload(requests=2, prompt_tokens=12, new_tokens=3),
-    )
-    with GateRun(config) as run:
-        yield run
+def gates():
+    """``gates(contract)``: that contract's gate run on the tied-router model (started on first
+    use; one contract's processes alive at a time)."""
+    runs: dict[str, GateRun] = {}
+    weights = reference_weights()
+
+    def gate_for(contract: str) -> GateRun:
+        if contract not in runs:
+            for run in runs.values():
+                run.close()
+            config = GateConfig(
+                contract,
+                weights,
+                LAYOUTS,
+                progress=False,
+                hf_reference=False,
+                workload=make_workload(requests=2, prompt_tokens=12, new_tokens=3),
+            )
+            runs[contract] = GateRun(config)
+        return runs[contract]
+
+    yield gate_for
+    for run in runs.values():
+        run.close()
+
+
+@pytest.fixture
+def gate(gates):
+    return gates(MOE)
 
 
 @pytest.mark.parametrize(
@@ -62,9 +110,13 @@ def test_one_flipped_moe_field_on_the_trainer_breaks_parity(gate, field):
     assert outcome == "detected", how
 
 
-def test_moe_gate_is_exact_at_every_layout(gate):
+@pytest.mark.parametrize("contract", [MOE, MOE_V2])
+def test_moe_gate_is_exact_at_every_layout(gates, contract):
     """One gate run over the four layouts (``run_layouts``, as ``contractgen parity`` runs them):
-    every layout's trainer logprobs ``torch.equal`` the rollout's."""
+    every layout's trainer logprobs ``torch.equal`` the rollout's logprobs the contract names
+    (v1: the prefill re-score in bfloat16; v2: the decode-step logprobs in float32)."""
+    gate = gates(contract)
+    assert gate.logprob_contract == {MOE: "sglang_prefill", MOE_V2: "decode"}[contract]
     report = run_layouts(gate)
     layouts = report["layouts"]
     assert [lay["name"] for lay in layouts] == ["tp1", "tp2", "pp2", "cp2"]

@@ -128,6 +128,7 @@ def _small_arch(profile):
         num_experts=4,
         num_experts_per_tok=2,
         vocab_size=500,
+        tied_router_experts=None,  # the reference model's tied rows 2 and 5: not in 4 experts
     )
 
 
@@ -269,6 +270,28 @@ def test_token_order_is_invisible_under_the_invariant_matmul(moe_policy):
     unordered = dataclasses.replace(kp, moe_token_order="unordered")
     torch.manual_seed(0)
     assert torch.equal(_block(x, router, experts, kp), _block(x, router, experts, unordered))
+
+
+@pytest.mark.parametrize("field", ["moe_topk_normalisation", "moe_combine_order"])
+def test_float32_ulp_fields_rarely_survive_the_bfloat16_rounding(moe_policy, field):
+    """The contract's ``unobservable`` notes on these two fields: flipped, they change float32
+    ulps of the combine, which rounds once to bfloat16, so in the contract's dtypes only the odd
+    output changes (some, but fewer than 1 in 10,000 of 512,000), where float32 changes many."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 256, generator=g).to(torch.bfloat16)
+    router = (torch.randn(8, 256, generator=g) / 16).to(torch.bfloat16)
+    y_TKH = (torch.randn(2000, 4, 256, generator=g) / 2).to(torch.bfloat16)  # experts' outputs
+
+    def changed(kp):
+        flipped = dataclasses.replace(kp, **{field: _flips()[field]})
+        outs = []
+        for p in (kp, flipped):
+            weights, ids = moe.route(x, router, p, top_k=4, normalize=True)
+            outs.append(moe.combine(y_TKH, weights, ids, p))
+        return int((outs[0] != outs[1]).sum())
+
+    in_bf16, in_fp32 = changed(moe_policy.kp), changed(moe_policy.kp32)
+    assert 0 < in_bf16 < 2000 * 256 // 10_000 < in_fp32, (in_bf16, in_fp32)
 
 
 def test_norm_topk_prob_is_read(moe_policy):

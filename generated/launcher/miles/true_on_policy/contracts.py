@@ -5,12 +5,14 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
+#   contracts/qwen3_moe_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_moe_true_on_policy_v1 sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad
-# sha256: 4b18b7dda7b46e8e500da1b3da9ef7f9f6ecec651d7619a8f3d12c5e8afd2871
+#   qwen3_moe_true_on_policy_v1 sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26
+#   qwen3_moe_true_on_policy_v2 sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794
+# sha256: 4185590b49334685e7b3586f9e39952121ab27c16714fb7eb7e3142cda0d368a
 """Public contract names of the true-on-policy package, as the miles repository's own
 modules import them (``from .contracts import ...``): the schema's aliases and constants and the
 runtime policy's contract objects, in one place. Standard library only.
@@ -31,6 +33,8 @@ from .runtime_policy import (
     QWEN3_MOE_TRUE_ON_POLICY_CONTRACT,
     QWEN3_MOE_TRUE_ON_POLICY_V1,
     QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
+    QWEN3_MOE_TRUE_ON_POLICY_V2,
+    QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     LauncherTrueOnPolicyContract,
     LauncherTrueOnPolicyRuntimePolicy,
     TrueOnPolicyContract,
@@ -45,6 +49,7 @@ from .schema import (
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     KernelContract,
     LogprobContract,
     ModelFamily,
@@ -71,6 +76,9 @@ __all__ = [
     "QWEN3_MOE_TRUE_ON_POLICY_V1",
     "QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT",
     "QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA",
+    "QWEN3_MOE_TRUE_ON_POLICY_V2",
+    "QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT",
+    "QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA",
     "KernelContract",
     "LauncherTrueOnPolicyContract",
     "LauncherTrueOnPolicyRuntimePolicy",

@@ -5,12 +5,14 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
+#   contracts/qwen3_moe_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_moe_true_on_policy_v1 sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad
-# sha256: 168f1b85d611d79549c31041017be82a60cf29298e430231e8c05691683757b2
+#   qwen3_moe_true_on_policy_v1 sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26
+#   qwen3_moe_true_on_policy_v2 sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794
+# sha256: 8e1847654b1e87649b13d14f554da4a8dae4b7287bd992ef68d3e7b92a45f35b
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -30,6 +32,7 @@ from .schema import (
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
@@ -175,6 +178,21 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "true_on_policy_mode": ("const", True),
         "recompute_logprobs_via_prefill": ("const", True),
     },
+    "qwen3_moe_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "enable_deterministic_inference": ("const", True),
+        "transformer_impl": ("const", "local"),
+        "use_cpu_initialization": ("const", True),
+        "batch_invariant_mode": ("const", True),
+        "no_bias_swiglu_fusion": ("const", True),
+        "no_rope_fusion": ("const", True),
+        "nccl_algo": ("const", "Ring"),
+        "nvte_allow_nondeterministic_algo": ("const", False),
+        "cublas_workspace_config": ("const", ":4096:8"),
+        "deterministic_mode": ("const", True),
+        "true_on_policy_mode": ("const", True),
+        "recompute_logprobs_via_prefill": ("const", False),
+    },
 }
 
 
@@ -280,12 +298,16 @@ QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 QWEN3_MOE_TRUE_ON_POLICY_CONTRACT = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
+QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = LauncherTrueOnPolicyContract(
+    schema=QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
+)
 
 # As in miles, the bare ``<ID>`` constant is the contract object (not the id string).
 LLAMA3_DENSE_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
+QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT
 
 # The public module's name for the contract class.
 TrueOnPolicyContract = LauncherTrueOnPolicyContract
@@ -295,6 +317,7 @@ _CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
+    "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
 }
 
 

@@ -5,12 +5,14 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
+#   contracts/qwen3_moe_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_moe_true_on_policy_v1 sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad
-# sha256: 5dca07b37852eb9b80e66c6fdf3d54e92800555d46700f1ddcd9a70befbd2939
+#   qwen3_moe_true_on_policy_v1 sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26
+#   qwen3_moe_true_on_policy_v2 sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794
+# sha256: 47bae932c74534f0acac325516939465e1fcb4e9df3322c70ad602a6cadda04e
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -31,6 +33,7 @@ from .schema import (
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
@@ -40,6 +43,7 @@ LLAMA3_DENSE_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
+QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,25 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "use_sglang_residual_pair": ("const", True),
         "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
     },
+    "qwen3_moe_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "use_sglang_backend": ("const", True),
+        "batch_invariant_mode": ("config", "batch_invariant_mode", False),
+        "disable_rope_fusion": ("const", True),
+        "disable_bias_swiglu_fusion": ("const", True),
+        "attention_backend": ("const", "fa3_varlen"),
+        "cp_layout": ("when", "ulysses_cp", "ulysses_a2a", None),
+        "cast_attention_input_to_dense_math_dtype": ("const", True),
+        "cast_qk_norm_input_before_weight_mul": ("const", True),
+        "cast_qk_after_rope_to_dense_math_dtype": ("const", True),
+        "cast_lm_head_input_to_weight_dtype": ("const", True),
+        "deterministic_row_parallel_reduce": ("const", True),
+        "defer_ulysses_cp_loss_scaling_to_grad_sum": ("const", True),
+        "apply_logits_contract": ("const", True),
+        "use_sglang_final_norm": ("const", True),
+        "use_sglang_residual_pair": ("const", True),
+        "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
+    },
 }
 
 
@@ -315,12 +338,16 @@ QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = MegatronTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 QWEN3_MOE_TRUE_ON_POLICY_CONTRACT = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
+QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = MegatronTrueOnPolicyContract(
+    schema=QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
+)
 
 _CONTRACT_BY_NAME: dict[str, MegatronTrueOnPolicyContract] = {
     "llama3_dense_true_on_policy_v1": LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
+    "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
 }
 
 

@@ -5,12 +5,14 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
+#   contracts/qwen3_moe_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_moe_true_on_policy_v1 sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad
-# sha256: 32c15292a359c24e7d107c3b9045e6f385941fa079c957cbead12312a6891561
+#   qwen3_moe_true_on_policy_v1 sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26
+#   qwen3_moe_true_on_policy_v2 sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794
+# sha256: 9abae37d299c747545716fb3740b5351c88d39fd4d98c97b0b514fa78545581d
 """Public contract names of the true-on-policy package, as the sglang repository's own
 modules import them (``from .contracts import ...``): the schema's aliases and constants and the
 runtime policy's contract objects, in one place. Standard library only.
@@ -31,6 +33,8 @@ from .runtime_policy import (
     QWEN3_MOE_TRUE_ON_POLICY_CONTRACT,
     QWEN3_MOE_TRUE_ON_POLICY_V1,
     QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
+    QWEN3_MOE_TRUE_ON_POLICY_V2,
+    QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     SGLangTrueOnPolicyContract,
     SGLangTrueOnPolicyRuntimePolicy,
     get_true_on_policy_contract,
@@ -44,6 +48,7 @@ from .schema import (
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     KernelContract,
     LogprobContract,
     ModelFamily,
@@ -70,6 +75,9 @@ __all__ = [
     "QWEN3_MOE_TRUE_ON_POLICY_V1",
     "QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT",
     "QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA",
+    "QWEN3_MOE_TRUE_ON_POLICY_V2",
+    "QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT",
+    "QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA",
     "KernelContract",
     "LogprobContract",
     "ModelFamily",

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
-# sha256: 80a7b398ccb1fba3f4deddb3e0b86606b00fb7ec303b3df454429e499e790b34
+# sha256: d50e70afb76d52847988c2849d36503027344c3a5604d90edfc9b157f16e0569
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -147,6 +147,8 @@ class ModelDims:
     decoder_sparse_step: int | None = None
     # Layers that keep a dense MLP (intermediate_size) regardless.
     mlp_only_layers: tuple[int, ...] | None = None
+    # Reference model only: experts whose router rows the seeded init makes equal, so their router logits tie for every token and the top-k tie-break decides between them.
+    tied_router_experts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -560,7 +562,7 @@ def _scaling(scaling: dict | None) -> tuple[tuple[str, float | int | str], ...] 
 
 def _dims(data: dict, profile_rope: dict) -> ModelDims:
     values = dict(data)
-    for key in ("tp_sizes", "pp_sizes", "mlp_only_layers"):
+    for key in ("tp_sizes", "pp_sizes", "mlp_only_layers", "tied_router_experts"):
         values[key] = None if values.get(key) is None else tuple(values[key])
     rope = values.pop("rope", None) or profile_rope
     values["rope_theta"] = rope["theta"]

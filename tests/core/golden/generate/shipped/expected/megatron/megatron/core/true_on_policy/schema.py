@@ -5,12 +5,14 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
+#   contracts/qwen3_moe_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_moe_true_on_policy_v1 sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad
-# sha256: 20994c31b50d1e81948bf3c184166afdfa4b54df253512e1007bae253bc2990c
+#   qwen3_moe_true_on_policy_v1 sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26
+#   qwen3_moe_true_on_policy_v2 sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794
+# sha256: fddd3472b8b93ac37b6b5d9d321d5a178c3af35436e78826806f3b1d0ca746b9
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -36,6 +38,7 @@ TrueOnPolicyContractName = Literal[
     "qwen3_dense_true_on_policy_v1",
     "qwen3_dense_true_on_policy_v2",
     "qwen3_moe_true_on_policy_v1",
+    "qwen3_moe_true_on_policy_v2",
 ]
 ModelFamily = Literal[
     "llama3_dense",
@@ -59,6 +62,7 @@ CONTRACT_IDS: tuple[str, ...] = (
     "qwen3_dense_true_on_policy_v1",
     "qwen3_dense_true_on_policy_v2",
     "qwen3_moe_true_on_policy_v1",
+    "qwen3_moe_true_on_policy_v2",
 )
 
 
@@ -166,6 +170,8 @@ class ModelDims:
     decoder_sparse_step: int | None = None
     # Layers that keep a dense MLP (intermediate_size) regardless.
     mlp_only_layers: tuple[int, ...] | None = None
+    # Reference model only: experts whose router rows the seeded init makes equal, so their router logits tie for every token and the top-k tie-break decides between them.
+    tied_router_experts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -1466,6 +1472,10 @@ CONTRACT_DATA: dict[str, dict] = {
                 "num_kv_heads": 4,
                 "num_layers": 4,
                 "tie_word_embeddings": False,
+                "tied_router_experts": [
+                    2,
+                    5,
+                ],
                 "tp_sizes": [
                     1,
                     2,
@@ -1589,6 +1599,262 @@ CONTRACT_DATA: dict[str, dict] = {
         "unobservable": {
             "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
             "kernel_policy.logsoftmax_vocab_block": "Another block size reorders the float32 max / sum-exp reduction by a few ulps of the log-sum-exp, and v1 rounds logprobs to bfloat16, which hides that on the gate's workload (a logit near a bfloat16 rounding boundary could still show it). Under v2's float32 logprobs the same fault is detected.",
+            "kernel_policy.moe_combine_order": "Another fold order over a token's top-k weighted expert outputs changes float32 roundings of the combine, which rounds once to bfloat16 and absorbs them unless a sum lies within them of a bfloat16 rounding boundary: 8 of 512,000 combine outputs change on random inputs (176,397 in float32), per tests/sglang/test_qwen3_moe.py::test_float32_ulp_fields_rarely_survive_the_bfloat16_rounding. On the gate's default workload those few bfloat16 ulps reach no bfloat16 scored logprob at any layout (measured: tp1, tp2, pp2, cp2, tp2pp2, tp4, either side). Both sides read it: tests/sglang/test_qwen3_moe.py::test_every_moe_policy_field_is_read (rollout block) and tests/megatron/test_megatron_moe.py::test_each_moe_field_flipped_on_the_trainer_alone_breaks_equality (trainer layer, float32).",
+            "kernel_policy.moe_token_order": "Each expert's linears are the batch-invariant matmul, whose every row's bits are independent of the other rows and of their order, so the order of the tokens grouped to an expert cannot show in any output. The field pins what an atomics-based align kernel leaves free; tests/sglang/test_qwen3_moe.py::test_token_order_is_invisible_under_the_invariant_matmul shows the 'unordered' grouping giving the same bits.",
+            "kernel_policy.moe_topk_normalisation": "divide_by_topk_sum and softmax_over_topk_logits are the same function and differ only in float32 roundings of the top-k weights. The weighted combine sums in float32 and rounds once to bfloat16, which absorbs those ulps unless a sum lies within them of a bfloat16 rounding boundary: 24 of 512,000 combine outputs change on random inputs (252,123 in float32), per tests/sglang/test_qwen3_moe.py::test_float32_ulp_fields_rarely_survive_the_bfloat16_rounding. On the gate's default workload the few hidden-state bfloat16 ulps this leaves reach no bfloat16 scored logprob at any layout (measured: tp1, tp2, pp2, cp2, tp2pp2, tp4, either side). Both sides read it: tests/sglang/test_qwen3_moe.py::test_every_moe_policy_field_is_read (rollout block, float32) and tests/megatron/test_megatron_moe.py::test_each_moe_field_flipped_on_the_trainer_alone_breaks_equality (trainer layer, float32). Under qwen3_moe_true_on_policy_v2's float32 logprobs the gate detects it (tp1, max |diff| 0.00706).",
+            "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
+            "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
+            "runtime_policy.megatron.cp_layout": "Names how context parallelism moves data. The adapter's alternative to the Ulysses all-to-all gathers K/V instead; each query still sees the same keys in the same fixed KV-chunk order, so the forward bits agree by construction. The launcher renders it, and it selects the recompute path below.",
+            "runtime_policy.megatron.defer_ulysses_cp_loss_scaling_to_grad_sum": "Scales gradients only (cp/dp_cp instead of 1/dp_cp); forward logprobs cannot see it. tests/megatron/test_megatron_grads.py::test_ulysses_cp_gradient_scale shows the scale.",
+            "runtime_policy.megatron.use_sglang_residual_pair": "Carrying (output, residual) separately and megatron's bias-dropout-add round the same single bfloat16 add while the residual is bfloat16. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing); it also fixes what crosses a pipeline stage boundary.",
+            "runtime_policy.megatron.use_ulysses_cp_recompute_fallback": "Recomputes attention in backward under Ulysses CP (memory, not numerics): the recomputed forward runs the same kernels, and the gate's forward runs without grad.",
+        },
+    },
+    "qwen3_moe_true_on_policy_v2": {
+        "description": "Qwen3-MoE true-on-policy with fp32 log-softmax and decode-exact logprobs: the rollout's decode-step logprobs equal the trainer's bitwise, so RL skips the prefill re-score pass. Same dense math, tile order, TP reduction and deterministic MoE block as qwen3_moe_true_on_policy_v1.",
+        "family": "qwen3_moe",
+        "id": "qwen3_moe_true_on_policy_v2",
+        "identity": {
+            "disable_megatron_sequence_parallel": True,
+            "fsdp_attention_implementation": "flash_attention_3",
+            "kernel_contracts": [
+                "qwen3_dense_sglang_math_fp32_logprobs",
+                "qwen3_moe_sglang_math",
+            ],
+            "logprob_contract": "decode",
+            "sglang_attention_backend": "fa3",
+        },
+        "kernel_policy": {
+            "all_reduce": "fixed_tree",
+            "attention_kv_chunk": 64,
+            "attention_softmax_dtype": "float32",
+            "dense_math_dtype": "bfloat16",
+            "lm_head_input_dtype": "bfloat16",
+            "logsoftmax_dtype": "float32",
+            "logsoftmax_vocab_block": 128,
+            "matmul_accumulation_dtype": "bfloat16",
+            "matmul_k_block": 128,
+            "matmul_tile_order": "sglang_first_level",
+            "moe_combine_dtype": "float32",
+            "moe_combine_order": "expert_id",
+            "moe_router_logits_dtype": "bfloat16",
+            "moe_router_softmax_dtype": "float32",
+            "moe_token_order": "token_index",
+            "moe_topk_normalisation": "divide_by_topk_sum",
+            "moe_topk_tie_break": "lowest_expert_id",
+            "norm_cast_before_weight": True,
+            "norm_compute_dtype": "float32",
+            "residual_dtype": "bfloat16",
+            "rope_dtype": "float32",
+        },
+        "model_profile": {
+            "activation": "silu_glu",
+            "architectures": {
+                "hf": "Qwen3MoeForCausalLM",
+                "megatron": "Qwen3MoEModelProvider",
+                "sglang": "Qwen3MoeForCausalLM",
+            },
+            "attention_bias": False,
+            "checkpoints": [
+                {
+                    "decoder_sparse_step": 1,
+                    "head_dim": 128,
+                    "hidden_size": 2048,
+                    "intermediate_size": 6144,
+                    "max_position_embeddings": 40960,
+                    "mlp_only_layers": [],
+                    "moe_intermediate_size": 768,
+                    "name": "Qwen3-30B-A3B",
+                    "norm_topk_prob": True,
+                    "num_attention_heads": 32,
+                    "num_experts": 128,
+                    "num_experts_per_tok": 8,
+                    "num_kv_heads": 4,
+                    "num_layers": 48,
+                    "tie_word_embeddings": False,
+                    "tp_sizes": [
+                        1,
+                        2,
+                    ],
+                    "vocab_size": 151936,
+                },
+                {
+                    "decoder_sparse_step": 1,
+                    "head_dim": 128,
+                    "hidden_size": 4096,
+                    "intermediate_size": 12288,
+                    "max_position_embeddings": 40960,
+                    "mlp_only_layers": [],
+                    "moe_intermediate_size": 1536,
+                    "name": "Qwen3-235B-A22B",
+                    "norm_topk_prob": True,
+                    "num_attention_heads": 64,
+                    "num_experts": 128,
+                    "num_experts_per_tok": 8,
+                    "num_kv_heads": 4,
+                    "num_layers": 94,
+                    "pp_sizes": [
+                        1,
+                        2,
+                    ],
+                    "tie_word_embeddings": False,
+                    "tp_sizes": [
+                        1,
+                        2,
+                        4,
+                    ],
+                    "vocab_size": 151936,
+                },
+            ],
+            "norm": {
+                "eps": 1e-06,
+                "kind": "rmsnorm",
+            },
+            "qk_norm": True,
+            "reference_model": {
+                "decoder_sparse_step": 1,
+                "head_dim": 64,
+                "hidden_size": 256,
+                "intermediate_size": 1536,
+                "max_position_embeddings": 512,
+                "mlp_only_layers": [
+                    1,
+                ],
+                "moe_intermediate_size": 512,
+                "name": "qwen3-moe-tiny-random",
+                "norm_topk_prob": True,
+                "num_attention_heads": 8,
+                "num_experts": 8,
+                "num_experts_per_tok": 4,
+                "num_kv_heads": 4,
+                "num_layers": 4,
+                "tie_word_embeddings": False,
+                "tied_router_experts": [
+                    2,
+                    5,
+                ],
+                "tp_sizes": [
+                    1,
+                    2,
+                    4,
+                ],
+                "vocab_size": 1000,
+            },
+            "rope": {
+                "scaling": None,
+                "style": "neox",
+                "theta": 1000000.0,
+            },
+        },
+        "parallel": {
+            "kv_heads": "divide",
+            "rollout": {
+                "dp": True,
+                "tp": [
+                    1,
+                    2,
+                    4,
+                    8,
+                ],
+            },
+            "training": {
+                "cp": {
+                    "kind": "ulysses",
+                    "sizes": [
+                        1,
+                        2,
+                        4,
+                    ],
+                },
+                "dp": True,
+                "pp": [
+                    1,
+                    2,
+                    4,
+                ],
+                "sequence_parallel": False,
+                "tp": [
+                    1,
+                    2,
+                    4,
+                    8,
+                ],
+            },
+        },
+        "runtime_policy": {
+            "launcher": {
+                "batch_invariant_mode": True,
+                "cublas_workspace_config": ":4096:8",
+                "deterministic_mode": True,
+                "enable_deterministic_inference": True,
+                "enabled": True,
+                "nccl_algo": "Ring",
+                "no_bias_swiglu_fusion": True,
+                "no_rope_fusion": True,
+                "nvte_allow_nondeterministic_algo": False,
+                "recompute_logprobs_via_prefill": False,
+                "transformer_impl": "local",
+                "true_on_policy_mode": True,
+                "use_cpu_initialization": True,
+            },
+            "megatron": {
+                "apply_logits_contract": True,
+                "attention_backend": "fa3_varlen",
+                "batch_invariant_mode": {
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
+                "cast_attention_input_to_dense_math_dtype": True,
+                "cast_lm_head_input_to_weight_dtype": True,
+                "cast_qk_after_rope_to_dense_math_dtype": True,
+                "cast_qk_norm_input_before_weight_mul": True,
+                "cp_layout": {
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
+                "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
+                "deterministic_row_parallel_reduce": True,
+                "disable_bias_swiglu_fusion": True,
+                "disable_rope_fusion": True,
+                "enabled": True,
+                "use_sglang_backend": True,
+                "use_sglang_final_norm": True,
+                "use_sglang_residual_pair": True,
+                "use_ulysses_cp_recompute_fallback": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "ulysses_cp",
+                },
+            },
+            "sglang": {
+                "deterministic_tree_all_reduce": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+                "disable_flashinfer_allreduce_fusion": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+                "disable_fused_qk_norm_mrope": True,
+                "disable_mlp_allreduce_fusion": True,
+                "disable_reduce_scatter": True,
+                "enabled": True,
+                "force_bfloat16_dense_tensor_math": True,
+                "force_bfloat16_lm_head": True,
+                "tp_invariant_row_linear": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+            },
+        },
+        "schema_version": 1,
+        "supersedes": "qwen3_moe_true_on_policy_v1",
+        "unobservable": {
+            "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
             "kernel_policy.moe_token_order": "Each expert's linears are the batch-invariant matmul, whose every row's bits are independent of the other rows and of their order, so the order of the tokens grouped to an expert cannot show in any output. The field pins what an atomics-based align kernel leaves free; tests/sglang/test_qwen3_moe.py::test_token_order_is_invisible_under_the_invariant_matmul shows the 'unordered' grouping giving the same bits.",
             "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
             "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
@@ -1607,7 +1873,8 @@ FINGERPRINTS: dict[str, str] = {
     "llama3_dense_true_on_policy_v1": "sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8",
     "qwen3_dense_true_on_policy_v1": "sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644",
     "qwen3_dense_true_on_policy_v2": "sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085",
-    "qwen3_moe_true_on_policy_v1": "sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad",
+    "qwen3_moe_true_on_policy_v1": "sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26",
+    "qwen3_moe_true_on_policy_v2": "sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794",
 }
 
 # sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
@@ -1632,11 +1899,17 @@ POLICY_FINGERPRINTS: dict[str, dict[str, str]] = {
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
+    "qwen3_moe_true_on_policy_v2": {
+        "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
+        "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
+        "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
+    },
 }
 
 # Which contract replaces which (a launcher names the newer one in its refusal message).
 SUPERSEDED_BY: dict[str, str] = {
     "qwen3_dense_true_on_policy_v1": "qwen3_dense_true_on_policy_v2",
+    "qwen3_moe_true_on_policy_v1": "qwen3_moe_true_on_policy_v2",
 }
 
 LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
@@ -1687,12 +1960,25 @@ QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
     fingerprint=FINGERPRINTS["qwen3_moe_true_on_policy_v1"],
     supersedes=None,
 )
+QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA = TrueOnPolicyContractSchema(
+    name="qwen3_moe_true_on_policy_v2",
+    model_family="qwen3_moe",
+    required_kernel_contracts=("qwen3_dense_sglang_math_fp32_logprobs", "qwen3_moe_sglang_math"),
+    logprob_contract="decode",
+    sglang_attention_backend="fa3",
+    fsdp_attention_implementation="flash_attention_3",
+    disable_megatron_sequence_parallel=True,
+    schema_version=SCHEMA_VERSION,
+    fingerprint=FINGERPRINTS["qwen3_moe_true_on_policy_v2"],
+    supersedes="qwen3_moe_true_on_policy_v1",
+)
 
 _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name: LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name: QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name: QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
 }
 
 
@@ -1721,7 +2007,7 @@ def _scaling(scaling: dict | None) -> tuple[tuple[str, float | int | str], ...] 
 
 def _dims(data: dict, profile_rope: dict) -> ModelDims:
     values = dict(data)
-    for key in ("tp_sizes", "pp_sizes", "mlp_only_layers"):
+    for key in ("tp_sizes", "pp_sizes", "mlp_only_layers", "tied_router_experts"):
         values[key] = None if values.get(key) is None else tuple(values[key])
     rope = values.pop("rope", None) or profile_rope
     values["rope_theta"] = rope["theta"]

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# sha256: 9cb7a2a9b7dc88d1c3f9af7c313befe5ccdeb899258801fe0c79eedf1908050d
+# sha256: 1b44c2d38375507345d3fc277650eb1f691c1e91098dd853165a5b19923878c3
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -147,6 +147,8 @@ class ModelDims:
     decoder_sparse_step: int | None = None
     # Layers that keep a dense MLP (intermediate_size) regardless.
     mlp_only_layers: tuple[int, ...] | None = None
+    # Reference model only: experts whose router rows the seeded init makes equal, so their router logits tie for every token and the top-k tie-break decides between them.
+    tied_router_experts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -560,7 +562,7 @@ def _scaling(scaling: dict | None) -> tuple[tuple[str, float | int | str], ...] 
 
 def _dims(data: dict, profile_rope: dict) -> ModelDims:
     values = dict(data)
-    for key in ("tp_sizes", "pp_sizes", "mlp_only_layers"):
+    for key in ("tp_sizes", "pp_sizes", "mlp_only_layers", "tied_router_experts"):
         values[key] = None if values.get(key) is None else tuple(values[key])
     rope = values.pop("rope", None) or profile_rope
     values["rope_theta"] = rope["theta"]

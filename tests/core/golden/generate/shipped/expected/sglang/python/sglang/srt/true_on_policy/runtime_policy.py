@@ -5,12 +5,14 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
+#   contracts/qwen3_moe_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_moe_true_on_policy_v1 sha256:6161af58db806000369ce1598372b2aa7c7309dfda9601417e5de18f0c12f1ad
-# sha256: 970a359cb87bfb21745e304462cac3f9f6152a42c7a5320ec3b66a5543d277f5
+#   qwen3_moe_true_on_policy_v1 sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26
+#   qwen3_moe_true_on_policy_v2 sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794
+# sha256: 32906a630b45a87b3cd0efe589636bafa76dd888e1d6397cca8249e1694654fb
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -30,6 +32,7 @@ from .schema import (
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
@@ -39,6 +42,7 @@ LLAMA3_DENSE_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
+QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,17 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "disable_fused_qk_norm_mrope": ("const", True),
     },
     "qwen3_moe_true_on_policy_v1": {
+        "enabled": ("const", True),
+        "force_bfloat16_dense_tensor_math": ("const", True),
+        "force_bfloat16_lm_head": ("const", True),
+        "disable_reduce_scatter": ("const", True),
+        "disable_mlp_allreduce_fusion": ("const", True),
+        "disable_flashinfer_allreduce_fusion": ("when", "rollout_tp", True, False),
+        "tp_invariant_row_linear": ("when", "rollout_tp", True, False),
+        "deterministic_tree_all_reduce": ("when", "rollout_tp", True, False),
+        "disable_fused_qk_norm_mrope": ("const", True),
+    },
+    "qwen3_moe_true_on_policy_v2": {
         "enabled": ("const", True),
         "force_bfloat16_dense_tensor_math": ("const", True),
         "force_bfloat16_lm_head": ("const", True),
@@ -258,12 +273,16 @@ QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = SGLangTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 QWEN3_MOE_TRUE_ON_POLICY_CONTRACT = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
+QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = SGLangTrueOnPolicyContract(
+    schema=QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
+)
 
 _CONTRACT_BY_NAME: dict[str, SGLangTrueOnPolicyContract] = {
     "llama3_dense_true_on_policy_v1": LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
+    "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
 }
 
 
