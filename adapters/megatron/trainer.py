@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..layout import Layout
+from ..shared_tensors import SharedTensors
 from ..workers import RankPool
 from .model import arch_for, load_checkpoint
 from .run_types import (
@@ -47,7 +48,7 @@ __all__ = [
 @dataclass(frozen=True)
 class _Job:
     contract_id: str
-    weights: dict[str, torch.Tensor]  # HF names
+    weights: Any  # HF names -> tensors; a ``SharedTensors`` on its way to the ranks
     sequences: list[list[int]]
     layout: Layout
     arch: Any  # contractgen.adapters.sglang.model.ModelArch
@@ -147,7 +148,7 @@ class TrainerSession:
         self.layout, self.timeout_s = layout, timeout_s
         self._job = _Job(
             contract_id=contract_id,
-            weights=weights,
+            weights=SharedTensors.pack(weights),  # one descriptor for the ranks, any model size
             sequences=[],
             layout=layout,
             arch=arch,
@@ -215,6 +216,8 @@ def _session_worker(rank: int, commands: Any, results: Any, job: _Job) -> None:
     from . import runtime
 
     torch.set_num_threads(1)
+    if isinstance(job.weights, SharedTensors):
+        job = dataclasses.replace(job, weights=job.weights.tensors())
     try:
         runtime.init_distributed(rank, job.layout, job.port, job.device)
     except Exception:

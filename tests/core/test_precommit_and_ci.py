@@ -165,3 +165,14 @@ def test_cli_silences_megatron_import_warnings() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "Apex" not in proc.stderr and "Transformer Engine" not in proc.stderr, proc.stderr
+
+
+def test_readme_list_example_is_what_list_prints() -> None:
+    """The README's ``contractgen list`` block is the command's output for the shipped contracts
+    (a fingerprint change must update it)."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```\n\$ contractgen list\n(.*?)```", readme, re.S)
+    assert block is not None, "README lost its `$ contractgen list` example"
+    result = cli("--root", ROOT, "list")
+    assert result.exit_code == 0, result.output
+    assert block.group(1) == result.output

@@ -62,3 +62,56 @@ def test_rank_pool_answers_fails_and_reports_a_dead_rank():
         assert not pool.started  # a broken pool closes itself
     finally:
         pool.close()
+
+
+def _many_tensors(n: int) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    out = {f"layers.{i}.w": torch.randn(3, 5, generator=g).to(torch.bfloat16) for i in range(n)}
+    out["scalar"] = torch.tensor(2.5, dtype=torch.float64)
+    out["ids"] = torch.arange(7)
+    out["mask"] = torch.tensor([True, False, True])
+    out["empty"] = torch.zeros(0, 4)
+    return out
+
+
+def _checksum_rank(weights, results) -> None:
+    from contractgen.adapters.shared_tensors import SharedTensors
+
+    tensors = weights.tensors() if isinstance(weights, SharedTensors) else weights
+    results.put(
+        {k: (str(v.dtype), tuple(v.shape), v.double().sum().item()) for k, v in tensors.items()}
+    )
+
+
+def test_shared_tensors_round_trip_bitwise():
+    import torch
+
+    from contractgen.adapters.shared_tensors import SharedTensors
+
+    tensors = _many_tensors(5)
+    back = SharedTensors.pack(tensors).tensors()
+    assert list(back) == list(tensors)
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype and back[name].shape == t.shape
+        assert torch.equal(back[name], t), name
+
+
+def test_a_fork_server_rank_receives_a_state_dict_of_any_size():
+    """A 28-layer checkpoint has ~310 tensors; passed to a rank as a dict, each is its own file
+    descriptor and the fork server refuses ("too many fds"). Packed, it is one."""
+    import pytest
+
+    from contractgen.adapters.shared_tensors import SharedTensors
+
+    tensors = _many_tensors(400)
+    ctx = rank_context()
+    results = ctx.Queue()
+    with pytest.raises(ValueError, match="too many fds"):
+        start_rank(ctx, _checksum_rank, (tensors, results))
+    start_rank(ctx, _checksum_rank, (SharedTensors.pack(tensors), results)).join(60)
+    got = results.get(timeout=60)
+    assert got == {
+        k: (str(v.dtype), tuple(v.shape), v.double().sum().item()) for k, v in tensors.items()
+    }
