@@ -47,6 +47,3 @@ class SharedTensors:
             name: self.buffer[offset : offset + nbytes].view(dtype).view(shape)
             for name, dtype, shape, offset, nbytes in self.index
         }
-
-    def __len__(self) -> int:
-        return len(self.index)
