@@ -7,15 +7,15 @@ value *is* ``kernel_value`` (bit for bit) and whose gradient is the gradient of 
 
 ``megatron_value - megatron_value.detach()`` is exactly +0 for every finite element, and
 ``k + 0 == k`` in IEEE arithmetic (``-0`` becomes ``+0``, which ``torch.equal`` treats as equal),
-so forward bits are the kernel's; autograd sees only ``megatron_value`` and so runs megatron-core's
-backward (``LinearWithGradAccumulationAndAsyncCommunication``: TP all-reduce of dgrad, wgrad
-accumulation). The megatron primitive runs only when a gradient can flow (grad mode on and some
-input requires grad), so inference pays one forward; training pays two.
+so forward bits are the kernel's; autograd sees only ``megatron_value`` and so runs its backward.
+The differentiable computation runs only when a gradient can flow (grad mode on and some input
+requires grad), so inference pays one forward; training pays two. ``straight_through`` is used
+where the gradient comes from a whole differentiable computation (attention, the MoE gating).
 
-Linears no longer compose at the value level: ``KernelValueLinear`` builds the context megatron's
-linear forward builds and returns the kernel's value, so its backward is megatron's own, and the
-training forward runs one GEMM per linear. ``straight_through`` remains for ops whose gradient
-comes from a whole differentiable computation (attention, the MoE gating).
+Linears do not compose at the value level: ``KernelValueLinear`` builds the context megatron's
+linear forward builds and returns the kernel's value, so its backward is megatron-core's own
+(``LinearWithGradAccumulationAndAsyncCommunication``: TP all-reduce of dgrad, wgrad
+accumulation) and the training forward runs one GEMM per linear.
 """
 
 from __future__ import annotations
