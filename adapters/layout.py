@@ -1,7 +1,11 @@
 """The one parallel-layout type: what the launcher plans, the parity gate runs and the trainer
 builds. Standard library only.
 
-A ``Layout`` holds the training sizes (TP, PP, Ulysses CP, DP) and the rollout's (TP, DP). The
+A ``Layout`` holds the training sizes (TP, PP, Ulysses CP, DP, expert-parallel EP) and the
+rollout's (TP, DP). EP is folded over the other trainer ranks (megatron-core's expert groups,
+expert TP 1): one trainer session runs ``tp * pp * cp * ep_dp`` ranks, where ``ep_dp`` is the
+attention data parallelism EP needs beyond TP x CP (``ep2`` alone: two DP ranks, each with its
+own sequences, exchanging tokens with the other's experts). The
 contract's rules for it live in one place, ``adapters/launcher/layout.py`` (``validate_layout``),
 and every check (``contractgen plan``, ``handshake``, ``parity --layouts``) goes through them. A
 layout the contract does not allow, or a layout string that does not parse, is a
@@ -10,10 +14,11 @@ layout the contract does not allow, or a layout string that does not parse, is a
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
-_PART = re.compile(r"(tp|pp|cp)([1-9][0-9]*)")
+_PART = re.compile(r"(tp|pp|cp|ep)([1-9][0-9]*)")
 
 
 class LayoutError(ValueError):
@@ -36,15 +41,23 @@ class Layout:
     rollout_tp: int | None = None
     rollout_dp: int = 1
     world: int | None = None  # when given, must equal tp * pp * cp * dp
+    ep: int = 1
+
+    @property
+    def ep_dp(self) -> int:
+        """Attention data-parallel ranks a trainer session needs so that EP divides its
+        TP x CP x DP ranks (1 when EP folds into TP x CP)."""
+        return self.ep // math.gcd(self.ep, self.tp * self.cp)
 
     @property
     def world_size(self) -> int:
-        """Ranks of one trainer replica (TP x PP x CP): what a trainer session starts."""
-        return self.tp * self.pp * self.cp
+        """Ranks of one trainer session (TP x PP x CP, times ``ep_dp``)."""
+        return self.tp * self.pp * self.cp * self.ep_dp
 
     @property
     def train_world(self) -> int:
-        return self.world_size * self.dp
+        """Every trainer rank: TP x PP x CP x DP (EP is folded over them)."""
+        return self.tp * self.pp * self.cp * self.dp
 
     @property
     def rollout_tp_size(self) -> int:
@@ -55,20 +68,31 @@ class Layout:
         return self.rollout_tp_size * self.rollout_dp
 
     @property
+    def trainer_label(self) -> str:
+        """``tp2pp1cp1`` (with ``ep2`` appended under expert parallelism): the pair names'."""
+        return f"tp{self.tp}pp{self.pp}cp{self.cp}" + (f"ep{self.ep}" if self.ep > 1 else "")
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """``{"tp", "pp", "cp", "ep"}``: the trainer sizes a report lists."""
+        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
+
+    @property
     def name(self) -> str:
         """The trainer sizes above 1 as ``tp2pp2`` (``tp1`` when all are 1), the form
         ``parse_layout`` reads."""
-        sizes = (("tp", self.tp), ("pp", self.pp), ("cp", self.cp))
+        sizes = (("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("ep", self.ep))
         return "".join(f"{k}{v}" for k, v in sizes if v > 1) or "tp1"
 
 
 def parse_layout(token: str) -> Layout:
-    """``"tp2pp2"`` -> ``Layout(tp=2, pp=2)`` (the trainer sizes; any order, each axis once)."""
+    """``"tp2pp2"`` -> ``Layout(tp=2, pp=2)`` (the trainer sizes; any order, each axis once;
+    ``ep2`` is expert parallelism)."""
     token = token.strip()
     parts = _PART.findall(token)
     if not parts or "".join(a + b for a, b in parts) != token:
         raise LayoutError(
-            f"layout {token!r}: expected tpN, ppN, cpN or a combination such as tp2pp2"
+            f"layout {token!r}: expected tpN, ppN, cpN, epN or a combination such as tp2pp2"
         )
     sizes: dict[str, int] = {}
     for axis, n in parts:

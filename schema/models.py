@@ -204,6 +204,22 @@ class TrainingLayouts(_Model):
     cp: ContextParallel
     dp: bool = Field(description="Data parallelism allowed.")
     sequence_parallel: bool = Field(description="Megatron sequence parallelism allowed.")
+    ep: tuple[PositiveInt, ...] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Allowed expert-parallel sizes (MoE contracts only; absent: EP 1). Under EP > 1 each "
+            "rank holds whole experts (expert TP 1), folded over the TP, CP and DP ranks."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_ep(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # A contract without expert parallelism serialises as before the field existed.
+        data = handler(self)
+        if data.get("ep") is None:
+            data.pop("ep", None)
+        return data
 
 
 class RolloutLayouts(_Model):
@@ -315,6 +331,16 @@ class KernelPolicy(_Model):
         description=(
             "Order a token's k weighted expert outputs are summed in (a left fold): ascending "
             "expert id (HF's expert loop) or top-k rank (highest weight first)."
+        ),
+    )
+    moe_ep_combine: Literal["gather_slots", "sum_partials"] | None = Field(
+        default=None,
+        description=(
+            "How expert-parallel ranks return a token's expert outputs (EP > 1): "
+            "'gather_slots' moves each (token, slot) output from its expert's rank and the "
+            "token's rank combines all k in moe_combine_order, as at EP 1; 'sum_partials' has "
+            "each rank combine its own experts' slots and sums the partial combines over ranks "
+            "(a reduce-scatter of partial sums, as Megatron's dispatchers and SGLang's EP MoE do)."
         ),
     )
     moe_combine_dtype: Dtype | None = Field(

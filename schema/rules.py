@@ -71,6 +71,11 @@ def check_moe(c: Contract) -> Iterator[Finding]:
         return
     has_moe = family.moe is not None
     kp = c.kernel_policy
+    if not has_moe and c.parallel.training.ep not in (None, (1,)):
+        yield (
+            "parallel.training.ep",
+            f"must be absent: {family.name} has no mixture-of-experts block to split over ranks",
+        )
     for field in MOE_KERNEL_FIELDS:
         if (getattr(kp, field) is None) == has_moe:
             yield (
@@ -90,6 +95,14 @@ def check_moe(c: Contract) -> Iterator[Finding]:
             )
         if not has_moe or missing:
             continue
+        ep = c.parallel.training.ep or (1,)
+        uneven = [n for n in ep if d.num_experts % n]
+        if path == "model_profile.reference_model" and uneven:
+            yield (
+                "parallel.training.ep",
+                f"sizes {uneven} do not divide the reference model's num_experts "
+                f"{d.num_experts} (each EP rank holds the same number of whole experts)",
+            )
         if d.num_experts_per_tok > d.num_experts:
             yield (
                 f"{path}.num_experts_per_tok",

@@ -18,6 +18,14 @@ choice a kernel-policy field, so a token's route and output depend on that token
   *before* weighting, exactly as a dense down_proj, so TP=N equals TP=1 bit for bit.
 * Combine: a token's k weighted outputs in ``kp.moe_combine_dtype``, a left fold in
   ``kp.moe_combine_order``, rounded once to the dense dtype.
+* Expert parallelism (EP > 1: each rank holds ``E / EP`` whole experts, ids in rank order):
+  ``ep_gather_tokens`` brings every EP peer's tokens and routes (raw bits, rank order) to each
+  rank, which runs its experts on the rows routed to them (each row's bits are the invariant
+  matmul's, whatever the other rows); ``ep_combine`` returns the outputs as
+  ``kp.moe_ep_combine`` says: ``gather_slots`` moves each (token, slot) output from its
+  expert's rank, and the token's rank combines all k as at EP 1 (so EP N equals EP 1 bit for
+  bit); ``sum_partials`` sums per-rank partial combines in rank order (megatron's and SGLang's
+  reduce of partial sums, which regroups the fold: a fault here).
 """
 
 from __future__ import annotations
@@ -154,15 +162,119 @@ COMBINE_ORDERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 def combine(y_TKH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, kp):
     """``sum_k w_k * y_k`` per token in ``kp.moe_combine_dtype``, a left fold over the slots in
     ``kp.moe_combine_order``, rounded once to ``kp.dense_math_dtype``."""
+    return _fold(y_TKH, weights_TK, ids_TK, kp).to(dtype_of(kp.dense_math_dtype))
+
+
+def _fold(y_TKH, weights_TK, ids_TK, kp, keep_TK: torch.Tensor | None = None) -> torch.Tensor:
+    """The combine's left fold in ``kp.moe_combine_dtype`` (not rounded); ``keep_TK``: only
+    those slots (a rank's own experts, for ``sum_partials``), the others skipped."""
     cd = dtype_of(kp.moe_combine_dtype)
     slots_TK = _lookup(COMBINE_ORDERS, "moe_combine_order", kp.moe_combine_order)(ids_TK)
+    rows = torch.arange(ids_TK.shape[0], device=ids_TK.device)
     acc_TH = None
     for j in range(ids_TK.shape[-1]):
         s_T = slots_TK[:, j]
-        rows = torch.arange(s_T.shape[0], device=s_T.device)
         term = weights_TK[rows, s_T].to(cd)[:, None] * y_TKH[rows, s_T].to(cd)
-        acc_TH = term if acc_TH is None else acc_TH + term
-    return acc_TH.to(dtype_of(kp.dense_math_dtype))
+        if keep_TK is not None:
+            keep = keep_TK[rows, s_T][:, None]
+            acc_TH = (
+                torch.where(keep, term, 0.0)
+                if acc_TH is None
+                else torch.where(keep, acc_TH + term, acc_TH)
+            )
+        else:
+            acc_TH = term if acc_TH is None else acc_TH + term
+    if acc_TH is None:  # no slots (k = 0 cannot happen; zero tokens can)
+        acc_TH = y_TKH.new_zeros((ids_TK.shape[0], y_TKH.shape[-1]), dtype=cd)
+    return acc_TH
+
+
+# --- expert parallelism ----------------------------------------------------------------------
+
+
+def ep_gather_tokens(
+    x_TH: torch.Tensor, ids_TK: torch.Tensor, group
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Every EP rank's tokens and routes, concatenated in rank order: ``(x_all, ids_all,
+    tokens per rank)``. Moves bits only (ranks may hold different numbers of tokens)."""
+    from .all_reduce import all_gather_exact
+
+    counts = [int(c) for c in all_gather_exact(torch.tensor([x_TH.shape[0]]), group)]
+    most = max(counts)
+    pad = most - x_TH.shape[0]
+    xs = all_gather_exact(F.pad(x_TH, (0, 0, 0, pad)), group)
+    ids = all_gather_exact(F.pad(ids_TK, (0, 0, 0, pad), value=-1), group)
+    x_all = torch.cat([x[:n] for x, n in zip(xs, counts, strict=True)])
+    ids_all = torch.cat([i[:n] for i, n in zip(ids, counts, strict=True)])
+    return x_all, ids_all, counts
+
+
+def _gather_slots(y_TKH, weights_TK, ids_TK, kp, *, group, rank, counts, experts_per_rank):
+    from .all_reduce import all_gather_exact
+
+    parts = torch.stack(all_gather_exact(y_TKH, group))  # [EP, T_all, k, H]
+    lo = sum(counts[:rank])
+    mine = slice(lo, lo + counts[rank])
+    owner_TK = ids_TK // experts_per_rank
+    T = ids_TK.shape[0]
+    rows = torch.arange(T, device=ids_TK.device)[:, None].expand_as(ids_TK)
+    slots = torch.arange(ids_TK.shape[-1], device=ids_TK.device).expand_as(ids_TK)
+    y_mine = parts[:, mine][owner_TK, rows, slots]  # each (token, slot) from its expert's rank
+    return combine(y_mine, weights_TK, ids_TK, kp)
+
+
+def _sum_partials(y_TKH, weights_TK, ids_TK, kp, *, group, rank, counts, experts_per_rank):
+    from .all_reduce import all_gather_exact
+
+    lo = sum(counts[:rank])
+    ids_all = torch.cat(
+        all_gather_exact(F.pad(ids_TK, (0, 0, 0, max(counts) - ids_TK.shape[0]), value=-1), group)
+    )
+    # every rank's routes, unpadded, in rank order (as ep_gather_tokens laid out y_TKH)
+    width = max(counts)
+    ids_all = torch.cat([ids_all[r * width : r * width + n] for r, n in enumerate(counts)])
+    w_all = torch.cat(
+        [
+            w[:n]
+            for w, n in zip(
+                all_gather_exact(F.pad(weights_TK, (0, 0, 0, width - weights_TK.shape[0])), group),
+                counts,
+                strict=True,
+            )
+        ]
+    )
+    keep = ids_all // experts_per_rank == rank
+    partial = _fold(y_TKH, w_all, ids_all, kp, keep_TK=keep)  # my experts' slots, all tokens
+    partials = all_gather_exact(partial, group)
+    total = partials[0]
+    for p in partials[1:]:
+        total = total + p
+    return total[lo : lo + counts[rank]].to(dtype_of(kp.dense_math_dtype))
+
+
+EP_COMBINES: dict[str, Callable] = {"gather_slots": _gather_slots, "sum_partials": _sum_partials}
+
+
+def ep_combine(
+    y_TKH: torch.Tensor,
+    weights_TK: torch.Tensor,
+    ids_TK: torch.Tensor,
+    kp,
+    *,
+    group,
+    rank: int,
+    counts: Sequence[int],
+    experts_per_rank: int,
+) -> torch.Tensor:
+    """This rank's tokens' combined outputs ``[T_rank, H]`` under EP. ``y_TKH``: ``[T_all, k,
+    H]`` over every EP rank's tokens (``ep_gather_tokens``' order), holding this rank's experts'
+    outputs (dense dtype) and zeros elsewhere; ``weights_TK``, ``ids_TK``: this rank's tokens'
+    routes; ``counts``: tokens per EP rank. How as ``kp.moe_ep_combine`` says."""
+    how = _lookup(EP_COMBINES, "moe_ep_combine", kp.moe_ep_combine)
+    return how(
+        y_TKH, weights_TK, ids_TK, kp,
+        group=group, rank=rank, counts=list(counts), experts_per_rank=experts_per_rank,
+    )  # fmt: skip
 
 
 def moe_block(

@@ -1,4 +1,4 @@
-"""Layout validation: training (TP, PP, Ulysses CP, DP) and rollout (TP, DP) against a contract.
+"""Layout validation: training (TP, PP, Ulysses CP, DP, EP) and rollout (TP, DP) against a contract.
 
 Every rule reads the contract through the generated ``schema.py`` (``ParallelSupport``,
 ``ModelDims``, ``KernelPolicy``). A rule is a small function from a size to a problem (or None),
@@ -109,15 +109,20 @@ TILE_RUN_LENGTH: Mapping[str, Callable[[int], int]] = {
 }
 
 
-def _row_parallel_k(s: Subject) -> tuple[tuple[str, int], ...]:
-    """The K (reduction) size of each row-parallel linear (the family says which): TP splits K."""
+def _row_parallel_k(s: Subject, *, experts: bool = True) -> tuple[tuple[str, int], ...]:
+    """The K (reduction) size of each row-parallel linear (the family says which): TP splits K.
+    ``experts=False`` leaves out the per-expert linears (whole on each rank under EP > 1)."""
     layers = s.family.layer_weights
 
     def name(role: str) -> str:  # "down_proj", or "expert down_proj" for a per-expert linear
         w = layers[role]
         return ("expert " if w.per_expert else "") + w.hf_name.split(".")[-2]
 
-    return tuple((name(role), k) for role, _, k in s.family.row_parallel(s.dims))
+    return tuple(
+        (name(role), k)
+        for role, _, k in s.family.row_parallel(s.dims)
+        if experts or not layers[role].per_expert
+    )
 
 
 def _tile_split(name: str, k: int, t: int, kernel: Any) -> str | None:
@@ -147,7 +152,10 @@ def padded_vocab(vocab: int, t: int, chunk: int) -> int:
     return -(-vocab // step) * step
 
 
-def _model_tp_rules() -> tuple[Callable[[Subject, int], str | None], ...]:
+def _model_tp_rules(*, training: bool) -> tuple[Callable[[Subject, int], str | None], ...]:
+    """The model's rules for a TP size; ``training``: the trainer's TP, whose experts are whole
+    per rank under EP > 1 (the rollout's experts always split over its TP)."""
+
     def checkpoint_sizes(s: Subject, t: int) -> str | None:
         sizes = s.dims.tp_sizes
         if sizes is None or t in sizes:
@@ -170,7 +178,8 @@ def _model_tp_rules() -> tuple[Callable[[Subject, int], str | None], ...]:
         return None if i % t == 0 else f"does not divide intermediate_size {i}"
 
     def tiles(s: Subject, t: int) -> str | None:
-        problems = [_tile_split(n, k, t, s.kernel) for n, k in _row_parallel_k(s)]
+        experts = not (training and s.layout.ep > 1)
+        problems = [_tile_split(n, k, t, s.kernel) for n, k in _row_parallel_k(s, experts=experts)]
         return "; ".join(p for p in problems if p) or None
 
     def vocab(s: Subject, t: int) -> str | None:
@@ -266,6 +275,26 @@ def _cp_kind_rules(s: Subject, c: int) -> str | None:
     return "; ".join(p for p in problems if p) or None
 
 
+def _ep_experts(s: Subject, e: int) -> str | None:
+    n = s.dims.num_experts
+    if e == 1:
+        return None
+    if not n:
+        return f"{s.dims.name} has no experts to split"
+    return None if n % e == 0 else f"does not divide num_experts {n} (whole experts per rank)"
+
+
+def _ep_ranks(s: Subject, e: int) -> str | None:
+    lay = s.layout
+    ranks = lay.tp * lay.cp * lay.dp
+    if ranks % e == 0:
+        return None
+    return (
+        f"does not divide TP {lay.tp} x CP {lay.cp} x DP {lay.dp} = {ranks} "
+        "(EP folds over the trainer ranks of one pipeline stage)"
+    )
+
+
 @dataclass(frozen=True)
 class Axis:
     """One flag: where its value is read from, its rules, and the sizes tried as alternatives."""
@@ -280,7 +309,7 @@ AXES: tuple[Axis, ...] = (
     Axis(
         "--tp",
         lambda lay: lay.tp,
-        (_allowed("train_tp_sizes", "parallel.training.tp"), *_model_tp_rules()),
+        (_allowed("train_tp_sizes", "parallel.training.tp"), *_model_tp_rules(training=True)),
         lambda s: s.support.train_tp_sizes,
     ),
     Axis(
@@ -302,9 +331,15 @@ AXES: tuple[Axis, ...] = (
         lambda s: (1,) if not s.support.train_dp else (),
     ),
     Axis(
+        "--ep",
+        lambda lay: lay.ep,
+        (_allowed("train_ep_sizes", "parallel.training.ep"), _ep_experts, _ep_ranks),
+        lambda s: s.support.train_ep_sizes,
+    ),
+    Axis(
         "--rollout-tp",
         lambda lay: lay.rollout_tp_size,
-        (_allowed("rollout_tp_sizes", "parallel.rollout.tp"), *_model_tp_rules()),
+        (_allowed("rollout_tp_sizes", "parallel.rollout.tp"), *_model_tp_rules(training=False)),
         lambda s: s.support.rollout_tp_sizes,
     ),
     Axis(
@@ -321,6 +356,7 @@ _FLAG_FIELD = {
     "--pp": "pp",
     "--cp": "cp",
     "--dp": "dp",
+    "--ep": "ep",
     "--rollout-tp": "rollout_tp",
     "--rollout-dp": "rollout_dp",
 }

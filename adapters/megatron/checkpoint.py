@@ -6,7 +6,9 @@ with the rollout's own reader; the default gate passes the rollout's in-memory r
 ``linear_fc1`` is ``[gate shard; up shard]`` per rank; row-parallel weights split K; the
 vocabulary is zero-padded (``ModelShape.padded_vocab_size``) then split by rows. An MoE layer
 (``Family.layer_blocks``) has megatron's ``mlp.router.weight`` (replicated) and per expert
-``mlp.experts.local_experts.{e}.linear_fc1/linear_fc2``, sharded as the dense MLP.
+``mlp.experts.local_experts.{e}.linear_fc1/linear_fc2``, sharded as the dense MLP at EP 1;
+under EP > 1 a rank holds experts ``ep_rank * E/EP ...`` whole (expert TP 1, megatron's
+``expert_tensor_parallel_size=1``).
 """
 
 from __future__ import annotations
@@ -50,22 +52,28 @@ def _fc1_fc2(gate, up, down, rank: int, size: int) -> tuple[torch.Tensor, torch.
     return fc1, _cols(down, rank, size)
 
 
-def _dense_mlp_to_megatron(hf, src: str, arch: ModelArch, rank: int, size: int):
+def _dense_mlp_to_megatron(hf, src: str, arch: ModelArch, rank: int, size: int, ep=(0, 1)):
     w = {role: hf[src + x.hf_name] for role, x in arch.spec.layer_weights.items() if role in _MLP}
     fc1, fc2 = _fc1_fc2(w["gate"], w["up"], w["down"], rank, size)
     return [("mlp.linear_fc1.weight", fc1), ("mlp.linear_fc2.weight", fc2)]
 
 
-def _moe_to_megatron(hf, src: str, arch: ModelArch, rank: int, size: int):
-    """Router (replicated) -> ``mlp.router.weight``; expert ``e`` -> megatron's
-    ``mlp.experts.local_experts.{e}.linear_fc1/linear_fc2`` sharded as the dense MLP (EP=1)."""
+def _moe_to_megatron(hf, src: str, arch: ModelArch, rank: int, size: int, ep=(0, 1)):
+    """Router (replicated) -> ``mlp.router.weight``; this EP rank's experts (``ep``: ``(rank,
+    size)``) -> megatron's ``mlp.experts.local_experts.{local}.linear_fc1/linear_fc2``: sharded
+    as the dense MLP at EP 1, whole under EP > 1."""
     names = {role: x.hf_name for role, x in arch.spec.layer_weights.items()}
     out = [("mlp.router.weight", hf[src + names["router"]])]
-    for e in range(arch.num_experts):
+    ep_rank, ep_size = ep
+    per_rank = arch.num_experts // ep_size
+    if ep_size > 1:
+        rank, size = 0, 1
+    for local in range(per_rank):
+        e = ep_rank * per_rank + local
         gate, up, down = (hf[src + names[f"expert_{r}"].format(e=e)] for r in _MLP)
         fc1, fc2 = _fc1_fc2(gate, up, down, rank, size)
-        out += [(_EXPERT.format(e=e) + "linear_fc1.weight", fc1)]
-        out += [(_EXPERT.format(e=e) + "linear_fc2.weight", fc2)]
+        out += [(_EXPERT.format(e=local) + "linear_fc1.weight", fc1)]
+        out += [(_EXPERT.format(e=local) + "linear_fc2.weight", fc2)]
     return out
 
 
@@ -84,8 +92,10 @@ def megatron_stage_state_dict(
     tp_rank: int,
     tp_size: int,
     padded_vocab_size: int,
+    ep: tuple[int, int] = (0, 1),
 ) -> dict[str, torch.Tensor]:
-    """The state dict (megatron names) of ``model``, one pipeline stage at one TP rank."""
+    """The state dict (megatron names) of ``model``, one pipeline stage at one TP rank (and
+    one EP rank: ``ep`` is ``(rank, size)``)."""
     wanted = {k for k in model.state_dict() if not k.endswith("_extra_state")}
     out: dict[str, torch.Tensor] = {}
 
@@ -116,7 +126,7 @@ def megatron_stage_state_dict(
         put(dst + "input_layernorm.weight", w["input_norm"])
         put(dst + "pre_mlp_layernorm.weight", w["post_norm"])
         (block,) = spec.layer_blocks(arch, i)
-        for name, value in MLP_TO_MEGATRON[block](hf, src, arch, tp_rank, tp_size):
+        for name, value in MLP_TO_MEGATRON[block](hf, src, arch, tp_rank, tp_size, ep):
             put(dst + name, value)
 
     missing = sorted(wanted - set(out))
@@ -133,11 +143,13 @@ def load_into(
     tp_rank: int,
     tp_size: int,
     padded_vocab_size: int,
+    ep: tuple[int, int] = (0, 1),
 ) -> None:
     """Copy HF weights into ``model`` (dtype of the model's parameters)."""
     sd = megatron_stage_state_dict(
-        hf, arch, model, tp_rank=tp_rank, tp_size=tp_size, padded_vocab_size=padded_vocab_size
-    )
+        hf, arch, model, tp_rank=tp_rank, tp_size=tp_size, padded_vocab_size=padded_vocab_size,
+        ep=ep,
+    )  # fmt: skip
     params = model.state_dict()
     with torch.no_grad():
         for name, value in sd.items():

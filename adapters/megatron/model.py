@@ -89,6 +89,8 @@ def make_config(
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,
         cp_comm_type="a2a" if layout.cp > 1 else None,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=1 if layout.ep > 1 else layout.tp,
         sequence_parallel=False,
         use_cpu_initialization=True,
         perform_initialization=True,
@@ -119,8 +121,8 @@ def moe_config_fields(arch: ModelArch, kp: Any) -> dict[str, Any]:
     """megatron's MoE fields for ``arch``: ``moe_layer_freq`` as the family's per-layer pattern
     (1 where ``Family.layer_blocks`` has ``"moe"``), and, when some layer is MoE, the experts'
     dims. ``norm_topk_prob`` is megatron's ``moe_router_pre_softmax=False`` (select on the
-    scores, then renormalise the top k); no auxiliary loss, no grouped GEMM, no shared experts,
-    EP=1. A dense model gets an all-zero pattern and nothing else."""
+    scores, then renormalise the top k); no auxiliary loss, no grouped GEMM, no shared experts;
+    EP and expert TP come from the layout (``make_config``). A dense model gets an all-zero pattern and nothing else."""
     pattern = [int("moe" in arch.spec.layer_blocks(arch, i)) for i in range(arch.num_layers)]
     if not any(pattern):
         return {"moe_layer_freq": pattern}

@@ -14,8 +14,9 @@ rollout's ``_moe_mlp`` calls (``contractgen.adapters.kernels.moe``):
 * ``SGLangTokenDispatcher``: groups tokens per expert with ``kernels.moe.group_tokens`` (the
   policy's token order) instead of megatron's ``permute``, and combines a token's expert outputs
   with ``kernels.moe.combine`` (the policy's dtype and slot order) instead of megatron's
-  probability-weighted ``unpermute`` (scatter-add). No communication: without sequence parallel
-  every TP rank holds every token (megatron's all-gather / reduce-scatter would duplicate them).
+  probability-weighted ``unpermute`` (scatter-add). At EP 1 no communication: without sequence
+  parallel every TP rank holds every token (megatron's all-gather / reduce-scatter would
+  duplicate them).
 * ``SGLangSequentialMLP``: each expert is the dense MLP's computation (``sglang_mlp_forward``:
   invariant matmul gate/up, the SiLU-GLU kernel, the row-parallel linear with the fixed-tree TP
   all-reduce), unweighted: megatron's expert ``MLP`` would multiply by the routing probability
@@ -27,8 +28,12 @@ rollout's ``_moe_mlp`` calls (``contractgen.adapters.kernels.moe``):
 
 Between router and dispatcher the routing travels in top-k form, ``(weights_TK, ids_TK)`` best
 first, not as megatron's ``[tokens, experts]`` map: the combine order ``topk_rank`` needs the
-rank order the map loses. ``SGLangTopKRouter.route_topk`` gives it; its ``forward`` still returns megatron's ``(probs,
-routing_map)`` for any other caller. Expert parallelism is refused (not in the contract yet).
+rank order the map loses. ``SGLangTopKRouter.route_topk`` gives it; its ``forward`` still
+returns megatron's ``(probs, routing_map)`` for any other caller.
+
+Expert parallelism (megatron's ``expert_model_parallel_size``, expert TP 1): each rank builds
+its ``E / EP`` local experts whole, the dispatcher exchanges tokens and outputs with the EP peers
+through the kernels' ``ep_gather_tokens`` / ``ep_combine`` (forward only, see the dispatcher).
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from megatron.core import utils
 from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.moe.moe_layer import MoELayer
@@ -107,16 +111,18 @@ def _dense_routing(weights_TK: torch.Tensor, ids_TK: torch.Tensor, num_experts: 
 
 
 class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
-    """Grouping and combine by the contract's MoE kernels, no token communication (see the
-    module docstring). ``dispatch_preprocess`` takes the router's top-k form."""
+    """Grouping and combine by the contract's MoE kernels (see the module docstring).
+    ``dispatch_preprocess`` takes the router's top-k form.
+
+    EP 1: no token communication (every TP rank holds every token). EP > 1 (whole experts per
+    rank): ``token_dispatch`` gathers every EP peer's tokens and routes
+    (``kernels.moe.ep_gather_tokens``: bits, rank order), the local experts run on the rows
+    routed to them, and ``token_combine`` hands each token's outputs back to its rank
+    (``kernels.moe.ep_combine``: as ``kp.moe_ep_combine`` says). Forward only: the exchange has
+    no backward yet, so EP > 1 refuses to run with gradients enabled."""
 
     def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
         super().__init__(*args, config=config, **kwargs)
-        if self.ep_size > 1:
-            raise ValueError(
-                "expert parallelism is not supported by the trainer's MoE block yet "
-                f"(expert_model_parallel_size={self.ep_size}); use EP=1"
-            )
         self.kernel_policy = kernel_policy_for(config)
 
     def dispatch_preprocess(self, hidden_states, routing_map, probs):
@@ -126,34 +132,55 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
         return hidden_states.reshape(-1, self.hidden_shape[-1]), probs
 
     def token_dispatch(self, hidden_states, probs):
-        """No data moves (every TP rank has every token); the experts' input is marked as
-        replicated over TP so its gradient, partial per rank, is all-reduced (megatron's
-        ``copy_to_tensor_model_parallel_region``)."""
+        """EP 1: no data moves; the experts' input is marked as replicated over TP so its
+        gradient, partial per rank, is all-reduced (megatron's
+        ``copy_to_tensor_model_parallel_region``). EP > 1: every EP peer's tokens and routes."""
+        if self.ep_size > 1:
+            if torch.is_grad_enabled():
+                raise NotImplementedError(
+                    f"expert parallelism (EP {self.ep_size}) runs the forward only: the token "
+                    "exchange has no backward yet; train and take gradients at EP 1"
+                )
+            hidden_states, self.ids_all, self.counts = _moe_kernels().ep_gather_tokens(
+                hidden_states, self.ids_TK, self.ep_group
+            )
+            return hidden_states, probs
+        self.ids_all, self.counts = self.ids_TK, [self.ids_TK.shape[0]]
         if self.tp_size > 1:
             hidden_states = copy_to_tensor_model_parallel_region(hidden_states, group=self.tp_group)
         return hidden_states, probs
 
     def dispatch_postprocess(self, hidden_states, probs):
-        """Tokens grouped per expert (``kernels.moe.group_tokens``: the policy's token order),
-        concatenated expert by expert, as megatron's ``permute`` lays them out."""
+        """The rows routed to this rank's experts (``kernels.moe.group_tokens``: the policy's
+        token order), concatenated expert by expert, as megatron's ``permute`` lays them out.
+        The experts run unweighted (the weights enter in the combine), so no probabilities."""
         groups = _moe_kernels().group_tokens(
-            self.ids_TK, self.config.num_moe_experts, self.kernel_policy
+            self.ids_all, self.config.num_moe_experts, self.kernel_policy
         )
-        self.tok = torch.cat([tok for tok, _ in groups])
-        self.slot = torch.cat([slot for _, slot in groups])
-        tokens_per_expert = torch.tensor([tok.numel() for tok, _ in groups], dtype=torch.long)
-        return hidden_states[self.tok], tokens_per_expert, probs[self.tok, self.slot]
+        local = [groups[e] for e in self.local_expert_indices]
+        self.tok = torch.cat([tok for tok, _ in local])
+        self.slot = torch.cat([slot for _, slot in local])
+        tokens_per_expert = torch.tensor([tok.numel() for tok, _ in local], dtype=torch.long)
+        return hidden_states[self.tok], tokens_per_expert, None
 
     def combine_preprocess(self, hidden_states):
-        """Expert outputs back to ``[tokens, k, hidden]`` (each (token, slot) written once), then
-        ``kernels.moe.combine``: the weighted sum in the policy's dtype and order."""
-        T, K = self.ids_TK.shape
+        """Expert outputs back to ``[tokens, k, hidden]`` over the dispatched tokens (each
+        (token, slot) of a local expert written once, zeros elsewhere)."""
+        T, K = self.ids_all.shape
         y_TKH = hidden_states.new_zeros((T, K, hidden_states.shape[-1]))
-        y_TKH = y_TKH.index_put((self.tok, self.slot), hidden_states)
-        return _moe_kernels().combine(y_TKH, self.weights_TK, self.ids_TK, self.kernel_policy)
+        return y_TKH.index_put((self.tok, self.slot), hidden_states)
 
     def token_combine(self, hidden_states):
-        return hidden_states
+        """The weighted sum in the policy's dtype and order: ``kernels.moe.combine`` (EP 1) or
+        ``kernels.moe.ep_combine`` (EP > 1, which first returns each output to its token)."""
+        kernels, kp = _moe_kernels(), self.kernel_policy
+        if self.ep_size == 1:
+            return kernels.combine(hidden_states, self.weights_TK, self.ids_TK, kp)
+        return kernels.ep_combine(
+            hidden_states, self.weights_TK, self.ids_TK, kp,
+            group=self.ep_group, rank=self.ep_group.rank(), counts=self.counts,
+            experts_per_rank=self.num_local_experts,
+        )  # fmt: skip
 
     def combine_postprocess(self, hidden_states):
         return hidden_states.view(self.hidden_shape)
@@ -188,11 +215,6 @@ class SGLangMoELayer(MoELayer):
 
     def __init__(self, config: Any, submodules: Any = None, layer_number=None, pg_collection=None):
         pg_collection = pg_collection or get_default_pg_collection()
-        if utils.get_pg_size(pg_collection.ep) > 1:
-            raise ValueError(
-                "expert parallelism is not supported by the trainer's MoE block yet "
-                f"(expert_model_parallel_size={utils.get_pg_size(pg_collection.ep)}); use EP=1"
-            )
         super().__init__(config, submodules, layer_number, pg_collection)
         self.kernel_policy = kernel_policy_for(config)
         self.token_dispatcher = SGLangTokenDispatcher(

@@ -45,6 +45,9 @@ def init_distributed(rank: int, layout: Layout, port: int, device: str = "cpu") 
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        # EP > 1: whole experts per rank (expert TP 1); EP 1: experts split over TP as the MLP
+        expert_tensor_parallel_size=1 if layout.ep > 1 else None,
     )
 
 
@@ -96,6 +99,7 @@ def build_stage(job: Any, run: Any) -> tuple[Any, Any, int]:
         tp_rank=ps.get_tensor_model_parallel_rank(),
         tp_size=job.layout.tp,
         padded_vocab_size=padded,
+        ep=(ps.get_expert_model_parallel_rank(), job.layout.ep),
     )
     model.eval()
     return model, config, padded
@@ -123,17 +127,37 @@ def _padded_vocab(real: int, padded: int) -> int:
 LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT = {True: _real_vocab, False: _padded_vocab}
 
 
+def dp_share(n: int, dp: int, dp_rank: int) -> list[int]:
+    """The sequences (indices into ``n``) a data-parallel rank scores: every ``dp``-th one,
+    from ``dp_rank`` on."""
+    return list(range(dp_rank, n, dp))
+
+
 def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
-    """Forward on this rank: ``(TrainerResult or None, layer dumps of this stage or None)``."""
+    """Forward on this rank: ``(TrainerResult or None, layer dumps of this stage or None)``.
+
+    Under attention DP (``Layout.ep_dp`` > 1, what EP beyond TP x CP needs) each DP rank scores
+    ``dp_share`` of the sequences; its result lists ``None`` for the others (the session merges
+    the DP ranks' lists)."""
     from .layers import residual_add, split_carrier
     from .pipeline import pipeline_forward
 
     model, config, padded = build_stage(job, run)
     policy = policy_for(config)
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    share = dp_share(len(job.sequences), dp, dp_rank)
+    if dp > 1 and (run.dump_layers or len(job.sequences) < dp):
+        raise ValueError(
+            f"layout {job.layout.name} splits the sequences over {dp} data-parallel ranks: "
+            f"give at least {dp} sequences (got {len(job.sequences)})"
+            + ("; layer dumps need one DP rank" if run.dump_layers else "")
+        )
+    mine = [job.sequences[i] for i in share]
+    prompt_lens = None if run.prompt_lens is None else [run.prompt_lens[i] for i in share]
     pack = pack_sequences(
-        job.sequences,
-        prompt_lens=run.prompt_lens,
+        mine,
+        prompt_lens=prompt_lens,
         prefix_tree=run.prefix_tree,
         pad_to_multiple=cp,
     )
@@ -181,6 +205,11 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
         logprobs.append(lp_fn(logits[rows], targets, vocab_start, vocab, kp, tp_group).cpu())
     if not first:
         return None, per_seq
+    if dp > 1:
+        spread: list[Any] = [None] * len(job.sequences)
+        for i, lp in zip(share, logprobs, strict=True):
+            spread[i] = lp
+        logprobs = spread
     return TrainerResult(logprobs=logprobs), per_seq
 
 

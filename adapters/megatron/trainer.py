@@ -1,6 +1,7 @@
 """The trainer-side forward the parity gate calls: per-token logprobs on real megatron-core.
 
-``trainer_logprobs`` spawns ``tp * pp * cp`` gloo processes (CPU) that each build their
+``trainer_logprobs`` spawns ``Layout.world_size`` gloo processes (``tp * pp * cp``, times the
+attention DP an EP layout needs) (CPU) that each build their
 megatron-core model stage (``SGLangGPTModel``), load the same weights as the rollout (HF
 checkpoint directory or in-memory HF state dict), pack the sequences into one row, run the
 forward (``pipeline.pipeline_forward``) and compute logprobs with SGLang's log-softmax kernel.
@@ -177,6 +178,11 @@ class TrainerSession:
         replies = self._send((seqs, run), "trainer forward")
         results = [p[1] for _, p in sorted(replies.items()) if p[1] is not None]
         result: TrainerResult = results[0]
+        if len(results) > 1 and not run.grads:  # data-parallel ranks: each scored its share
+            result.logprobs = [
+                next(r.logprobs[i] for r in results if r.logprobs[i] is not None)
+                for i in range(len(seqs))
+            ]
         if run.dump_layers:
             merged: list[dict[str, torch.Tensor]] = []
             for _, p in sorted(replies.items(), key=lambda kv: (kv[1][3] or 0)):

@@ -79,8 +79,10 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
 )  # fmt: skip
 @click.option(
     "--layouts", default=None,
-    help=f"Comma-separated layouts (default: {DEFAULT_LAYOUTS}, plus tp2pp2 where the model "
-    "allows; with --inject-faults, tp4 too where the model allows).",
+    help=f"Comma-separated layouts (default: {DEFAULT_LAYOUTS}, plus tp2pp2 and, for a contract "
+    "with expert parallelism, ep2 and tp2ep2, where the model allows; with --inject-faults, tp4 "
+    "too where the model allows). epN: experts over N ranks (ep2 alone adds two attention "
+    "data-parallel ranks, each scoring half the sequences).",
 )  # fmt: skip
 @click.option(
     "--dtype", type=click.Choice(["contract", "float32"]), default="contract", show_default=True,
@@ -243,9 +245,9 @@ def command(
     try:
         if layouts is None:
             chosen = parse_layouts(DEFAULT_LAYOUTS)
-            # where the model allows them: tp2pp2; with faults, tp4 (a sum of four partials has
+            # where the model allows them: tp2pp2, ep2 and tp2ep2; with faults, tp4 (a sum of four partials has
             # an order, so the reduction-order faults show there)
-            extras = ["tp2pp2", "tp4"] if inject_faults else ["tp2pp2"]
+            extras = ["tp2pp2", "ep2", "tp2ep2", *(["tp4"] if inject_faults else [])]
             for extra in parse_layouts(",".join(extras)):
                 if not layout_problems(contract_id, extra, arch.name):
                     chosen.append(extra)

@@ -96,7 +96,7 @@ def trainer_reference(
     res = run.trainer_run(
         layout, ref.sequences, TrainerRun(dtype_override="float32", planted_bugs=planted)
     )
-    name = f"trainer tp{layout.tp}pp{layout.pp}cp{layout.cp}"
+    name = f"trainer {layout.trainer_label}"
     return _entry("trainer", name, layout.tp, layout.pp, layout.cp, res.logprobs, ref)
 
 
@@ -142,7 +142,14 @@ def layout_grads(run: Any, ref: GradReference, layout: Layout) -> dict:
     gathered under HF names) vs float64 autograd, parameter by parameter."""
     from ..adapters.megatron.trainer import TrainerRun
 
-    entry: dict[str, Any] = {"name": layout.name, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp}
+    entry: dict[str, Any] = {"name": layout.name, **layout.sizes}
+    if layout.ep > 1:
+        return {
+            **entry,
+            "supported": False,
+            "note": "not supported: expert parallelism runs the forward only (the EP token "
+            "exchange has no backward yet)",
+        }
     run_ = TrainerRun(dtype_override="float32", grads=True, prompt_lens=tuple(ref.prompt_lens))
     got = run.trainer_run(layout, ref.sequences, run_).hf_grads
     if set(got) != set(ref.grads):

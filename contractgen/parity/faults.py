@@ -29,7 +29,12 @@ KERNEL_ALTERNATIVES: dict[str, dict[Any, Any]] = {
     },
     "moe_token_order": {"token_index": "unordered", "unordered": "token_index"},
     "moe_combine_order": {"expert_id": "topk_rank", "topk_rank": "expert_id"},
+    "moe_ep_combine": {"gather_slots": "sum_partials", "sum_partials": "gather_slots"},
 }
+
+# kernel-policy fields that act only under expert parallelism: a run without an EP layout
+# leaves them out (nothing there could show them), and says so
+EP_ONLY_FIELDS = ("moe_ep_combine",)
 
 # runtime-policy string fields: what the stock engine would run instead
 STRING_ALTERNATIVES: dict[str, dict[Any, Any]] = {

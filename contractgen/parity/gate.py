@@ -62,9 +62,7 @@ def _run_training(run: GateRun, schema, t0: float) -> dict:
         "dtype": config.dtype_override or "contract",
         "diagnostic": config.dtype_override is not None,
         "rollout_tps": sorted({1, *config.rollout_tps}),
-        "layouts": [
-            {"name": lay.name, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp} for lay in config.layouts
-        ],
+        "layouts": [{"name": lay.name, **lay.sizes} for lay in config.layouts],
         **run_training(run, config.training),
     }
     report["seconds"] = round(time.perf_counter() - t0, 2)
@@ -195,10 +193,18 @@ def table(report: dict) -> str:
                 *_footer(report),
             ]
         )
+    # the EP column only when some layout has expert parallelism (dense reports keep their shape)
+    has_ep = any(lay.get("ep", 1) > 1 for lay in report["layouts"])
+    ep_head = f"{'ep':>3}" if has_ep else ""
+
+    def ep_cell(lay: dict) -> str:
+        return f"{lay.get('ep', 1):>3}" if has_ep else ""
+
     lines = [
         *_header(report),
         "",
-        f"{'layout':<10}{'tp':>3}{'pp':>3}{'cp':>3}  {'exact':<6}{'tokens':>7}  {'max|diff|':>10}  first divergence",
+        f"{'layout':<10}{'tp':>3}{'pp':>3}{'cp':>3}{ep_head}  {'exact':<6}{'tokens':>7}  "
+        f"{'max|diff|':>10}  first divergence",
     ]
     for lay in report["layouts"]:
         fd = lay["first_divergence"]
@@ -208,7 +214,8 @@ def table(report: dict) -> str:
             else f"{fd['module']} token {fd['token_index']} ({fd['rollout']} vs {fd['trainer']})"
         )
         lines.append(
-            f"{lay['name']:<10}{lay['tp']:>3}{lay['pp']:>3}{lay['cp']:>3}  {'yes' if lay['exact'] else 'NO':<6}"
+            f"{lay['name']:<10}{lay['tp']:>3}{lay['pp']:>3}{lay['cp']:>3}"
+            f"{ep_cell(lay)}  {'yes' if lay['exact'] else 'NO':<6}"
             f"{lay['tokens_compared']:>7}  {lay['max_abs_diff']:>10.3g}  {where}"
         )
     f = report["faults"]
@@ -221,6 +228,7 @@ def table(report: dict) -> str:
                 f"saw, seen at {retried['layout']} on the {retried['workload']} workload"
             )
         lines += [f"          undetected: {name}" for name in f["undetected"]]
+        lines += [f"          left out: {n}: {why}" for n, why in f.get("left_out", {}).items()]
         lines += [f"          error: {name}: {how}" for name, how in f.get("errors", {}).items()]
         lines += [
             f"          listed unobservable but detected: {n}" for n in f.get("contradicted", [])

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import ROLLOUT, TRAINER
-from .faults import Fault, SharedBug, catalogue, flipped, shared_bugs
+from .faults import EP_ONLY_FIELDS, Fault, SharedBug, catalogue, flipped, shared_bugs
 from .layouts import Layout
 from .rollout import DEFAULT_WORKLOAD, PromptSpec, RolloutJob, RolloutResult, RolloutSession
 
@@ -155,7 +155,7 @@ class GateRun:
 
         if layout.name not in self._trainer_sessions:
             session = TrainerSession(
-                self.config.contract_id, self.config.weights, (layout.tp, layout.pp, layout.cp),
+                self.config.contract_id, self.config.weights, layout,
                 device=self.config.device,
             )  # fmt: skip
             session.start()
@@ -249,7 +249,7 @@ def first_divergence(
 
 
 def pair_name(rollout_tp: int, layout: Layout) -> str:
-    return f"rollout tp{rollout_tp} \u00d7 trainer tp{layout.tp}pp{layout.pp}cp{layout.cp}"
+    return f"rollout tp{rollout_tp} \u00d7 trainer {layout.trainer_label}"
 
 
 def same_tokens(a: RolloutResult, b: RolloutResult) -> bool:
@@ -304,14 +304,13 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
     for layout in run.config.layouts:
         t0 = time.perf_counter()
         if run.config.progress:
-            _say(f"layout {layout.name}: trainer TP={layout.tp} PP={layout.pp} CP={layout.cp}")
+            ep = f" EP={layout.ep}" if layout.ep > 1 else ""
+            _say(f"layout {layout.name}: trainer TP={layout.tp} PP={layout.pp} CP={layout.cp}{ep}")
         own = run.rollout(layout.tp)
         cmp = compare(run.scored_rollout(own), trainer_for(run, layout, own))
         entry = {
             "name": layout.name,
-            "tp": layout.tp,
-            "pp": layout.pp,
-            "cp": layout.cp,
+            **layout.sizes,
             "exact": cmp.exact,
             "tokens_compared": cmp.tokens_compared,
             "max_abs_diff": cmp.max_abs_diff,
@@ -325,7 +324,7 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
                 {
                     "name": pair_name(tp, layout),
                     "rollout_tp": tp,
-                    "trainer": {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp},
+                    "trainer": layout.sizes,
                     "exact": pc.exact,
                     "max_abs_diff": pc.max_abs_diff,
                     "tokens_compared": pc.tokens_compared,
@@ -462,6 +461,10 @@ def run_faults(run: GateRun, ref=None) -> dict:
     layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, -lay.tp, lay.name))
     kp, sg, mg = _policies_at(run, layouts[0])
     faults = catalogue(kp, sg, mg)
+    left_out = []
+    if all(lay.ep == 1 for lay in layouts):
+        left_out = [f.name for f in faults if f.kind == "kernel" and f.field in EP_ONLY_FIELDS]
+        faults = [f for f in faults if f.name not in left_out]
     notes = unobservable_notes(run.config.contract_id)
     outcomes: dict[str, tuple[str, str]] = {f.name: ("undetected", "") for f in faults}
     faulted_rollouts: dict = {}  # (fault, rollout TP) -> its rollout, shared by layouts of one TP
@@ -517,6 +520,10 @@ def run_faults(run: GateRun, ref=None) -> dict:
         "errors": errors,
         "details": details,
         "retried": retried,
+        "left_out": {
+            name: "acts only under expert parallelism; no layout given has EP > 1"
+            for name in left_out
+        },
     }
 
 

@@ -21,11 +21,12 @@ __all__ = [
 
 def layout_problems(contract_id: str, layout: Layout, model: str) -> list[str]:
     """Why the contract's model cannot run ``layout`` (the launcher's own layout rules: the
-    gate runs the rollout at the layout's TP and the trainer at its TP, PP and CP)."""
+    gate runs the rollout at the layout's TP and the trainer at its TP, PP, CP and EP, with the
+    attention DP that EP needs: ``Layout.ep_dp``)."""
     from ..adapters.launcher.layout import validate_layout
 
     try:
-        validate_layout(contract_id, replace(layout, rollout_tp=layout.tp), model)
+        validate_layout(contract_id, replace(layout, rollout_tp=layout.tp, dp=layout.ep_dp), model)
     except LayoutError as exc:
         return [f"{layout.name}: {v}" for v in exc.violations]
     return []

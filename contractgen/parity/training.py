@@ -210,7 +210,7 @@ def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, ca
     stale = stale_tensor(arch) if cfg.fault == STALE_SHARD else None
     t0 = time.perf_counter()
     trainer = TrainerSession(
-        config.contract_id, config.weights, (layout.tp, layout.pp, layout.cp),
+        config.contract_id, config.weights, layout,
         device=config.device,
     )  # fmt: skip
     trainer.start()
@@ -257,7 +257,7 @@ def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, ca
                     {
                         "name": pair_name(tp, layout),
                         "rollout_tp": tp,
-                        "trainer": {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp},
+                        "trainer": layout.sizes,
                         "exact": bool(cmp and cmp.exact),
                         "max_abs_diff": cmp.max_abs_diff if cmp else None,
                         "tokens_compared": cmp.tokens_compared if cmp else 0,
@@ -267,9 +267,7 @@ def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, ca
             syncs = {tp: r.extra["weight_sync"] for tp, r in rollouts.items()}
             entry = {
                 "name": layout.name,
-                "tp": layout.tp,
-                "pp": layout.pp,
-                "cp": layout.cp,
+                **layout.sizes,
                 "loss": result.loss,
                 "kl": result.kl,
                 "ratio_max_abs_dev": result.ratio_max_abs_dev,

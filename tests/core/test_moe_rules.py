@@ -88,3 +88,27 @@ def test_dense_fingerprints_unchanged_by_the_moe_fields() -> None:
         data = contract.model_dump(mode="json")
         assert not any(k.startswith("moe_") for k in data["kernel_policy"])
         assert contract_fingerprint(data).startswith(prefix), cid
+
+
+def test_ep_sizes_belong_to_moe_contracts_and_divide_the_reference_experts() -> None:
+    dense = (ROOT / DENSE).read_text()
+    got = _problems(
+        dense.replace(
+            "    sequence_parallel: false\n", "    sequence_parallel: false\n    ep: [1, 2]\n"
+        ),
+        DENSE,
+    )
+    assert len(got) == 1 and got[0].endswith(
+        "parallel.training.ep: must be absent: qwen3_dense has no mixture-of-experts block to "
+        "split over ranks"
+    ), got
+    moe = (ROOT / MOE).read_text()
+    got = _problems(moe.replace("    ep: [1, 2, 4, 8]\n", "    ep: [1, 3, 16]\n"), MOE)
+    assert len(got) == 1 and got[0].endswith(
+        "parallel.training.ep: sizes [3, 16] do not divide the reference model's num_experts 8 "
+        "(each EP rank holds the same number of whole experts)"
+    ), got
+    got = _problems(moe.replace("  moe_ep_combine: gather_slots\n", ""), MOE)
+    assert len(got) == 1 and got[0].endswith(
+        "kernel_policy.moe_ep_combine: required: qwen3_moe has a mixture-of-experts block"
+    ), got

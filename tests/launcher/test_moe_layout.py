@@ -23,3 +23,56 @@ def test_235b_a22b_runs_tp4_not_pp4() -> None:
     with pytest.raises(LayoutError) as info:
         build_plan(MOE, Layout(pp=4), "Qwen3-235B-A22B")
     assert "--pp 4" in str(info.value)
+
+
+# --- expert parallelism ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("token", "sizes", "world"),
+    [
+        ("ep2", {"tp": 1, "ep": 2}, 2),  # two attention-DP ranks carry the two EP ranks
+        ("tp2ep2", {"tp": 2, "ep": 2}, 2),  # EP folded over the TP ranks
+        ("cp2ep2", {"cp": 2, "ep": 2}, 2),
+        ("ep4", {"ep": 4}, 4),
+        ("tp2ep4", {"tp": 2, "ep": 4}, 4),
+        ("tp4ep2", {"tp": 4, "ep": 2}, 4),
+    ],
+)
+def test_ep_layouts_parse_and_size_their_trainer_session(token, sizes, world) -> None:
+    from contractgen.adapters.layout import parse_layout
+
+    layout = parse_layout(token)
+    assert layout == Layout(**sizes)
+    assert layout.world_size == world
+    assert layout.name == token
+    assert layout.ep_dp * layout.tp * layout.cp % layout.ep == 0
+
+
+def test_a_dense_contract_refuses_ep_naming_the_contract_field() -> None:
+    with pytest.raises(LayoutError) as info:
+        build_plan("qwen3_dense_true_on_policy_v1", Layout(tp=2, ep=2), "reference")
+    assert "--ep 2: not in the contract's parallel.training.ep [1]" in str(info.value)
+
+
+def test_ep_must_divide_the_experts_and_the_trainer_ranks() -> None:
+    with pytest.raises(LayoutError) as info:
+        build_plan(MOE, Layout(tp=2, dp=2, ep=8), "reference")
+    assert (
+        "--ep 8: does not divide TP 2 x CP 1 x DP 2 = 4 (EP folds over the trainer ranks of one "
+        "pipeline stage); valid --ep here: 1, 2, 4 (nearest: --ep 4)"
+    ) in str(info.value)
+    assert build_plan(MOE, Layout(tp=2, dp=2, ep=4), "reference").layout.ep == 4
+
+
+def test_whole_experts_under_ep_lift_the_expert_tile_rule_from_the_trainer_tp() -> None:
+    """30B-A3B's expert down_proj (K=768, 6 tiles) cannot split over TP 4 at EP 1; under EP 4
+    each rank holds whole experts, so that rule no longer binds the trainer's TP (the
+    checkpoint's own tp_sizes still does)."""
+    with pytest.raises(LayoutError) as ep1:
+        build_plan(MOE, Layout(tp=4, rollout_tp=2), "Qwen3-30B-A3B")
+    with pytest.raises(LayoutError) as ep4:
+        build_plan(MOE, Layout(tp=4, ep=4, rollout_tp=2), "Qwen3-30B-A3B")
+    assert "--tp 4: splits expert down_proj K=768" in str(ep1.value)
+    assert "splits expert down_proj" not in str(ep4.value)
+    assert "--tp 4: not in Qwen3-30B-A3B's tp_sizes [1, 2]" in str(ep4.value)

@@ -1,5 +1,6 @@
 """Issue 13, Qwen3-MoE through the gate: rollout and trainer (megatron-core's ``MoELayer`` tree with
-the contract's MoE kernels) agree bit for bit at TP1, TP2, PP2 and CP2 in one gate run, for v1 and
+the contract's MoE kernels) agree bit for bit at TP1, TP2, PP2, CP2, EP2 (two attention-DP ranks,
+four whole experts each) and TP2 x EP2 (experts over the TP ranks) in one gate run, for v1 and
 v2, and flipping an MoE kernel-policy field on the trainer side alone breaks that.
 
 The model is the contract's reference model as ``contractgen parity`` builds it: its
@@ -25,7 +26,7 @@ from contractgen.parity.workload import make_workload
 
 MOE = "qwen3_moe_true_on_policy_v1"
 MOE_V2 = "qwen3_moe_true_on_policy_v2"
-LAYOUTS = parse_layouts("tp1,tp2,pp2,cp2")
+LAYOUTS = parse_layouts("tp1,tp2,pp2,cp2,ep2,tp2ep2")
 TP1 = LAYOUTS[0]
 
 
@@ -112,14 +113,15 @@ def test_one_flipped_moe_field_on_the_trainer_breaks_parity(gate, field):
 
 @pytest.mark.parametrize("contract", [MOE, MOE_V2])
 def test_moe_gate_is_exact_at_every_layout(gates, contract):
-    """One gate run over the four layouts (``run_layouts``, as ``contractgen parity`` runs them):
+    """One gate run over the six layouts (``run_layouts``, as ``contractgen parity`` runs them):
     every layout's trainer logprobs ``torch.equal`` the rollout's logprobs the contract names
     (v1: the prefill re-score in bfloat16; v2: the decode-step logprobs in float32)."""
     gate = gates(contract)
     assert gate.logprob_contract == {MOE: "sglang_prefill", MOE_V2: "decode"}[contract]
     report = run_layouts(gate)
     layouts = report["layouts"]
-    assert [lay["name"] for lay in layouts] == ["tp1", "tp2", "pp2", "cp2"]
+    assert [lay["name"] for lay in layouts] == ["tp1", "tp2", "pp2", "cp2", "ep2", "tp2ep2"]
+    assert [lay["ep"] for lay in layouts] == [1, 1, 1, 1, 2, 2]
     assert all(lay["exact"] and lay["max_abs_diff"] == 0 for lay in layouts), layouts
     assert all(lay["tokens_compared"] == 6 for lay in layouts), layouts
     assert report["pairs"] and all(p["exact"] for p in report["pairs"]), report["pairs"]

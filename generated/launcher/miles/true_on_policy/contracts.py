@@ -10,8 +10,8 @@
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_moe_true_on_policy_v1 sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26
-#   qwen3_moe_true_on_policy_v2 sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794
+#   qwen3_moe_true_on_policy_v1 sha256:617762a39957d6bb44e2dd2d989541b469bdd511bdde9a1d24750121eb539839
+#   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 # sha256: 4185590b49334685e7b3586f9e39952121ab27c16714fb7eb7e3142cda0d368a
 """Public contract names of the true-on-policy package, as the miles repository's own
 modules import them (``from .contracts import ...``): the schema's aliases and constants and the

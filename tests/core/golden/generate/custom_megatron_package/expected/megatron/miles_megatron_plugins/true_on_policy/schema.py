@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# sha256: 1b44c2d38375507345d3fc277650eb1f691c1e91098dd853165a5b19923878c3
+# sha256: 11ec084ee35aa6a5040ad19951b206a0bd79f7f9816aee6c9d6012da3103a7ba
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -113,6 +113,8 @@ class KernelPolicy:
     moe_token_order: str | None = None
     # Order a token's k weighted expert outputs are summed in (a left fold): ascending expert id (HF's expert loop) or top-k rank (highest weight first).
     moe_combine_order: str | None = None
+    # How expert-parallel ranks return a token's expert outputs (EP > 1): 'gather_slots' moves each (token, slot) output from its expert's rank and the token's rank combines all k in moe_combine_order, as at EP 1; 'sum_partials' has each rank combine its own experts' slots and sums the partial combines over ranks (a reduce-scatter of partial sums, as Megatron's dispatchers and SGLang's EP MoE do).
+    moe_ep_combine: str | None = None
     # dtype each expert output (reduced over TP, in dense_math_dtype) is weighted and summed in; the sum is rounded once to dense_math_dtype.
     moe_combine_dtype: str | None = None
 
@@ -191,6 +193,7 @@ class ParallelSupport:
     rollout_tp_sizes: tuple[int, ...]
     rollout_dp: bool
     kv_heads: str
+    train_ep_sizes: tuple[int, ...] = (1,)  # expert parallelism (MoE contracts)
 
 
 # Canonical data of every contract, exactly as validated from its contract file.
@@ -605,6 +608,7 @@ def parallel_support_for(contract_id: str) -> ParallelSupport:
         rollout_tp_sizes=tuple(rollout["tp"]),
         rollout_dp=rollout["dp"],
         kv_heads=parallel["kv_heads"],
+        train_ep_sizes=tuple(training.get("ep") or (1,)),
     )
 
 

@@ -10,9 +10,9 @@
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_moe_true_on_policy_v1 sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26
-#   qwen3_moe_true_on_policy_v2 sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794
-# sha256: fddd3472b8b93ac37b6b5d9d321d5a178c3af35436e78826806f3b1d0ca746b9
+#   qwen3_moe_true_on_policy_v1 sha256:617762a39957d6bb44e2dd2d989541b469bdd511bdde9a1d24750121eb539839
+#   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
+# sha256: f1f37d41c3d16f4955350064d227709096f0f2b895e191e42981fb6bfff490ca
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -136,6 +136,8 @@ class KernelPolicy:
     moe_token_order: str | None = None
     # Order a token's k weighted expert outputs are summed in (a left fold): ascending expert id (HF's expert loop) or top-k rank (highest weight first).
     moe_combine_order: str | None = None
+    # How expert-parallel ranks return a token's expert outputs (EP > 1): 'gather_slots' moves each (token, slot) output from its expert's rank and the token's rank combines all k in moe_combine_order, as at EP 1; 'sum_partials' has each rank combine its own experts' slots and sums the partial combines over ranks (a reduce-scatter of partial sums, as Megatron's dispatchers and SGLang's EP MoE do).
+    moe_ep_combine: str | None = None
     # dtype each expert output (reduced over TP, in dense_math_dtype) is weighted and summed in; the sum is rounded once to dense_math_dtype.
     moe_combine_dtype: str | None = None
 
@@ -214,6 +216,7 @@ class ParallelSupport:
     rollout_tp_sizes: tuple[int, ...]
     rollout_dp: bool
     kv_heads: str
+    train_ep_sizes: tuple[int, ...] = (1,)  # expert parallelism (MoE contracts)
 
 
 # Canonical data of every contract, exactly as validated from its contract file.
@@ -1380,6 +1383,7 @@ CONTRACT_DATA: dict[str, dict] = {
             "matmul_tile_order": "sglang_first_level",
             "moe_combine_dtype": "float32",
             "moe_combine_order": "expert_id",
+            "moe_ep_combine": "gather_slots",
             "moe_router_logits_dtype": "bfloat16",
             "moe_router_softmax_dtype": "float32",
             "moe_token_order": "token_index",
@@ -1510,6 +1514,12 @@ CONTRACT_DATA: dict[str, dict] = {
                     ],
                 },
                 "dp": True,
+                "ep": [
+                    1,
+                    2,
+                    4,
+                    8,
+                ],
                 "pp": [
                     1,
                     2,
@@ -1600,6 +1610,7 @@ CONTRACT_DATA: dict[str, dict] = {
             "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
             "kernel_policy.logsoftmax_vocab_block": "Another block size reorders the float32 max / sum-exp reduction by a few ulps of the log-sum-exp, and v1 rounds logprobs to bfloat16, which hides that on the gate's workload (a logit near a bfloat16 rounding boundary could still show it). Under v2's float32 logprobs the same fault is detected.",
             "kernel_policy.moe_combine_order": "Another fold order over a token's top-k weighted expert outputs changes float32 roundings of the combine, which rounds once to bfloat16 and absorbs them unless a sum lies within them of a bfloat16 rounding boundary: 8 of 512,000 combine outputs change on random inputs (176,397 in float32), per tests/sglang/test_qwen3_moe.py::test_float32_ulp_fields_rarely_survive_the_bfloat16_rounding. On the gate's default workload those few bfloat16 ulps reach no bfloat16 scored logprob at any layout (measured: tp1, tp2, pp2, cp2, tp2pp2, tp4, either side). Both sides read it: tests/sglang/test_qwen3_moe.py::test_every_moe_policy_field_is_read (rollout block) and tests/megatron/test_megatron_moe.py::test_each_moe_field_flipped_on_the_trainer_alone_breaks_equality (trainer layer, float32).",
+            "kernel_policy.moe_ep_combine": "Acts only where experts are split over ranks, and only the trainer splits them here (trainer EP; the rollout keeps every expert split over its TP, SGLang without --ep-size), so the rollout reads nothing of it. On the trainer, 'sum_partials' regroups the float32 fold of a token's k weighted outputs where its experts straddle ranks; the one rounding to bfloat16 hides that on the reference model (measured: no logprob moved at ep2 on the default or the large workload). tests/megatron/test_megatron_moe_ep.py::test_ep_combine_is_read_under_float32 shows it move the trainer's logprobs under float32 dtypes, where ep2 still equals tp1.",
             "kernel_policy.moe_token_order": "Each expert's linears are the batch-invariant matmul, whose every row's bits are independent of the other rows and of their order, so the order of the tokens grouped to an expert cannot show in any output. The field pins what an atomics-based align kernel leaves free; tests/sglang/test_qwen3_moe.py::test_token_order_is_invisible_under_the_invariant_matmul shows the 'unordered' grouping giving the same bits.",
             "kernel_policy.moe_topk_normalisation": "divide_by_topk_sum and softmax_over_topk_logits are the same function and differ only in float32 roundings of the top-k weights. The weighted combine sums in float32 and rounds once to bfloat16, which absorbs those ulps unless a sum lies within them of a bfloat16 rounding boundary: 24 of 512,000 combine outputs change on random inputs (252,123 in float32), per tests/sglang/test_qwen3_moe.py::test_float32_ulp_fields_rarely_survive_the_bfloat16_rounding. On the gate's default workload the few hidden-state bfloat16 ulps this leaves reach no bfloat16 scored logprob at any layout (measured: tp1, tp2, pp2, cp2, tp2pp2, tp4, either side). Both sides read it: tests/sglang/test_qwen3_moe.py::test_every_moe_policy_field_is_read (rollout block, float32) and tests/megatron/test_megatron_moe.py::test_each_moe_field_flipped_on_the_trainer_alone_breaks_equality (trainer layer, float32). Under qwen3_moe_true_on_policy_v2's float32 logprobs the gate detects it (tp1, max |diff| 0.00706).",
             "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
@@ -1637,6 +1648,7 @@ CONTRACT_DATA: dict[str, dict] = {
             "matmul_tile_order": "sglang_first_level",
             "moe_combine_dtype": "float32",
             "moe_combine_order": "expert_id",
+            "moe_ep_combine": "gather_slots",
             "moe_router_logits_dtype": "bfloat16",
             "moe_router_softmax_dtype": "float32",
             "moe_token_order": "token_index",
@@ -1767,6 +1779,12 @@ CONTRACT_DATA: dict[str, dict] = {
                     ],
                 },
                 "dp": True,
+                "ep": [
+                    1,
+                    2,
+                    4,
+                    8,
+                ],
                 "pp": [
                     1,
                     2,
@@ -1855,6 +1873,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "supersedes": "qwen3_moe_true_on_policy_v1",
         "unobservable": {
             "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
+            "kernel_policy.moe_ep_combine": "Acts only where experts are split over ranks, and only the trainer splits them here (trainer EP; the rollout keeps every expert split over its TP, SGLang without --ep-size), so the rollout reads nothing of it. On the trainer, 'sum_partials' regroups the float32 fold of a token's k weighted outputs where its experts straddle ranks; the one rounding to bfloat16 hides that on the reference model (measured: no logprob moved at ep2 on the default or the large workload). tests/megatron/test_megatron_moe_ep.py::test_ep_combine_is_read_under_float32 shows it move the trainer's logprobs under float32 dtypes, where ep2 still equals tp1.",
             "kernel_policy.moe_token_order": "Each expert's linears are the batch-invariant matmul, whose every row's bits are independent of the other rows and of their order, so the order of the tokens grouped to an expert cannot show in any output. The field pins what an atomics-based align kernel leaves free; tests/sglang/test_qwen3_moe.py::test_token_order_is_invisible_under_the_invariant_matmul shows the 'unordered' grouping giving the same bits.",
             "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
             "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
@@ -1873,8 +1892,8 @@ FINGERPRINTS: dict[str, str] = {
     "llama3_dense_true_on_policy_v1": "sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8",
     "qwen3_dense_true_on_policy_v1": "sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644",
     "qwen3_dense_true_on_policy_v2": "sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085",
-    "qwen3_moe_true_on_policy_v1": "sha256:17dae886ccf05275b811c8a90a34fb0acd5b7a310e5687c6f046e56eeb379c26",
-    "qwen3_moe_true_on_policy_v2": "sha256:7ae4a46a7c1eac818f7164da57b19700d775db9d9365baa194ee8d9861183794",
+    "qwen3_moe_true_on_policy_v1": "sha256:617762a39957d6bb44e2dd2d989541b469bdd511bdde9a1d24750121eb539839",
+    "qwen3_moe_true_on_policy_v2": "sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e",
 }
 
 # sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
@@ -2050,6 +2069,7 @@ def parallel_support_for(contract_id: str) -> ParallelSupport:
         rollout_tp_sizes=tuple(rollout["tp"]),
         rollout_dp=rollout["dp"],
         kv_heads=parallel["kv_heads"],
+        train_ep_sizes=tuple(training.get("ep") or (1,)),
     )
 
 

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
-# sha256: d50e70afb76d52847988c2849d36503027344c3a5604d90edfc9b157f16e0569
+# sha256: 874f99994af23a535aa9d6f2fa0efff59095cc85616026c31b66dce2e166b4f9
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles). It
@@ -113,6 +113,8 @@ class KernelPolicy:
     moe_token_order: str | None = None
     # Order a token's k weighted expert outputs are summed in (a left fold): ascending expert id (HF's expert loop) or top-k rank (highest weight first).
     moe_combine_order: str | None = None
+    # How expert-parallel ranks return a token's expert outputs (EP > 1): 'gather_slots' moves each (token, slot) output from its expert's rank and the token's rank combines all k in moe_combine_order, as at EP 1; 'sum_partials' has each rank combine its own experts' slots and sums the partial combines over ranks (a reduce-scatter of partial sums, as Megatron's dispatchers and SGLang's EP MoE do).
+    moe_ep_combine: str | None = None
     # dtype each expert output (reduced over TP, in dense_math_dtype) is weighted and summed in; the sum is rounded once to dense_math_dtype.
     moe_combine_dtype: str | None = None
 
@@ -191,6 +193,7 @@ class ParallelSupport:
     rollout_tp_sizes: tuple[int, ...]
     rollout_dp: bool
     kv_heads: str
+    train_ep_sizes: tuple[int, ...] = (1,)  # expert parallelism (MoE contracts)
 
 
 # Canonical data of every contract, exactly as validated from its contract file.
@@ -605,6 +608,7 @@ def parallel_support_for(contract_id: str) -> ParallelSupport:
         rollout_tp_sizes=tuple(rollout["tp"]),
         rollout_dp=rollout["dp"],
         kv_heads=parallel["kv_heads"],
+        train_ep_sizes=tuple(training.get("ep") or (1,)),
     )
 
 
