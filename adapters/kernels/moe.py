@@ -199,7 +199,8 @@ def ep_gather_tokens(
     tokens per rank)``. Moves bits only (ranks may hold different numbers of tokens)."""
     from .all_reduce import all_gather_exact
 
-    counts = [int(c) for c in all_gather_exact(torch.tensor([x_TH.shape[0]]), group)]
+    mine = torch.tensor([x_TH.shape[0]], device=x_TH.device)  # NCCL gathers device tensors
+    counts = [int(c) for c in all_gather_exact(mine, group)]
     most = max(counts)
     pad = most - x_TH.shape[0]
     xs = all_gather_exact(F.pad(x_TH, (0, 0, 0, pad)), group)

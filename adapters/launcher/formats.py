@@ -22,7 +22,8 @@ def _layout_line(plan: LaunchPlan) -> str:
     lay = plan.layout
     cp = f" ({plan.cp_comm_type})" if plan.cp_comm_type else ""
     return (
-        f"train tp={lay.tp} pp={lay.pp} cp={lay.cp}{cp} dp={lay.dp} (world {lay.train_world}); "
+        f"train tp={lay.tp} pp={lay.pp} cp={lay.cp}{cp} dp={lay.dp}"
+        f"{f' ep={lay.ep}' if lay.ep > 1 else ''} (world {lay.train_world}); "
         f"rollout tp={lay.rollout_tp_size} dp={lay.rollout_dp} ({lay.rollout_gpus} GPU"
         f"{'s' if lay.rollout_gpus > 1 else ''})"
     )
@@ -105,6 +106,7 @@ def to_json_data(plan: LaunchPlan) -> dict[str, Any]:
                 "cp": lay.cp,
                 "cp_comm_type": plan.cp_comm_type,
                 "dp": lay.dp,
+                "ep": lay.ep,
                 "world": lay.train_world,
             },
             "rollout": {"tp": lay.rollout_tp_size, "dp": lay.rollout_dp, "gpus": lay.rollout_gpus},

@@ -136,6 +136,8 @@ def sources(subject: Subject) -> dict[str, Any]:
             pp=lay.pp,
             cp=lay.cp,
             dp=lay.dp,
+            ep=lay.ep if lay.ep > 1 else None,  # None: no flag (megatron's default, EP 1)
+            expert_tp=1 if lay.ep > 1 else None,
             rollout_tp=lay.rollout_tp_size,
             rollout_dp=lay.rollout_dp,
         ),

@@ -175,6 +175,19 @@ MEGATRON = (
         config=(("context_parallel_size", VALUE),),
     ),
     Option(
+        "layout.ep",
+        "--expert-model-parallel-size",
+        "experts split over this many trainer ranks (EP > 1 only); each output returns to its "
+        "token's rank and is combined there as kernel_policy.moe_ep_combine says",
+        config=(("expert_model_parallel_size", VALUE),),
+    ),
+    Option(
+        "layout.expert_tp",
+        "--expert-tensor-parallel-size",
+        "under EP each rank holds whole experts (expert TP 1): what the parity gate runs",
+        config=(("expert_tensor_parallel_size", VALUE),),
+    ),
+    Option(
         "megatron.cp_layout",
         "--cp-comm-type",
         "Ulysses all-to-all: CP moves heads and adds no arithmetic (ring CP cannot be exact)",

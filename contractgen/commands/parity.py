@@ -245,14 +245,21 @@ def command(
     try:
         if layouts is None:
             chosen = parse_layouts(DEFAULT_LAYOUTS)
-            # where the model allows them: tp2pp2, ep2 and tp2ep2; with faults, tp4 (a sum of four partials has
-            # an order, so the reduction-order faults show there)
-            extras = ["tp2pp2", "ep2", "tp2ep2", *(["tp4"] if inject_faults else [])]
+            # where the model allows them: tp2pp2; ep2 and tp2ep2 (EP is forward only: not when
+            # training); with faults, tp4 (a sum of four partials has an order, so the
+            # reduction-order faults show there)
+            ep = [] if train_steps else ["ep2", "tp2ep2"]
+            extras = ["tp2pp2", *ep, *(["tp4"] if inject_faults else [])]
             for extra in parse_layouts(",".join(extras)):
                 if not layout_problems(contract_id, extra, arch.name):
                     chosen.append(extra)
         else:
             chosen = parse_layouts(layouts)
+            if train_steps and (ep := [lay.name for lay in chosen if lay.ep > 1]):
+                raise LayoutError(
+                    f"--layouts {', '.join(ep)}: expert parallelism runs the forward only (the "
+                    "token exchange has no backward yet); --train-steps needs EP 1 layouts"
+                )
         gpus = _cuda_device_count() if device == "cuda" else None
         if rollout_tps is None:
             tps = allowed_rollout_tps(contract_id, arch.name)

@@ -31,6 +31,11 @@ _SIZE = click.IntRange(min=1)
 )
 @click.option("--dp", type=_SIZE, default=1, show_default=True, help="Training data parallel size.")
 @click.option(
+    "--ep", type=_SIZE, default=1, show_default=True,
+    help="Training expert parallel size (MoE contracts): whole experts per rank, folded over "
+    "the TP x CP x DP ranks, so it must divide them.",
+)  # fmt: skip
+@click.option(
     "--rollout-tp", type=_SIZE, default=None, help="Rollout (SGLang) TP size [default: --tp]."
 )
 @click.option(
@@ -57,6 +62,7 @@ def command(
     pp: int,
     cp: int,
     dp: int,
+    ep: int,
     rollout_tp: int | None,
     rollout_dp: int,
     world: int | None,
@@ -71,8 +77,9 @@ def command(
     """
     use_project_from(ctx)
     layout = Layout(
-        tp=tp, pp=pp, cp=cp, dp=dp, rollout_tp=rollout_tp, rollout_dp=rollout_dp, world=world
-    )
+        tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, rollout_tp=rollout_tp, rollout_dp=rollout_dp,
+        world=world,
+    )  # fmt: skip
     try:
         plan = build_plan(contract_id, layout, model, environ=os.environ)
     except LayoutError as exc:

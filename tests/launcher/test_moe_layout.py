@@ -76,3 +76,12 @@ def test_whole_experts_under_ep_lift_the_expert_tile_rule_from_the_trainer_tp() 
     assert "--tp 4: splits expert down_proj K=768" in str(ep1.value)
     assert "splits expert down_proj" not in str(ep4.value)
     assert "--tp 4: not in Qwen3-30B-A3B's tp_sizes [1, 2]" in str(ep4.value)
+
+
+def test_the_plan_passes_ep_to_megatron_only_under_ep() -> None:
+    ep2 = build_plan(MOE, Layout(tp=2, ep=2), "reference").args("megatron")
+    assert "--expert-model-parallel-size" in ep2 and "--expert-tensor-parallel-size" in ep2
+    i, j = ep2.index("--expert-model-parallel-size"), ep2.index("--expert-tensor-parallel-size")
+    assert (ep2[i + 1], ep2[j + 1]) == ("2", "1")
+    ep1 = build_plan(MOE, Layout(tp=2), "reference").args("megatron")
+    assert not any(a.startswith("--expert-") for a in ep1)

@@ -139,3 +139,15 @@ def test_a_side_without_the_moe_block_is_refused_with_one_line(monkeypatch, tmp_
         f"error: {MOE}: the trainer side (megatron) is not implemented yet for the moe block of "
         "qwen3_moe models (it implements: dense_mlp); parity needs both sides"
     ]
+
+
+def test_training_refuses_ep_layouts_with_one_line(tmp_path):
+    """EP runs the forward only: ``--train-steps`` with an EP layout exits 2 before any work."""
+    code, report, out = run_parity_in_process(
+        "--contract", MOE, "--layouts", "tp1,ep2", "--train-steps", "1", tmp_path=tmp_path
+    )
+    assert code == 2 and report is None and "Traceback" not in out, out
+    assert [ln for ln in out.splitlines() if ln.startswith("error:")] == [
+        "error: --layouts ep2: expert parallelism runs the forward only (the token exchange has "
+        "no backward yet); --train-steps needs EP 1 layouts"
+    ]
