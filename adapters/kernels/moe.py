@@ -184,7 +184,7 @@ def _fold(y_TKH, weights_TK, ids_TK, kp, keep_TK: torch.Tensor | None = None) ->
             )
         else:
             acc_TH = term if acc_TH is None else acc_TH + term
-    if acc_TH is None:  # no slots (k = 0 cannot happen; zero tokens can)
+    if acc_TH is None:  # k = 0 (no slots): nothing to sum
         acc_TH = y_TKH.new_zeros((ids_TK.shape[0], y_TKH.shape[-1]), dtype=cd)
     return acc_TH
 

@@ -177,8 +177,9 @@ MEGATRON = (
     Option(
         "layout.ep",
         "--expert-model-parallel-size",
-        "experts split over this many trainer ranks (EP > 1 only); each output returns to its "
-        "token's rank and is combined there as kernel_policy.moe_ep_combine says",
+        "experts split over this many trainer ranks (EP > 1 only); the contract's dispatcher "
+        "(the Megatron fork's) returns each output to its token's rank and combines there as "
+        "kernel_policy.moe_ep_combine says",
         config=(("expert_model_parallel_size", VALUE),),
     ),
     Option(

@@ -206,6 +206,8 @@ class SGLangSequentialMLP(SequentialMLP):
             for expert, tokens in zip(self.local_experts, chunks, strict=True)
             if tokens.shape[0] > 0
         ]
+        if not outputs:  # under EP a rank's experts may get no token at all
+            return permuted_local_hidden_states.new_empty((0, self.config.hidden_size)), None
         return torch.cat(outputs), None
 
 

@@ -138,7 +138,8 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
 
     Under attention DP (``Layout.ep_dp`` > 1, what EP beyond TP x CP needs) each DP rank scores
     ``dp_share`` of the sequences; its result lists ``None`` for the others (the session merges
-    the DP ranks' lists)."""
+    the DP ranks' lists). Layer dumps (``first_divergence``) are per sequence of one pack, so a
+    dumping run has every DP rank score every sequence and only DP rank 0 answer."""
     from .layers import residual_add, split_carrier
     from .pipeline import pipeline_forward
 
@@ -146,12 +147,12 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     policy = policy_for(config)
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-    share = dp_share(len(job.sequences), dp, dp_rank)
-    if dp > 1 and (run.dump_layers or len(job.sequences) < dp):
+    whole = dp == 1 or run.dump_layers
+    share = list(range(len(job.sequences))) if whole else dp_share(len(job.sequences), dp, dp_rank)
+    if not whole and len(job.sequences) < dp:  # every rank refuses: none waits in a collective
         raise ValueError(
             f"layout {job.layout.name} splits the sequences over {dp} data-parallel ranks: "
             f"give at least {dp} sequences (got {len(job.sequences)})"
-            + ("; layer dumps need one DP rank" if run.dump_layers else "")
         )
     mine = [job.sequences[i] for i in share]
     prompt_lens = None if run.prompt_lens is None else [run.prompt_lens[i] for i in share]
@@ -185,7 +186,9 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
             attention_mask=None,
             packed_seq_params=params,
         )
-    first = ps.get_tensor_model_parallel_rank() == 0 and cp_rank == 0
+    first = (
+        ps.get_tensor_model_parallel_rank() == 0 and cp_rank == 0 and (not whole or dp_rank == 0)
+    )
     per_seq = None
     if run.dump_layers and first:
         per_seq = [{k: v[path] for k, v in dumps.items()} for path in pack.paths]
@@ -205,7 +208,7 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
         logprobs.append(lp_fn(logits[rows], targets, vocab_start, vocab, kp, tp_group).cpu())
     if not first:
         return None, per_seq
-    if dp > 1:
+    if not whole:
         spread: list[Any] = [None] * len(job.sequences)
         for i, lp in zip(share, logprobs, strict=True):
             spread[i] = lp

@@ -1,11 +1,11 @@
 """The trainer-side forward the parity gate calls: per-token logprobs on real megatron-core.
 
-``trainer_logprobs`` spawns ``Layout.world_size`` gloo processes (``tp * pp * cp``, times the
-attention DP an EP layout needs) (CPU) that each build their
-megatron-core model stage (``SGLangGPTModel``), load the same weights as the rollout (HF
-checkpoint directory or in-memory HF state dict), pack the sequences into one row, run the
-forward (``pipeline.pipeline_forward``) and compute logprobs with SGLang's log-softmax kernel.
-Results come back to the caller as plain tensors.
+``trainer_logprobs`` spawns ``Layout.world_size`` gloo processes on CPU (``tp * pp * cp``, times
+the attention DP an EP layout needs) that each build their megatron-core model stage
+(``SGLangGPTModel``), load the same weights as the rollout (HF checkpoint directory or in-memory
+HF state dict), pack the sequences into one row (each DP rank its share), run the forward
+(``pipeline.pipeline_forward``) and compute logprobs with SGLang's log-softmax kernel. Results
+come back to the caller as plain tensors.
 """
 
 from __future__ import annotations

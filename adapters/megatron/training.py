@@ -113,6 +113,12 @@ class TrainState:
 
 
 def init_state(job: Any, init: TrainInit) -> TrainState:
+    if job.layout.ep > 1:
+        raise ValueError(
+            f"layout {job.layout.name}: expert parallelism runs the forward only (the token "
+            "exchange has no backward, and the weight gather assumes every expert on a rank); "
+            "train at EP 1"
+        )
     model, config, padded = build_stage(job, TrainerRun(fault=init.fault))
     model.train()
     return TrainState(model, config, padded, make_optimizer(model, init.optimizer, job.device))

@@ -88,6 +88,12 @@ def command(
         fail(f"error: {exc}", EXIT_USAGE)
     except KeyError as exc:  # unknown contract or checkpoint: their str lists the known names
         fail(f"error: {exc}", EXIT_USAGE)
+    if ep > 1:
+        click.echo(
+            f"warning: --ep {ep}: contractgen gates expert parallelism in the forward only (the "
+            "token exchange has no contract-exact backward yet); do not train through it",
+            err=True,
+        )
     for flag, where in plan.needs_newer_sglang:
         click.echo(
             f"warning: {flag} needs a newer SGLang than {plan.sglang_release} (from {where})",

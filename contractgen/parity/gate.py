@@ -23,6 +23,13 @@ def check_layouts(config: GateConfig) -> None:
     problems = [
         p for lay in config.layouts for p in layout_problems(config.contract_id, lay, model)
     ]
+    requests = len(config.workload)
+    problems += [
+        f"{lay.name}: its {lay.ep_dp} data-parallel ranks score a request each at least; the "
+        f"workload has {requests} (raise --requests)"
+        for lay in config.layouts
+        if lay.ep_dp > requests
+    ]
     if problems:
         raise LayoutError("invalid --layouts:\n  " + "\n  ".join(problems))
 

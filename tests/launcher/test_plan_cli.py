@@ -57,3 +57,13 @@ def test_flags_are_frozen() -> None:
         "--contract", "--cp", "--dp", "--ep", "--format", "--model", "--pp", "--rollout-dp",
         "--rollout-tp", "--tp", "--world",
     ]  # fmt: skip
+
+
+def test_ep_plan_warns_that_ep_is_forward_only() -> None:
+    result = _plan("--contract", "qwen3_moe_true_on_policy_v1", "--model", "reference",
+                   "--tp", "2", "--ep", "2")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "warning: --ep 2: contractgen gates expert parallelism in the forward only" in (
+        result.stderr
+    )
+    assert "--expert-model-parallel-size 2" in result.stdout

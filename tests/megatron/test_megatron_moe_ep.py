@@ -83,3 +83,26 @@ def test_an_ep_rank_loads_its_own_experts_whole(arch, weights):
         down = got[f"mlp.experts.local_experts.{local}.linear_fc2.weight"]
         assert torch.equal(down, weights[f"{src}mlp.experts.{e}.down_proj.weight"])
     assert torch.equal(got["mlp.router.weight"], weights[f"{src}mlp.gate.weight"])
+
+
+def test_the_gradient_check_reports_ep_layouts_as_not_supported():
+    """``parity --grads`` at an EP layout: an entry saying why, no trainer run."""
+    from contractgen.parity.correctness import layout_grads
+
+    entry = layout_grads(None, None, Layout(tp=2, ep=2))
+    assert entry["supported"] is False and entry["name"] == "tp2ep2"
+    assert entry["note"].startswith("not supported: expert parallelism runs the forward only")
+
+
+def test_layer_dumps_at_ep2_cover_every_sequence_and_equal_tp1(weights):
+    """What ``first_divergence`` asks for at a diverging layout: under the attention DP that ep2
+    adds, a dumping run scores every sequence on every DP rank and answers from DP rank 0."""
+    from contractgen.adapters.megatron.trainer import trainer_logprobs
+
+    seqs = _sequences(3, 30)
+    tp1 = trainer_logprobs(MOE, weights, seqs, Layout(), dump_layers=True)
+    ep2 = trainer_logprobs(MOE, weights, seqs, Layout(ep=2), dump_layers=True)
+    assert _equal(ep2.logprobs, tp1.logprobs)
+    assert len(ep2.layer_dumps) == len(seqs)
+    for a, b in zip(ep2.layer_dumps, tp1.layer_dumps, strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
