@@ -25,11 +25,25 @@ def layout_problems(contract_id: str, layout: Layout, model: str) -> list[str]:
     attention DP that EP needs: ``Layout.ep_dp``)."""
     from ..adapters.launcher.layout import validate_layout
 
-    try:
-        validate_layout(contract_id, replace(layout, rollout_tp=layout.tp, dp=layout.ep_dp), model)
-    except LayoutError as exc:
-        return [f"{layout.name}: {v}" for v in exc.violations]
-    return []
+    def check(lay: Layout) -> tuple:
+        try:
+            validate_layout(contract_id, replace(lay, rollout_tp=lay.tp, dp=lay.ep_dp), model)
+        except LayoutError as exc:
+            return exc.violations
+        return ()
+
+    found = check(layout)
+    if any(v.flag == "--ep" for v in found):
+        # The launcher's alternatives hold DP fixed; the gate picks the DP each EP size needs.
+        from ..codegen.vendored import load_target
+        from . import ROLLOUT
+
+        sizes = load_target(ROLLOUT).schema.parallel_support_for(contract_id).train_ep_sizes
+        valid = tuple(
+            e for e in sizes if not any(v.flag == "--ep" for v in check(replace(layout, ep=e)))
+        )
+        found = tuple(replace(v, valid=valid) if v.flag == "--ep" else v for v in found)
+    return [f"{layout.name}: {v}" for v in found]
 
 
 def rollout_tp_problems(contract_id: str, tp: int, model: str) -> list[str]:

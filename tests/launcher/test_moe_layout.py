@@ -85,3 +85,14 @@ def test_the_plan_passes_ep_to_megatron_only_under_ep() -> None:
     assert (ep2[i + 1], ep2[j + 1]) == ("2", "1")
     ep1 = build_plan(MOE, Layout(tp=2), "reference").args("megatron")
     assert not any(a.startswith("--expert-") for a in ep1)
+
+
+def test_the_gate_suggests_ep_sizes_with_the_dp_each_one_needs() -> None:
+    """The gate gives each EP size the attention DP it needs, so ``ep3`` (3 DP ranks) is
+    pointed at every EP size the contract and model allow, not only those dividing 3."""
+    from contractgen.parity.layouts import layout_problems, parse_layout
+
+    got = layout_problems(MOE, parse_layout("ep3"), "reference")
+    assert got and all(p.startswith("ep3: --ep 3: ") for p in got), got
+    assert all(p.endswith("valid --ep here: 1, 2, 4, 8 (nearest: --ep 2 or --ep 4)") for p in got)
+    assert layout_problems(MOE, parse_layout("ep8"), "reference") == []
