@@ -151,3 +151,37 @@ def test_training_refuses_ep_layouts_with_one_line(tmp_path):
         "error: --layouts ep2: expert parallelism runs the forward only (the token exchange has "
         "no backward yet); --train-steps needs EP 1 layouts"
     ]
+
+
+def test_every_moe_field_fault_is_detected_or_explained_by_the_contract():
+    """``--inject-faults`` for the MoE fields alone, in the suite (the whole run takes 720 s):
+    each MoE kernel field flipped on each side, on the default workload, at tp1 (and, for the
+    EP-only ``moe_ep_combine``, at ep2), is detected exactly when the contract has no
+    ``unobservable`` note for it, as ``run_faults`` requires."""
+    from contractgen.codegen.vendored import load_target
+    from contractgen.parity.harness import unobservable_notes
+    from contractgen.parity.workload import DEFAULT_WORKLOAD
+
+    kp = load_target("sglang").schema.kernel_policy_for(MOE)
+    fields = [f for f in vars(kp) if f.startswith("moe_")]
+    notes = unobservable_notes(MOE)
+    tp1, ep2 = parse_layouts("tp1,ep2")
+    config = GateConfig(
+        MOE, reference_weights(), [tp1, ep2], progress=False, hf_reference=False,
+        workload=DEFAULT_WORKLOAD,
+    )  # fmt: skip
+    outcomes = {}
+    with GateRun(config) as run:
+        for layout in (tp1, ep2):
+            for field in fields:
+                if (field == "moe_ep_combine") != (layout.ep > 1):
+                    continue
+                for side in ("rollout", "trainer"):
+                    outcome, how = _try_fault(run, Fault(side, "kernel", field), layout)
+                    assert outcome != "error", how
+                    outcomes[(field, side)] = outcome
+            run.release(layout)
+    assert len(outcomes) == 2 * len(fields) == 16
+    for (field, side), outcome in outcomes.items():
+        explained = f"kernel_policy.{field}" in notes
+        assert outcome == ("undetected" if explained else "detected"), (field, side, outcome)
