@@ -227,29 +227,15 @@ def _gather_slots(y_TKH, weights_TK, ids_TK, kp, *, group, rank, counts, experts
 def _sum_partials(y_TKH, weights_TK, ids_TK, kp, *, group, rank, counts, experts_per_rank):
     from .all_reduce import all_gather_exact
 
-    lo = sum(counts[:rank])
-    ids_all = torch.cat(
-        all_gather_exact(F.pad(ids_TK, (0, 0, 0, max(counts) - ids_TK.shape[0]), value=-1), group)
-    )
-    # every rank's routes, unpadded, in rank order (as ep_gather_tokens laid out y_TKH)
-    width = max(counts)
-    ids_all = torch.cat([ids_all[r * width : r * width + n] for r, n in enumerate(counts)])
-    w_all = torch.cat(
-        [
-            w[:n]
-            for w, n in zip(
-                all_gather_exact(F.pad(weights_TK, (0, 0, 0, width - weights_TK.shape[0])), group),
-                counts,
-                strict=True,
-            )
-        ]
-    )
+    # every rank's routes, in the order ep_gather_tokens laid out y_TKH
+    w_all, ids_all, _ = ep_gather_tokens(weights_TK, ids_TK, group)
     keep = ids_all // experts_per_rank == rank
     partial = _fold(y_TKH, w_all, ids_all, kp, keep_TK=keep)  # my experts' slots, all tokens
     partials = all_gather_exact(partial, group)
     total = partials[0]
     for p in partials[1:]:
         total = total + p
+    lo = sum(counts[:rank])
     return total[lo : lo + counts[rank]].to(dtype_of(kp.dense_math_dtype))
 
 
