@@ -11,8 +11,10 @@ for shape in "4 512" "32 512"; do
   timeout 200 python3 benchmarks/bench_trainer.py --device cuda --batch "$1" --seq "$2" --iters 3 \
     --json "$OUT/trainer_${1}x${2}.json" 2>&1 | grep -v -i warn | tee "$OUT/trainer_${1}x${2}.txt"
 done
-timeout 240 python3 benchmarks/bench_kernels.py --device cuda --sections rollout --batch 32 \
-  --steps "${STEPS:-256}" --json "$OUT/rollout_32x256.json" 2>&1 | grep -v -i warn | tee "$OUT/rollout_32x256.txt"
+if [ "${ROLLOUT:-1}" != 0 ]; then  # ROLLOUT=0: the trainer rows only
+  timeout 240 python3 benchmarks/bench_kernels.py --device cuda --sections rollout --batch 32 \
+    --steps "${STEPS:-256}" --json "$OUT/rollout_32x256.json" 2>&1 | grep -v -i warn | tee "$OUT/rollout_32x256.txt"
+fi
 if [ -n "${GPU_TESTS:-}" ]; then
   timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/sglang tests/megatron tests/kernels 2>&1 \
     | tail -n 25 | tee "$OUT/gpu_tests.log"

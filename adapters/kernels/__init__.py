@@ -6,7 +6,7 @@ through ``registry.kernel(op, device)`` to the reference or to the Triton backen
 CUDA), so both sides of a parity run call the same backend on a device."""
 
 from .all_reduce import all_reduce_for, pairwise_sum, tree_all_reduce, tree_sum
-from .attention import chunked_attention
+from .attention import attention_backward, chunked_attention, chunked_attention_lse
 from .linear import column_parallel_linear, row_parallel_linear
 from .logsoftmax import (
     full_logprobs,
@@ -25,9 +25,11 @@ from .rope import apply_rope, rope_cos_sin
 __all__ = [
     "all_reduce_for",
     "apply_rope",
+    "attention_backward",
     "backend_for",
     "binary_matmul",
     "chunked_attention",
+    "chunked_attention_lse",
     "column_parallel_linear",
     "combine_tiles",
     "full_logprobs",

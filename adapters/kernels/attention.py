@@ -46,9 +46,10 @@ def _attend_block(
     chunk: int,
     sd: torch.dtype,
     scale: float,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Online softmax over the KV chunks ``0 .. max(pos) // chunk`` (later chunks are causally
-    empty for every query of the block, so they are skipped)."""
+    empty for every query of the block, so they are skipped). Returns the output and the
+    log-sum-exp of every (query, head) in ``sd``."""
     L, H, D = q_LHD.shape
     rep = H // k_SKD.shape[1]
     dev = q_LHD.device
@@ -75,7 +76,7 @@ def _attend_block(
         m_LH = torch.where(active_L[:, None], m_new, m_LH)
         l_LH = torch.where(active_L[:, None], l_new, l_LH)
         acc_LHD = torch.where(active_L[:, None, None], acc_new, acc_LHD)
-    return (acc_LHD / l_LH[..., None]).to(q_LHD.dtype)
+    return (acc_LHD / l_LH[..., None]).to(q_LHD.dtype), m_LH + torch.log(l_LH)
 
 
 def _attend_one(
@@ -86,8 +87,9 @@ def _attend_one(
     chunk: int,
     sd: torch.dtype,
     scale: float,
-) -> torch.Tensor:
-    """One sequence, in query blocks of bounded working memory (prefill and decode alike)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence, in query blocks of bounded working memory (prefill and decode alike):
+    ``(o_LHD, lse_LH)``."""
     L, H, D = q_LHD.shape
     block = max(1, _BLOCK_ELEMENTS // (H * chunk * D))
     pos_L = pos_L.to(q_LHD.device)
@@ -95,7 +97,48 @@ def _attend_one(
         _attend_block(q_LHD[i : i + block], k_SKD, v_SKD, pos_L[i : i + block], chunk, sd, scale)
         for i in range(0, L, block)
     ]
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+    if len(outs) == 1:
+        return outs[0]
+    return torch.cat([o for o, _ in outs]), torch.cat([lse for _, lse in outs])
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int):
+    """``(query rows, key rows)`` slices of every sequence of a pack (one without cu_seqlens)."""
+    if cu_seqlens_q is None:
+        return [(slice(0, total_q), slice(0, total_k))]
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"cu_seqlens_q has {len(cu_q)} entries, cu_seqlens_k {len(cu_k)}")
+    return [
+        (slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])) for i in range(len(cu_q) - 1)
+    ]
+
+
+def reference_attention_lse(
+    q_LHD: torch.Tensor,
+    k_SKD: torch.Tensor,
+    v_SKD: torch.Tensor,
+    q_positions: torch.Tensor,
+    kp,
+    *,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    scale: float | None = None,
+    kv_chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o_LHD, lse_LH)``: ``reference_attention``'s output and the log-sum-exp of every
+    (query, head) row in ``kp.attention_softmax_dtype`` (what a backward needs besides ``o``)."""
+    chunk = kv_chunk or kp.attention_kv_chunk
+    sd = dtype_of(kp.attention_softmax_dtype)
+    scale = q_LHD.shape[-1] ** -0.5 if scale is None else scale
+    o_LHD = q_LHD.new_zeros(q_LHD.shape)
+    lse_LH = torch.full(q_LHD.shape[:2], -math.inf, dtype=sd, device=q_LHD.device)
+    for qs, ks in _sequences(cu_seqlens_q, cu_seqlens_k, q_LHD.shape[0], k_SKD.shape[0]):
+        if qs.stop > qs.start:
+            o_LHD[qs], lse_LH[qs] = _attend_one(
+                q_LHD[qs], k_SKD[ks], v_SKD[ks], q_positions[qs], chunk, sd, scale
+            )
+    return o_LHD, lse_LH
 
 
 def reference_attention(
@@ -115,22 +158,76 @@ def reference_attention(
     ``k``/``v`` hold keys at absolute positions ``0..S-1``; query ``i`` sees keys ``<= q_positions[i]``.
     ``kv_chunk`` overrides ``kp.attention_kv_chunk`` (used by the stock variant).
     """
-    chunk = kv_chunk or kp.attention_kv_chunk
-    sd = dtype_of(kp.attention_softmax_dtype)
+    kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
+    return reference_attention_lse(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)[0]
+
+
+def _backward_one(q, k, v, o, lse, do, pos, scale, md):
+    """One sequence's ``(dq, dk, dv)`` in ``md`` from the saved output and log-sum-exp, in query
+    blocks of bounded memory; a block reads keys ``0 .. max(pos)`` only (causal)."""
+    L, H, D = q.shape
+    S, KVH = k.shape[:2]
+    rep = H // KVH
+    dq = torch.zeros(L, H, D, dtype=md, device=q.device)
+    dk = torch.zeros(S, KVH, D, dtype=md, device=q.device)
+    dv = torch.zeros(S, KVH, D, dtype=md, device=q.device)
+    block = max(1, _BLOCK_ELEMENTS // (H * max(S, 1)))
+    for i in range(0, L, block):
+        rows = slice(i, min(i + block, L))
+        p_B = pos[rows]
+        n = int(p_B.max()) + 1
+        q_B = q[rows].to(md).reshape(-1, KVH, rep, D)
+        do_B = do[rows].to(md).reshape(-1, KVH, rep, D)
+        k_S, v_S = k[:n].to(md), v[:n].to(md)
+        visible = (torch.arange(n, device=q.device)[None, :] <= p_B[:, None])[:, None, None, :]
+        s = torch.einsum("bgrd,sgd->bgrs", q_B, k_S) * scale
+        lse_B = lse[rows].to(md).reshape(-1, KVH, rep, 1)
+        p = torch.where(visible, torch.exp(s - lse_B), torch.zeros((), dtype=md, device=q.device))
+        delta = (do_B * o[rows].to(md).reshape(-1, KVH, rep, D)).sum(-1, keepdim=True)
+        ds = p * (torch.einsum("bgrd,sgd->bgrs", do_B, v_S) - delta)
+        dv[:n] += torch.einsum("bgrs,bgrd->sgd", p, do_B)
+        dk[:n] += torch.einsum("bgrs,bgrd->sgd", ds, q_B) * scale
+        dq[rows] = (torch.einsum("bgrs,sgd->bgrd", ds, k_S) * scale).reshape(-1, H, D)
+    return dq, dk, dv
+
+
+def reference_attention_backward(
+    q_LHD: torch.Tensor,
+    k_SKD: torch.Tensor,
+    v_SKD: torch.Tensor,
+    o_LHD: torch.Tensor,
+    lse_LH: torch.Tensor,
+    do_LHD: torch.Tensor,
+    q_positions: torch.Tensor,
+    kp=None,
+    *,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    scale: float | None = None,
+    kv_chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` of causal attention from its saved output and log-sum-exp (FlashAttention's
+    backward: ``P = exp(S - lse)`` on visible keys, ``dV = Pᵀ dO``, ``dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O))``,
+    ``dQ = dS K · scale``, ``dK = dSᵀ Q · scale``), in ``q``'s dtype promoted to at least float32,
+    returned in the input dtypes. The same packing arguments as ``chunked_attention``; the forward's
+    KV chunking does not enter the gradient formulas (``kp``/``kv_chunk`` are accepted for a
+    uniform signature). Memory is bounded by query blocks, never ``[L, S]`` for a whole pack."""
+    del kp, kv_chunk
+    md = torch.promote_types(q_LHD.dtype, torch.float32)
     scale = q_LHD.shape[-1] ** -0.5 if scale is None else scale
-    if cu_seqlens_q is None:
-        return _attend_one(q_LHD, k_SKD, v_SKD, q_positions, chunk, sd, scale)
-    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    if len(cu_q) != len(cu_k):
-        raise ValueError(f"cu_seqlens_q has {len(cu_q)} entries, cu_seqlens_k {len(cu_k)}")
-    outs = []
-    for i in range(len(cu_q) - 1):
-        qs, ks = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+    dq = torch.zeros(q_LHD.shape, dtype=md, device=q_LHD.device)
+    dk = torch.zeros(k_SKD.shape, dtype=md, device=q_LHD.device)
+    dv = torch.zeros(v_SKD.shape, dtype=md, device=q_LHD.device)
+    pos = q_positions.to(q_LHD.device)
+    for qs, ks in _sequences(cu_seqlens_q, cu_seqlens_k, q_LHD.shape[0], k_SKD.shape[0]):
         if qs.stop > qs.start:
-            outs.append(
-                _attend_one(q_LHD[qs], k_SKD[ks], v_SKD[ks], q_positions[qs], chunk, sd, scale)
-            )
-    return torch.cat(outs) if outs else q_LHD.new_zeros(q_LHD.shape)
+            dq[qs], dk_s, dv_s = _backward_one(
+                q_LHD[qs], k_SKD[ks], v_SKD[ks], o_LHD[qs], lse_LH[qs], do_LHD[qs], pos[qs],
+                scale, md,
+            )  # fmt: skip
+            dk[ks] += dk_s
+            dv[ks] += dv_s
+    return dq.to(q_LHD.dtype), dk.to(k_SKD.dtype), dv.to(v_SKD.dtype)
 
 
 def chunked_attention(
@@ -163,3 +260,25 @@ def chunked_attention(
         scale=scale,
         kv_chunk=kv_chunk,
     )
+
+
+def chunked_attention_lse(
+    q_LHD, k_SKD, v_SKD, q_positions, kp, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
+    kv_chunk=None,
+):  # fmt: skip
+    """``(o_LHD, lse_LH)``: ``chunked_attention``'s output (the same bits) and the log-sum-exp of
+    every (query, head) row, what ``attention_backward`` needs; the registry's backend."""
+    impl = kernel("chunked_attention_lse", q_LHD.device)
+    kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
+    return impl(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)
+
+
+def attention_backward(
+    q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp, *, cu_seqlens_q=None,
+    cu_seqlens_k=None, scale=None, kv_chunk=None,
+):  # fmt: skip
+    """``(dq, dk, dv)`` from ``chunked_attention_lse``'s saved ``o`` and ``lse``; the registry's
+    backend (see ``reference_attention_backward`` for the formulas)."""
+    impl = kernel("attention_backward", q_LHD.device)
+    kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
+    return impl(q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp, **kw)

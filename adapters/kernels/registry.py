@@ -28,10 +28,14 @@ BACKENDS: dict[str, dict[str, str]] = {
     "torch": {
         "invariant_matmul": "contractgen.adapters.kernels.matmul:reference_matmul",
         "chunked_attention": "contractgen.adapters.kernels.attention:reference_attention",
+        "chunked_attention_lse": "contractgen.adapters.kernels.attention:reference_attention_lse",
+        "attention_backward": "contractgen.adapters.kernels.attention:reference_attention_backward",
     },
     "triton": {
         "invariant_matmul": "contractgen.adapters.kernels.triton.matmul:triton_matmul",
         "chunked_attention": "contractgen.adapters.kernels.triton.attention:triton_attention",
+        "chunked_attention_lse": "contractgen.adapters.kernels.triton.attention:triton_attention_lse",
+        "attention_backward": "contractgen.adapters.kernels.triton.attention_bwd:triton_attention_backward",
     },
 }
 

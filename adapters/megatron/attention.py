@@ -5,9 +5,10 @@ and only adds the runtime policy's cast of the attention input. The model is bui
 ``position_embedding_type="none"``, so megatron's CUDA-only rotary embedding and causal-mask paths
 never run: ``SGLangCoreAttention`` (the spec's ``core_attention``) does RoPE, causal masking over
 packed paths (see ``packing``), Ulysses context parallelism and the attention itself, with
-SGLang's kernels. Its gradient comes from a plain differentiable fp32 masked-softmax attention
-over the same visibility (``autograd.straight_through``), since megatron-core's local
-``DotProductAttention`` allocates on CUDA.
+SGLang's kernels. ``KernelAttention`` is an autograd function: its forward saves the output and
+the log-sum-exp, its backward is the kernel library's ``attention_backward`` (FlashAttention's
+formulas, Triton on CUDA), so training runs no second attention. The stock backends
+(``sdpa``/``default``) run a plain differentiable fp32 masked-softmax attention one path at a time.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from megatron.core.tensor_parallel.mappings import all_to_all
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.module import MegatronModule
 
-from .autograd import straight_through
 from .kernels import kernel_module
 from .layers import ATTENTION_INPUT_CAST
 from .packing import SGLangPackedSeqParams
@@ -127,18 +127,61 @@ ROPE: dict[bool, dict[bool, Callable[..., torch.Tensor]]] = {
 # ---------------------------------------------------------------------------------------------
 
 
-def _kernel_attention(q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, kp, scale):
-    """SGLang's chunked attention, once per path: a path's keys are gathered into position order,
-    so chunk boundaries are the rollout's (absolute position 0, 64, ...)."""
-    out = q_THD.new_empty(q_THD.shape, dtype=q_THD.dtype)
-    attend = kernel_module("attention").chunked_attention
-    for path, owned in zip(params.paths, params.owned, strict=True):
-        if owned.numel() == 0:
-            continue
-        rows = path[owned]
-        o = attend(q_THD[rows], k_TKD[path], v_TKD[path], params.positions[rows], kp, scale=scale)
-        out[rows] = o.to(out.dtype)
-    return out
+def _kernel_calls(params: SGLangPackedSeqParams):
+    """``(query rows, key rows, cu_seqlens)`` of each kernel call over a pack: one varlen call
+    when the pack is flat (a row's bits depend only on its query, position and keys, so this is
+    the per-path result), else one call per path with its owned queries against the path's keys
+    gathered into position order, so chunk boundaries are the rollout's (absolute 0, 64, ...)."""
+    if params.flat:
+        return [(slice(None), slice(None), params.cu_seqlens_q)]
+    return [
+        (path[owned], path, None)
+        for path, owned in zip(params.paths, params.owned, strict=True)
+        if owned.numel()
+    ]
+
+
+class KernelAttention(torch.autograd.Function):
+    """SGLang's chunked attention over a pack; backward from the saved output and log-sum-exp
+    (``attention_backward``: no second forward, no dense scores). Rows no path owns get 0."""
+
+    @staticmethod
+    def forward(ctx, q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, kp, scale):
+        attn = kernel_module("attention")
+        out = q_THD.new_zeros(q_THD.shape)
+        lse = q_THD.new_zeros(q_THD.shape[:2], dtype=dtype_of(kp.attention_softmax_dtype))
+        calls = _kernel_calls(params)
+        for rows, keys, cu in calls:
+            o, l_ = attn.chunked_attention_lse(
+                q_THD[rows], k_TKD[keys], v_TKD[keys], params.positions[rows], kp,
+                cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale,
+            )  # fmt: skip
+            out[rows], lse[rows] = o, l_
+        ctx.save_for_backward(q_THD, k_TKD, v_TKD, out, lse)
+        ctx.calls, ctx.positions, ctx.kp, ctx.scale = calls, params.positions, kp, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        backward = kernel_module("attention").attention_backward
+        grads = [
+            (rows, keys, backward(
+                q[rows], k[keys], v[keys], out[rows], lse[rows], d_out[rows], ctx.positions[rows],
+                ctx.kp, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=ctx.scale,
+            ))
+            for rows, keys, cu in ctx.calls
+        ]  # fmt: skip
+        if len(grads) == 1 and isinstance(grads[0][0], slice):  # one call over the whole pack
+            return (*grads[0][2], None, None, None)
+        # paths share prefix rows: sum their key gradients in float32, then round once
+        md = torch.promote_types(q.dtype, torch.float32)
+        dq, dk, dv = (torch.zeros(t.shape, dtype=md, device=t.device) for t in (q, k, v))
+        for rows, keys, (dq_p, dk_p, dv_p) in grads:
+            dq.index_add_(0, rows, dq_p.to(md))
+            dk.index_add_(0, keys, dk_p.to(md))
+            dv.index_add_(0, keys, dv_p.to(md))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 def reference_attention(q_THD, k_TKD, v_TKD, mask_TT, scale) -> torch.Tensor:
@@ -177,11 +220,7 @@ def path_reference_attention(q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams,
 
 
 def _kernel_attention_backend(q, k, v, params, kp, scale):
-    return straight_through(
-        lambda: _kernel_attention(q, k, v, params, kp, scale),
-        lambda: path_reference_attention(q, k, v, params, scale),
-        [q, k, v],
-    )
+    return KernelAttention.apply(q, k, v, params, kp, scale)
 
 
 def _sdpa_backend(q, k, v, params, kp, scale):

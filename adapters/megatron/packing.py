@@ -28,6 +28,9 @@ class SGLangPackedSeqParams(PackedSeqParams):
     paths: list[torch.Tensor] = field(default_factory=list)
     owned: list[torch.Tensor] = field(default_factory=list)
     """``owned[i]``: indices into ``paths[i]`` of the tokens whose query that path computes."""
+    flat: bool = False
+    """Every path is the row range ``cu_seqlens_q[i] .. cu_seqlens_q[i+1]`` in order and owns all
+    its rows (no shared prefix): attention can run as one varlen call over the pack."""
 
     def to(self, device: str | torch.device) -> SGLangPackedSeqParams:
         """The same params with every index tensor on ``device``."""
@@ -66,6 +69,10 @@ class Pack:
             owned.append(torch.arange(pad.numel(), dtype=torch.long))
         lengths = torch.tensor([0] + [p.numel() for p in paths])
         cu = torch.cumsum(lengths, 0).to(torch.int32)
+        flat = all(
+            torch.equal(p, torch.arange(int(a), int(b))) and o.numel() == p.numel()
+            for p, o, a, b in zip(paths, owned, cu[:-1], cu[1:], strict=True)
+        )
         return SGLangPackedSeqParams(
             qkv_format="thd",
             cu_seqlens_q=cu,
@@ -75,6 +82,7 @@ class Pack:
             positions=self.positions,
             paths=paths,
             owned=owned,
+            flat=flat,
         )
 
 

@@ -23,6 +23,7 @@ def test_registry_picks_the_reference_on_cpu(monkeypatch):
     assert registry.backend_for("cpu") == "torch"
     assert registry.kernel("invariant_matmul", "cpu") is matmul.reference_matmul
     assert registry.kernel("chunked_attention", "cpu") is attention.reference_attention
+    assert registry.kernel("attention_backward", "cpu") is attention.reference_attention_backward
 
 
 def test_registry_names_the_valid_choices(monkeypatch):
@@ -95,3 +96,67 @@ def test_logprob_row_blocks_and_fused_lm_head_keep_bits(kp, monkeypatch):
     monkeypatch.setattr(logsoftmax, "_BLOCK_ELEMENTS", V * 6)
     assert torch.equal(K.token_logprobs(logits, ids, kp, V), whole)
     assert torch.equal(logsoftmax.lm_head_token_logprobs(h, w, ids, kp, V), whole)
+
+
+def _dense_packed_attention(q, k, v, cu, scale):
+    """float64 masked-softmax attention per packed sequence (GQA by repeat), differentiable."""
+    rep, outs = q.shape[1] // k.shape[1], []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        n = b - a
+        s = torch.einsum("thd,shd->hts", q[a:b], k[a:b].repeat_interleave(rep, 1)) * scale
+        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril()[None], -math.inf)
+        outs.append(torch.einsum("hts,shd->thd", s.softmax(-1), v[a:b].repeat_interleave(rep, 1)))
+    return torch.cat(outs)
+
+
+def test_attention_lse_is_the_forward_and_its_log_normaliser(kp):
+    L, H, KVH, D = 70, 4, 2, 16
+    q, k, v = _r(L, H, D), _r(L, KVH, D, seed=1), _r(L, KVH, D, seed=2)
+    pos = torch.arange(L)
+    o, lse = K.chunked_attention_lse(q, k, v, pos, kp)
+    assert torch.equal(o, K.chunked_attention(q, k, v, pos, kp))
+    s = torch.einsum("thd,shd->hts", q.double(), k.double().repeat_interleave(2, 1)) * D**-0.5
+    want = torch.logsumexp(s.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), -math.inf), -1)
+    torch.testing.assert_close(lse.double(), want.T, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [None, 7], ids=["one-block", "query-blocks"])
+def test_attention_backward_matches_float64_autograd(kp, monkeypatch, block):
+    """The saved-output backward (packed, GQA, a one-token sequence) equals float64 autograd of a
+    dense masked softmax, whatever the query blocking."""
+    lens, H, KVH, D = [5, 70, 1], 4, 2, 16
+    L, cu = sum(lens), torch.tensor([0, 5, 75, 76])
+    pos = torch.cat([torch.arange(n) for n in lens])
+    q, k, v = (_r(L, h, D, dtype=torch.float64, seed=i) for i, h in enumerate((H, KVH, KVH)))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = _dense_packed_attention(*leaves, cu, D**-0.5)
+    d_out = _r(L, H, D, dtype=torch.float64, seed=9)
+    want = torch.autograd.grad(out, leaves, d_out)
+    if block:
+        monkeypatch.setattr(attention, "_BLOCK_ELEMENTS", H * L * block)
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    o, lse = K.chunked_attention_lse(q, k, v, pos, kp, **kw)
+    got = K.attention_backward(q, k, v, o, lse, d_out, pos, kp, **kw)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, w, rtol=0, atol=2e-6 * w.abs().max())  # fp32 softmax
+
+
+def test_attention_backward_of_a_query_suffix(kp):
+    """Queries ``p0..`` of a sequence against all its keys (the trainer's owned rows of a path):
+    the rows' gradients of the whole sequence, and keys after the last query get none."""
+    L, H, KVH, D, p0 = 40, 2, 1, 16, 25
+    q, k, v = (_r(L, h, D, dtype=torch.float64, seed=i) for i, h in enumerate((H, KVH, KVH)))
+    pos = torch.arange(L)
+    o, lse = K.chunked_attention_lse(q, k, v, pos, kp)
+    d_out = _r(L, H, D, dtype=torch.float64, seed=9)
+    d_out[:p0] = 0
+    whole = K.attention_backward(q, k, v, o, lse, d_out, pos, kp)
+    part = K.attention_backward(q[p0:30], k[:30], v[:30], o[p0:30], lse[p0:30], d_out[p0:30],
+                                pos[p0:30], kp)  # fmt: skip
+    torch.testing.assert_close(part[0], whole[0][p0:30], rtol=0, atol=1e-12)
+    d_out[30:] = 0
+    whole = K.attention_backward(q, k, v, o, lse, d_out, pos, kp)
+    for g, w in zip(part[1:], whole[1:], strict=True):
+        torch.testing.assert_close(g, w[:30], rtol=0, atol=1e-12)
+        assert not w[30:].any()

@@ -300,6 +300,26 @@ def test_core_attention_backward_matches_float64(arch, sequences, prompt_lens):
         _close(a, b)
 
 
+def test_core_attention_flat_pack_is_one_call_with_per_path_bits_and_grads(arch):
+    """A pack without a shared prefix runs attention as one varlen call (``flat``); its output
+    is bitwise the per-path calls' and its gradients theirs (a prefix-tree pack is not flat)."""
+    pack = pack_sequences([list(range(70)), list(range(9)), list(range(33))])
+    params = pack.seq_params()
+    assert params.flat
+    tree = pack_sequences([[1, 2, 3, 4], [1, 2, 5]], prompt_lens=[2, 2], prefix_tree=True)
+    assert not tree.seq_params().flat
+    per_path = dataclasses.replace(params, flat=False)
+    q, k, v = _qkv(arch, pack.token_ids.numel(), seed=23, dtype=torch.float32)
+    core = _core_attention(_fp32_config(arch))
+    out, grads = _grads(lambda a, b, c: core(a, b, c, None, packed_seq_params=params), q, k, v)
+    out_p, grads_p = _grads(
+        lambda a, b, c: core(a, b, c, None, packed_seq_params=per_path), q, k, v
+    )
+    assert torch.equal(out, out_p)
+    for a, b in zip(grads, grads_p, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6 * b.abs().max())
+
+
 def test_mlp_activation_backward_matches_float64():
     kp32 = float32_kernel_policy(_kp())
     fc1 = _rand(9, 64, seed=21, dtype=torch.float32, scale=2.0)

@@ -1,0 +1,287 @@
+"""Triton backward of the causal GQA attention, from the saved output and log-sum-exp.
+
+FlashAttention-2's backward in two deterministic kernels (no atomics, so a gradient's bits do not
+depend on scheduling):
+
+- ``_attn_bwd_dkdv``: one program per (block of ``BLOCK_K`` key rows of one sequence, KV head). It
+  walks the ``REP`` query heads that share the KV head and, for each, the query blocks that can
+  see the key block (queries at positions >= the block's first key; earlier blocks are causally
+  empty and skipped), accumulating ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` in float32.
+- ``_attn_bwd_dq``: one program per (block of ``BLOCK_Q`` query rows, query head), walking the key
+  blocks up to the block's last position: ``dQ += dS K``.
+
+Per tile: ``P = exp(S - lse)`` on visible keys (0 elsewhere), ``dP = dO Vᵀ``,
+``dS = P ∘ (dP - delta)`` with ``delta = rowsum(dO ∘ O)`` (computed once in torch); ``P`` and ``dS``
+are rounded to the operands' dtype for their tensor-core dots (as FA2/FA3 do), float32 accumulate.
+The gradient is not part of the logprob contract (only the forward's bits are); it is checked
+against float64 autograd with a tolerance.
+
+Needs what the forward's Triton path needs (``forward.supports``) and, per sequence, query
+positions ``p0, p0 + 1, ...`` (what a packed training batch holds); other inputs run the PyTorch
+reference backward.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..attention import reference_attention_backward
+from . import attention as forward
+from .attention import _dot
+from .matmul import INTERPRET, _round
+
+BLOCK_Q = 64
+BLOCK_K = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
+
+
+@triton.jit
+def _dkdv_tile(
+    dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, qb, q0, q1, h, kpos,
+    sq, sqh, sdo, sdoh, slse, scale, D: tl.constexpr, BLOCK_Q: tl.constexpr,
+):  # fmt: skip
+    offs_q = q0 + qb * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, D)
+    qmask = offs_q < q1
+    q = tl.load(
+        q_ptr + offs_q[:, None] * sq + h * sqh + offs_d[None, :], mask=qmask[:, None], other=0.0
+    )
+    do = tl.load(
+        do_ptr + offs_q[:, None] * sdo + h * sdoh + offs_d[None, :], mask=qmask[:, None], other=0.0
+    )
+    lse = tl.load(lse_ptr + offs_q * slse + h, mask=qmask, other=0.0)
+    delta = tl.load(delta_ptr + offs_q * slse + h, mask=qmask, other=0.0)
+    pos = tl.load(pos_ptr + offs_q, mask=qmask, other=-1)
+    s_T = _dot(k, tl.trans(q)) * scale  # [BLOCK_K, BLOCK_Q]
+    visible = (kpos[:, None] <= pos[None, :]) & qmask[None, :]
+    p_T = tl.where(visible, tl.exp(s_T - lse[None, :]), 0.0)
+    dv += _dot(_round(p_T, q.dtype), do)
+    dp_T = _dot(v, tl.trans(do))
+    ds_T = p_T * (dp_T - delta[None, :])
+    dk += _dot(_round(ds_T, q.dtype), q)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, dk_ptr, dv_ptr, blk_ptr,
+    sq, sqh, sk, skh, sv, svh, sdo, sdoh, slse, sdk, sdkh, sdv, sdvh, scale,
+    REP: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    MAX_QBLOCKS: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    k0 = tl.load(blk_ptr + 6 * b)  # first key row of the sequence
+    kb = tl.load(blk_ptr + 6 * b + 1)  # this block's first key position
+    klen = tl.load(blk_ptr + 6 * b + 2)
+    q0 = tl.load(blk_ptr + 6 * b + 3)  # the sequence's query rows [q0, q1)
+    q1 = tl.load(blk_ptr + 6 * b + 4)
+    qb_first = tl.load(blk_ptr + 6 * b + 5)  # first query block that sees key ``kb``
+    qb_end = (q1 - q0 + BLOCK_Q - 1) // BLOCK_Q
+    kpos = kb + tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, D)
+    kmask = kpos < klen
+    k = tl.load(
+        k_ptr + (k0 + kpos)[:, None] * sk + kvh * skh + offs_d[None, :],
+        mask=kmask[:, None],
+        other=0.0,
+    )
+    v = tl.load(
+        v_ptr + (k0 + kpos)[:, None] * sv + kvh * svh + offs_d[None, :],
+        mask=kmask[:, None],
+        other=0.0,
+    )
+    dk = tl.zeros((BLOCK_K, D), tl.float32)
+    dv = tl.zeros((BLOCK_K, D), tl.float32)
+    for r in range(REP):
+        h = kvh * REP + r
+        if INTERPRET:  # the interpreter loops only to compile-time bounds
+            for qb in range(MAX_QBLOCKS):
+                if qb >= qb_first and qb < qb_end:
+                    dk, dv = _dkdv_tile(
+                        dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, qb, q0, q1, h,
+                        kpos, sq, sqh, sdo, sdoh, slse, scale, D, BLOCK_Q,
+                    )  # fmt: skip
+        else:
+            for qb in range(qb_first, qb_end):
+                dk, dv = _dkdv_tile(
+                    dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, qb, q0, q1, h,
+                    kpos, sq, sqh, sdo, sdoh, slse, scale, D, BLOCK_Q,
+                )  # fmt: skip
+    tl.store(
+        dk_ptr + (k0 + kpos)[:, None] * sdk + kvh * sdkh + offs_d[None, :],
+        _round(dk * scale, dk_ptr.dtype.element_ty),
+        mask=kmask[:, None],
+    )
+    tl.store(
+        dv_ptr + (k0 + kpos)[:, None] * sdv + kvh * sdvh + offs_d[None, :],
+        _round(dv, dv_ptr.dtype.element_ty),
+        mask=kmask[:, None],
+    )
+
+
+@triton.jit
+def _dq_tile(
+    dq, q, do, lse, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh, scale,
+    D: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    kpos = c * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, D)
+    kmask = kpos < klen
+    k = tl.load(
+        k_ptr + (k0 + kpos)[:, None] * sk + kvh * skh + offs_d[None, :],
+        mask=kmask[:, None],
+        other=0.0,
+    )
+    v = tl.load(
+        v_ptr + (k0 + kpos)[:, None] * sv + kvh * svh + offs_d[None, :],
+        mask=kmask[:, None],
+        other=0.0,
+    )
+    s = _dot(q, tl.trans(k)) * scale  # [BLOCK_Q, BLOCK_K]
+    visible = (kpos[None, :] <= pos[:, None]) & kmask[None, :]
+    p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+    dp = _dot(do, tl.trans(v))
+    ds = p * (dp - delta[:, None])
+    return dq + _dot(_round(ds, k.dtype), k)
+
+
+@triton.jit
+def _attn_bwd_dq(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, dq_ptr, blk_ptr,
+    sq, sqh, sk, skh, sv, svh, sdo, sdoh, slse, sdq, sdqh, scale,
+    REP: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    MAX_KBLOCKS: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // REP
+    q0 = tl.load(blk_ptr + 4 * b)
+    q1 = tl.load(blk_ptr + 4 * b + 1)
+    k0 = tl.load(blk_ptr + 4 * b + 2)
+    klen = tl.load(blk_ptr + 4 * b + 3)
+    offs_q = q0 + tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, D)
+    qmask = offs_q < q1
+    q = tl.load(
+        q_ptr + offs_q[:, None] * sq + h * sqh + offs_d[None, :], mask=qmask[:, None], other=0.0
+    )
+    do = tl.load(
+        do_ptr + offs_q[:, None] * sdo + h * sdoh + offs_d[None, :], mask=qmask[:, None], other=0.0
+    )
+    lse = tl.load(lse_ptr + offs_q * slse + h, mask=qmask, other=0.0)
+    delta = tl.load(delta_ptr + offs_q * slse + h, mask=qmask, other=0.0)
+    pos = tl.load(pos_ptr + offs_q, mask=qmask, other=-1)
+    dq = tl.zeros((BLOCK_Q, D), tl.float32)
+    last = tl.max(pos, 0) // BLOCK_K
+    if INTERPRET:
+        for c in range(MAX_KBLOCKS):
+            if c <= last:
+                dq = _dq_tile(
+                    dq, q, do, lse, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh,
+                    scale, D, BLOCK_K,
+                )  # fmt: skip
+    else:
+        for c in range(0, last + 1):
+            dq = _dq_tile(
+                dq, q, do, lse, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh,
+                scale, D, BLOCK_K,
+            )  # fmt: skip
+    tl.store(
+        dq_ptr + offs_q[:, None] * sdq + h * sdqh + offs_d[None, :],
+        _round(dq * scale, dq_ptr.dtype.element_ty),
+        mask=qmask[:, None],
+    )
+
+
+def _contiguous_starts(pos: torch.Tensor, cu_q: list[int]) -> list[int] | None:
+    """Each sequence's first query position ``p0`` when its positions are ``p0, p0 + 1, ...``;
+    None otherwise (one device sync)."""
+    n = len(cu_q) - 1
+    lens = torch.tensor([cu_q[i + 1] - cu_q[i] for i in range(n)], device=pos.device)
+    starts = torch.tensor(cu_q[:-1], device=pos.device)
+    seq = torch.repeat_interleave(torch.arange(n, device=pos.device), lens)
+    first = pos[starts.clamp(max=max(pos.numel() - 1, 0))]
+    local = torch.arange(pos.numel(), device=pos.device) - starts[seq]
+    ok = torch.equal(pos[: cu_q[-1]], first[seq] + local)
+    return first.tolist() if ok else None
+
+
+def _dkdv_blocks(cu_q, cu_k, p0, device) -> torch.Tensor:
+    """Per program: ``(first key row, block's first key position, keys, q0, q1, first query
+    block)``, ``[num_blocks, 6]`` int32."""
+    rows = []
+    for i in range(len(cu_q) - 1):
+        klen = cu_k[i + 1] - cu_k[i]
+        if cu_q[i + 1] == cu_q[i]:
+            continue
+        for kb in range(0, klen, BLOCK_K):
+            rows.append((cu_k[i], kb, klen, cu_q[i], cu_q[i + 1], max(0, kb - p0[i]) // BLOCK_Q))
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 6)
+
+
+def _dq_blocks(cu_q, cu_k, device) -> torch.Tensor:
+    rows = [
+        (q, min(q + BLOCK_Q, cu_q[i + 1]), cu_k[i], cu_k[i + 1] - cu_k[i])
+        for i in range(len(cu_q) - 1)
+        for q in range(cu_q[i], cu_q[i + 1], BLOCK_Q)
+    ]
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 4)
+
+
+def triton_attention_backward(
+    q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp, *, cu_seqlens_q=None,
+    cu_seqlens_k=None, scale=None, kv_chunk=None,
+):  # fmt: skip
+    """The Triton backend of ``attention_backward`` (same signature and results as
+    ``reference_attention_backward``, tensor-core tile dots); other inputs run the reference."""
+    kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
+    args = (q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp)
+    L, H, D = q_LHD.shape
+    S, KVH = k_SKD.shape[:2]
+    cu_q = [0, L] if cu_seqlens_q is None else [int(c) for c in cu_seqlens_q.tolist()]
+    cu_k = [0, S] if cu_seqlens_k is None else [int(c) for c in cu_seqlens_k.tolist()]
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"cu_seqlens_q has {len(cu_q)} entries, cu_seqlens_k {len(cu_k)}")
+    usable = (
+        forward.supports(q_LHD, k_SKD, kp, kv_chunk or kp.attention_kv_chunk)
+        and v_SKD.dtype == q_LHD.dtype
+        and L > 0
+    )
+    pos = q_positions.to(device=q_LHD.device, dtype=torch.int32).contiguous()
+    p0 = _contiguous_starts(pos, cu_q) if usable else None
+    if p0 is None:
+        return reference_attention_backward(*args, **kw)
+    scale = D**-0.5 if scale is None else scale
+    q, k, v = q_LHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
+    do = do_LHD.to(q.dtype).contiguous()
+    lse = lse_LH.to(torch.float32).contiguous()
+    delta = (do.float() * o_LHD.float()).sum(-1).contiguous()
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    max_q = max(b - a for a, b in itertools.pairwise(cu_q))
+    max_k = max(b - a for a, b in itertools.pairwise(cu_k))
+    kblk = _dkdv_blocks(cu_q, cu_k, p0, q.device)
+    if kblk.shape[0]:
+        _attn_bwd_dkdv[(kblk.shape[0], KVH)](
+            q, k, v, do, lse, delta, pos, dk, dv, kblk,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), lse.stride(0), dk.stride(0), dk.stride(1),
+            dv.stride(0), dv.stride(1), scale,
+            H // KVH, D, BLOCK_Q, BLOCK_K, triton.next_power_of_2(triton.cdiv(max_q, BLOCK_Q)),
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        )  # fmt: skip
+    qblk = _dq_blocks(cu_q, cu_k, q.device)
+    if qblk.shape[0]:
+        _attn_bwd_dq[(qblk.shape[0], H)](
+            q, k, v, do, lse, delta, pos, dq, qblk,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1), lse.stride(0), dq.stride(0), dq.stride(1), scale,
+            H // KVH, D, BLOCK_Q, BLOCK_K, triton.next_power_of_2(triton.cdiv(max(max_k, 1), BLOCK_K)),
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        )  # fmt: skip
+    return dq, dk, dv
