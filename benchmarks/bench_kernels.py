@@ -231,11 +231,60 @@ def bench_attention(args, kp, tm, res):
     row["triton_ms"] = tm.ms(lambda: triton_attention(q, k, v, pos, kp, **kw))
     row["time_ratio"] = row["triton_ms"] / row["sdpa_ms"]
     rows.append(row)
+    rows.extend(_attention_training_rows(args, kp, tm, H, KVH, D))
     res["attention"] = rows
     print(f"\n{'attention':<22}{'SDPA ms':>10}{'triton ms':>11}{'time x':>8}{'ref ms':>9}")
     for r in rows:
         print(f"{r['case']:<22}{r['sdpa_ms']:>10.3f}{r['triton_ms']:>11.3f}{r['time_ratio']:>8.2f}"
               f"{r.get('torch_ref_ms', float('nan')):>9.1f}")  # fmt: skip
+
+
+def _attention_training_rows(args, kp, tm, H, KVH, D):
+    """Forward + backward over a packed batch (the trainer's attention): the Triton forward with
+    log-sum-exp and the Triton backward vs SDPA forward + autograd backward on ``[B, H, S, D]``."""
+    from contractgen.adapters.kernels.triton.attention import triton_attention_lse
+    from contractgen.adapters.kernels.triton.attention_bwd import triton_attention_backward
+
+    dev, rows = args.device, []
+    for B, S in [(2, 64)] if args.small else [(32, 512), (4, 4096)]:
+        T = B * S
+        q, k, v = (_r(T, h, D, device=dev, seed=s) for s, h in ((0, H), (1, KVH), (2, KVH)))
+        d_out = _r(T, H, D, device=dev, seed=3)
+        pos = torch.arange(S, device=dev).repeat(B)
+        cu = torch.arange(B + 1, device=dev, dtype=torch.int32) * S
+        kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+        def ours():
+            o, lse = triton_attention_lse(q, k, v, pos, kp, **kw)
+            return triton_attention_backward(q, k, v, o, lse, d_out, pos, kp, **kw)
+
+        def to_b(t, rep):
+            return t.view(B, S, -1, D).repeat_interleave(rep, 2).transpose(1, 2)
+
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+        def sdpa():
+            qs, ks, vs = to_b(leaves[0], 1), to_b(leaves[1], H // KVH), to_b(leaves[2], H // KVH)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+            return torch.autograd.grad(o, leaves, to_b(d_out, 1))
+
+        row = {"case": f"fwd+bwd {B}x{S}", "L": T}
+        row["sdpa_ms"] = tm.ms(sdpa)
+        row["triton_ms"] = tm.ms(ours)
+        row["time_ratio"] = row["triton_ms"] / row["sdpa_ms"]
+        got, want = ours(), sdpa()
+        row["grad_rel_err_vs_sdpa"] = [
+            float((g.float() - w.float()).norm() / w.float().norm())
+            for g, w in zip(got, want, strict=True)
+        ]
+        row["backward_repeats_bitwise"] = all(
+            torch.equal(a, b) for a, b in zip(got, ours(), strict=True)
+        )
+        row["triton_peak_gib"] = _peak(ours, dev)
+        row["sdpa_peak_gib"] = _peak(sdpa, dev)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 def bench_rollout(args, kp, tm, res):
