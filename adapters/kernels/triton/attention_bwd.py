@@ -34,10 +34,11 @@ from . import attention as forward
 from .attention import _dot
 from .matmul import INTERPRET, _round
 
-BLOCK_Q = 64
-BLOCK_K = 64
-NUM_WARPS = 4
-NUM_STAGES = 2
+# Launch shapes of the two kernels: query rows, key rows, warps, pipeline stages. They change no
+# forward bit; the fastest of benchmarks/tune_attention.py's sweep on an H200 (Qwen3-0.6B heads,
+# 32 x 512 packed tokens; every shape gave the same gradient bits there).
+DKDV = {"BLOCK_Q": 64, "BLOCK_K": 128, "num_warps": 8, "num_stages": 2}
+DQ = {"BLOCK_Q": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3}
 
 
 @triton.jit
@@ -220,16 +221,19 @@ def _dkdv_blocks(cu_q, cu_k, p0, device) -> torch.Tensor:
         klen = cu_k[i + 1] - cu_k[i]
         if cu_q[i + 1] == cu_q[i]:
             continue
-        for kb in range(0, klen, BLOCK_K):
-            rows.append((cu_k[i], kb, klen, cu_q[i], cu_q[i + 1], max(0, kb - p0[i]) // BLOCK_Q))
+        for kb in range(0, klen, DKDV["BLOCK_K"]):
+            first = max(0, kb - p0[i]) // DKDV["BLOCK_Q"]
+            rows.append((cu_k[i], kb, klen, cu_q[i], cu_q[i + 1], first))
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 6)
 
 
 def _dq_blocks(cu_q, cu_k, device) -> torch.Tensor:
+    """Per program: ``(q0, q1, first key row, keys)``, ``[num_blocks, 4]`` int32."""
+    bq = DQ["BLOCK_Q"]
     rows = [
-        (q, min(q + BLOCK_Q, cu_q[i + 1]), cu_k[i], cu_k[i + 1] - cu_k[i])
+        (q, min(q + bq, cu_q[i + 1]), cu_k[i], cu_k[i + 1] - cu_k[i])
         for i in range(len(cu_q) - 1)
-        for q in range(cu_q[i], cu_q[i + 1], BLOCK_Q)
+        for q in range(cu_q[i], cu_q[i + 1], bq)
     ]
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 4)
 
@@ -272,8 +276,9 @@ def triton_attention_backward(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), lse.stride(0), dk.stride(0), dk.stride(1),
             dv.stride(0), dv.stride(1), scale,
-            H // KVH, D, BLOCK_Q, BLOCK_K, triton.next_power_of_2(triton.cdiv(max_q, BLOCK_Q)),
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            H // KVH, D, DKDV["BLOCK_Q"], DKDV["BLOCK_K"],
+            triton.next_power_of_2(triton.cdiv(max_q, DKDV["BLOCK_Q"])),
+            num_warps=DKDV["num_warps"], num_stages=DKDV["num_stages"],
         )  # fmt: skip
     qblk = _dq_blocks(cu_q, cu_k, q.device)
     if qblk.shape[0]:
@@ -281,7 +286,8 @@ def triton_attention_backward(
             q, k, v, do, lse, delta, pos, dq, qblk,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), lse.stride(0), dq.stride(0), dq.stride(1), scale,
-            H // KVH, D, BLOCK_Q, BLOCK_K, triton.next_power_of_2(triton.cdiv(max(max_k, 1), BLOCK_K)),
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            H // KVH, D, DQ["BLOCK_Q"], DQ["BLOCK_K"],
+            triton.next_power_of_2(triton.cdiv(max(max_k, 1), DQ["BLOCK_K"])),
+            num_warps=DQ["num_warps"], num_stages=DQ["num_stages"],
         )  # fmt: skip
     return dq, dk, dv

@@ -1,0 +1,114 @@
+"""Launch-shape sweep of the Triton attention kernels on a packed training batch (H200).
+
+For the forward (``triton_attention_lse``: query rows per program, warps, stages) it reports the
+time and whether the output bits equal the shipped shape's: a forward shape is a contract-side
+choice (the rollout and the trainer must run the same one), so a faster shape that changes bits is
+only adopted together with a re-run of the exactness gate. For the two backward kernels (dK/dV and
+dQ: no forward bit depends on them) it reports the time of the whole backward with one kernel's
+shape varied and the other's shipped. Prints tables; ``--json`` writes every row.
+
+    python3 benchmarks/tune_attention.py --json $OUT/tune_attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+
+
+def _ms(fn, reps=20):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--heads", default="16,8,128", help="query heads, KV heads, head dim")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    from contractgen.adapters.kernels.triton import attention as fwd
+    from contractgen.adapters.kernels.triton import attention_bwd as bwd
+    from contractgen.codegen.vendored import load_target
+
+    kp = load_target("sglang").schema.kernel_policy_for("qwen3_dense_true_on_policy_v1")
+    H, KVH, D = (int(x) for x in args.heads.split(","))
+    B, S, dev = args.batch, args.seq, "cuda"
+    T = B * S
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v, d_out = (
+        torch.randn(T, h, D, device=dev, generator=g).to(torch.bfloat16) for h in (H, KVH, KVH, H)
+    )
+    pos = torch.arange(S, device=dev).repeat(B)
+    cu = torch.arange(B + 1, device=dev, dtype=torch.int32) * S
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    shipped = (fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES)
+    o_ref, lse = fwd.triton_attention_lse(q, k, v, pos, kp, **kw)
+    rows = []
+
+    def run_fwd():
+        return fwd.triton_attention_lse(q, k, v, pos, kp, **kw)
+
+    for bq, warps, stages in itertools.product((32, 64, 128), (4, 8), (1, 2, 3)):
+        fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES = bq, warps, stages
+        row = {"kernel": "forward", "BLOCK_Q": bq, "num_warps": warps, "num_stages": stages}
+        try:
+            row["ms"] = _ms(run_fwd)
+            row["bits_equal_shipped"] = torch.equal(run_fwd()[0], o_ref)
+        except Exception as e:  # out of shared memory / registers: record and go on
+            row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES = shipped
+
+    def run_bwd():
+        return bwd.triton_attention_backward(q, k, v, o_ref, lse, d_out, pos, kp, **kw)
+
+    base = {name: dict(getattr(bwd, name)) for name in ("DKDV", "DQ")}
+    want = run_bwd()
+    for name in ("DKDV", "DQ"):
+        for bq, bk, warps, stages in itertools.product(
+            (32, 64, 128), (32, 64, 128), (4, 8), (2, 3)
+        ):
+            cfg = {"BLOCK_Q": bq, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+            setattr(bwd, name, cfg)
+            row = {"kernel": name, **cfg}
+            try:
+                row["backward_ms"] = _ms(run_bwd)
+                got = run_bwd()
+                row["max_rel_diff_vs_shipped"] = max(
+                    float((a.float() - b.float()).norm() / b.float().norm())
+                    for a, b in zip(got, want, strict=True)
+                )
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        setattr(bwd, name, base[name])
+
+    for kernel, key in (("forward", "ms"), ("DKDV", "backward_ms"), ("DQ", "backward_ms")):
+        ok = sorted((r for r in rows if r["kernel"] == kernel and key in r), key=lambda r: r[key])
+        print(f"\n{kernel}: fastest of {len(ok)} (ms)")
+        for r in ok[:5]:
+            print("  ", {k: v for k, v in r.items() if k != "kernel"})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"batch": B, "seq": S, "heads": [H, KVH, D], "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
