@@ -10,7 +10,8 @@ value *is* ``kernel_value`` (bit for bit) and whose gradient is the gradient of 
 so forward bits are the kernel's; autograd sees only ``megatron_value`` and so runs its backward.
 The differentiable computation runs only when a gradient can flow (grad mode on and some input
 requires grad), so inference pays one forward; training pays two. ``straight_through`` is used
-where the gradient comes from a whole differentiable computation (attention, the MoE gating).
+where the gradient comes from a whole differentiable computation (the MoE gating; attention has
+its own autograd function, ``attention.KernelAttention``).
 
 Linears do not compose at the value level: ``KernelValueLinear`` builds the context megatron's
 linear forward builds and returns the kernel's value, so its backward is megatron-core's own
