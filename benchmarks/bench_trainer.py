@@ -168,6 +168,33 @@ def time_model(name, model, make_inputs, targets_fn, iters, dev):
     return r
 
 
+def profile_step(model, make_inputs, targets_fn, top: int) -> list[dict]:
+    """One training forward + backward under ``torch.profiler``: the ``top`` kernels by total
+    device time (name, calls, total ms, share of all kernel time)."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+    from torch.profiler import ProfilerActivity, profile
+
+    inputs, targets = make_inputs(), targets_fn()
+    model.train()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.zero_grad(set_to_none=True)
+        loss = vocab_parallel_cross_entropy(model(**inputs).float(), targets).sum()
+        loss.backward()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.self_device_time_total for e in events) or 1
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    return [
+        {
+            "kernel": e.key[:90],
+            "calls": e.count,
+            "total_ms": e.self_device_time_total / 1e3,
+            "share": e.self_device_time_total / total,
+        }
+        for e in events[:top]
+    ]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -179,6 +206,10 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--models", default="sglang,stock")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--profile", type=int, default=0, metavar="N",
+        help="after timing, profile one training step per model and print its N costliest kernels",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     import dataclasses
 
@@ -258,13 +289,21 @@ def main(argv=None) -> int:
             build_s = time.perf_counter() - t0
             r = time_model(name, model, make_inputs, targets_fn, args.iters, dev)
             r["build_s"] = build_s
+            if args.profile and dev.type == "cuda":
+                r["profile"] = profile_step(model, make_inputs, targets_fn, args.profile)
+                print(f"\n{name}: costliest kernels of one training step")
+                for k in r["profile"]:
+                    print(
+                        f"{k['total_ms']:9.2f} ms {k['share']:6.1%} {k['calls']:6d}x  {k['kernel']}"
+                    )
         except Exception as e:
             r = {
                 "error": f"{type(e).__name__}: {str(e)[:400]}",
                 "traceback": traceback.format_exc()[-2000:],
             }
         res["models"][name] = r
-        print(json.dumps({name: {k: v for k, v in r.items() if k != "traceback"}}), flush=True)
+        skip = ("traceback", "profile")
+        print(json.dumps({name: {k: v for k, v in r.items() if k not in skip}}), flush=True)
         if "traceback" in r:
             print(r["traceback"], flush=True)
         model = None

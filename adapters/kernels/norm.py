@@ -6,10 +6,17 @@ import torch
 
 from ._dtypes import dtype_of
 from .reduce import fixed_mean
+from .registry import kernel
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kp) -> torch.Tensor:
-    """``weight * normalize(x)`` over the last dim; output in ``x``'s dtype.
+    """``weight * normalize(x)`` over the last dim, output in ``x``'s dtype, by the backend the
+    registry names for ``x``'s device (see ``reference_rms_norm`` for the contract)."""
+    return kernel("rms_norm", x.device)(x, weight, eps, kp)
+
+
+def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kp) -> torch.Tensor:
+    """``weight * normalize(x)`` over the last dim; output in ``x``'s dtype (differentiable).
 
     Cast order: ``x`` -> ``kp.norm_compute_dtype``; mean of squares (``fixed_mean``) and
     ``rsqrt(var + eps)`` there;

@@ -4,7 +4,7 @@ Two backends share every op's semantics (the contract's K block, per-tile roundi
 accumulation dtype, its tile order, fixed KV chunks at absolute positions, fixed vocab blocks):
 ``torch``, the PyTorch reference (CPU, CI, and any device), and ``triton`` (CUDA: tensor-core
 tile dots). The rollout and the trainer look ops up here by the tensor's device, so on one device
-they always run the same backend; parity is per device. Ops not listed (norm, RoPE, SiLU-GLU,
+they always run the same backend; parity is per device. Ops not listed (RoPE, SiLU-GLU,
 residual, log-softmax, all-reduce) are device-generic PyTorch, shared by both backends.
 
 ``CONTRACTGEN_KERNEL_BACKEND=torch|triton`` overrides the device default (benchmarks; the Triton
@@ -30,12 +30,14 @@ BACKENDS: dict[str, dict[str, str]] = {
         "chunked_attention": "contractgen.adapters.kernels.attention:reference_attention",
         "chunked_attention_lse": "contractgen.adapters.kernels.attention:reference_attention_lse",
         "attention_backward": "contractgen.adapters.kernels.attention:reference_attention_backward",
+        "rms_norm": "contractgen.adapters.kernels.norm:reference_rms_norm",
     },
     "triton": {
         "invariant_matmul": "contractgen.adapters.kernels.triton.matmul:triton_matmul",
         "chunked_attention": "contractgen.adapters.kernels.triton.attention:triton_attention",
         "chunked_attention_lse": "contractgen.adapters.kernels.triton.attention:triton_attention_lse",
         "attention_backward": "contractgen.adapters.kernels.triton.attention_bwd:triton_attention_backward",
+        "rms_norm": "contractgen.adapters.kernels.triton.norm:triton_rms_norm",
     },
 }
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from contractgen.adapters import kernels as K
-from contractgen.adapters.kernels import attention, logsoftmax, matmul, registry
+from contractgen.adapters.kernels import attention, logsoftmax, matmul, norm, registry
 
 
 def _r(*shape, dtype=torch.bfloat16, seed=0):
@@ -24,6 +24,7 @@ def test_registry_picks_the_reference_on_cpu(monkeypatch):
     assert registry.kernel("invariant_matmul", "cpu") is matmul.reference_matmul
     assert registry.kernel("chunked_attention", "cpu") is attention.reference_attention
     assert registry.kernel("attention_backward", "cpu") is attention.reference_attention_backward
+    assert registry.kernel("rms_norm", "cpu") is norm.reference_rms_norm
 
 
 def test_registry_names_the_valid_choices(monkeypatch):
