@@ -3,6 +3,7 @@ bits equal the previous (expanded) formulation."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -161,3 +162,25 @@ def test_attention_backward_of_a_query_suffix(kp):
     for g, w in zip(part[1:], whole[1:], strict=True):
         torch.testing.assert_close(g, w[:30], rtol=0, atol=1e-12)
         assert not w[30:].any()
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float64, torch.bfloat16], ids=["fp64", "bf16"])
+@pytest.mark.parametrize("cast_before_weight", [True, False], ids=["cast-first", "product"])
+def test_rms_norm_analytic_backward_matches_float64(kp, x_dtype, cast_before_weight):
+    """The norm's backward (``rms_norm_backward`` from the saved 1/rms) against float64 autograd
+    of the plain formula; the forward under autograd keeps the no-grad forward's bits."""
+    kp = dataclasses.replace(kp, norm_cast_before_weight=cast_before_weight)
+    x = (_r(3, 5, 100, dtype=torch.float64, seed=1) * 3).to(x_dtype).requires_grad_()
+    w = (_r(100, dtype=torch.float64, seed=2).abs() + 0.5).to(x_dtype).requires_grad_()
+    dy = _r(3, 5, 100, dtype=torch.float64, seed=3).to(x_dtype)
+    y = K.rms_norm(x, w, 1e-6, kp)
+    with torch.no_grad():
+        assert torch.equal(K.rms_norm(x, w, 1e-6, kp), y)
+    got = torch.autograd.grad(y, (x, w), dy)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y64 = w64 * x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6)
+    want = torch.autograd.grad(y64, (x64, w64), dy.double())
+    tol = 2e-2 if x_dtype == torch.bfloat16 else 1e-5
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == x_dtype
+        torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol * b.abs().max().item())

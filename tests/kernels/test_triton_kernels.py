@@ -22,11 +22,9 @@ from contractgen.adapters.kernels.attention import (  # noqa: E402
     reference_attention,
     reference_attention_backward,
 )
-from contractgen.adapters.kernels.norm import reference_rms_norm  # noqa: E402
 from contractgen.adapters.kernels.triton import attention as tatt  # noqa: E402
 from contractgen.adapters.kernels.triton import attention_bwd as tbwd  # noqa: E402
 from contractgen.adapters.kernels.triton import matmul as tmm  # noqa: E402
-from contractgen.adapters.kernels.triton import norm as tnorm  # noqa: E402
 
 pytestmark = [pytest.mark.gpu] if CUDA else []
 DEV = "cuda" if CUDA else "cpu"
@@ -200,46 +198,3 @@ def test_triton_attention_backward_falls_back_on_non_contiguous_positions(kp):
     got = tbwd.triton_attention_backward(q, k, v, o, lse, d_out, pos, kp)
     want = reference_attention_backward(q, k, v, o, lse, d_out, pos, kp)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-
-
-@pytest.mark.parametrize("n", [128, 100, 1024])
-@pytest.mark.parametrize("dtype", [torch.float32, BF], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("cast_before_weight", [True, False], ids=["cast-first", "product"])
-def test_triton_rms_norm_rows_are_invariant(kp, n, dtype, cast_before_weight):
-    """One fused kernel per norm: a row alone (decode) equals the row in a batch bit for bit.
-    Under the interpreter (the same float32 operations as the reference, in the same halving-tree
-    order) it also equals the PyTorch reference bit for bit; on CUDA, rsqrt and division are the
-    device's, so it is within one rounding of it."""
-    import dataclasses
-
-    kp = dataclasses.replace(kp, norm_cast_before_weight=cast_before_weight)
-    g = torch.Generator().manual_seed(n)
-    x = (torch.randn(37, n, generator=g) * 3).to(dtype).to(DEV)
-    w = (torch.rand(n, generator=g) + 0.5).to(BF).to(DEV)
-    got = tnorm.triton_rms_norm(x, w, 1e-6, kp)
-    for i in (0, 5, 36):
-        assert torch.equal(tnorm.triton_rms_norm(x[i : i + 1], w, 1e-6, kp)[0], got[i])
-    want = reference_rms_norm(x, w, 1e-6, kp)
-    if CUDA:
-        torch.testing.assert_close(got, want, rtol=1e-2 if dtype == BF else 1e-5, atol=0)
-    else:
-        assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("cast_before_weight", [True, False], ids=["cast-first", "product"])
-def test_triton_rms_norm_backward_matches_float64(kp, cast_before_weight):
-    import dataclasses
-
-    kp = dataclasses.replace(kp, norm_cast_before_weight=cast_before_weight)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(3, 5, 100, generator=g).to(DEV).requires_grad_()
-    w = (torch.rand(100, generator=g) + 0.5).to(DEV).requires_grad_()
-    dy = torch.randn(3, 5, 100, generator=g).to(DEV)
-    y = tnorm.triton_rms_norm(x, w, 1e-6, kp)
-    assert y.shape == x.shape
-    got = torch.autograd.grad(y, (x, w), dy)
-    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    y64 = w64 * x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6)
-    want = torch.autograd.grad(y64, (x64, w64), dy.double())
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
