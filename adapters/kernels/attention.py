@@ -102,16 +102,26 @@ def _attend_one(
     return torch.cat([o for o, _ in outs]), torch.cat([lse for _, lse in outs])
 
 
-def _sequences(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int):
+def key_rows(cu_seqlens_k, k_starts, n: int) -> list[tuple[int, int]]:
+    """``(first key row, key count)`` of each of ``n`` sequences: the counts from
+    ``cu_seqlens_k``; the rows follow each other unless ``k_starts`` places each sequence's keys
+    (a KV pool where every request owns a region: ``k_starts[i]`` is its first row)."""
+    cu_k = [int(c) for c in cu_seqlens_k.tolist()]
+    if len(cu_k) != n + 1:
+        raise ValueError(f"cu_seqlens_q has {n + 1} entries, cu_seqlens_k {len(cu_k)}")
+    starts = cu_k[:-1] if k_starts is None else [int(s) for s in k_starts.tolist()]
+    if len(starts) != n:
+        raise ValueError(f"k_starts has {len(starts)} entries for {n} sequences")
+    return [(starts[i], cu_k[i + 1] - cu_k[i]) for i in range(n)]
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, k_starts=None):
     """``(query rows, key rows)`` slices of every sequence of a pack (one without cu_seqlens)."""
     if cu_seqlens_q is None:
         return [(slice(0, total_q), slice(0, total_k))]
-    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    if len(cu_q) != len(cu_k):
-        raise ValueError(f"cu_seqlens_q has {len(cu_q)} entries, cu_seqlens_k {len(cu_k)}")
-    return [
-        (slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])) for i in range(len(cu_q) - 1)
-    ]
+    cu_q = cu_seqlens_q.tolist()
+    keys = key_rows(cu_seqlens_k, k_starts, len(cu_q) - 1)
+    return [(slice(cu_q[i], cu_q[i + 1]), slice(k0, k0 + n)) for i, (k0, n) in enumerate(keys)]
 
 
 def reference_attention_lse(
@@ -125,6 +135,7 @@ def reference_attention_lse(
     cu_seqlens_k: torch.Tensor | None = None,
     scale: float | None = None,
     kv_chunk: int | None = None,
+    k_starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o_LHD, lse_LH)``: ``reference_attention``'s output and the log-sum-exp of every
     (query, head) row in ``kp.attention_softmax_dtype`` (what a backward needs besides ``o``)."""
@@ -133,7 +144,8 @@ def reference_attention_lse(
     scale = q_LHD.shape[-1] ** -0.5 if scale is None else scale
     o_LHD = q_LHD.new_zeros(q_LHD.shape)
     lse_LH = torch.full(q_LHD.shape[:2], -math.inf, dtype=sd, device=q_LHD.device)
-    for qs, ks in _sequences(cu_seqlens_q, cu_seqlens_k, q_LHD.shape[0], k_SKD.shape[0]):
+    seqs = _sequences(cu_seqlens_q, cu_seqlens_k, q_LHD.shape[0], k_SKD.shape[0], k_starts)
+    for qs, ks in seqs:
         if qs.stop > qs.start:
             o_LHD[qs], lse_LH[qs] = _attend_one(
                 q_LHD[qs], k_SKD[ks], v_SKD[ks], q_positions[qs], chunk, sd, scale
@@ -152,6 +164,7 @@ def reference_attention(
     cu_seqlens_k: torch.Tensor | None = None,
     scale: float | None = None,
     kv_chunk: int | None = None,
+    k_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The PyTorch backend of ``chunked_attention`` (CPU reference; any device).
 
@@ -159,7 +172,7 @@ def reference_attention(
     ``kv_chunk`` overrides ``kp.attention_kv_chunk`` (used by the stock variant).
     """
     kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
-    return reference_attention_lse(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)[0]
+    return reference_attention_lse(q_LHD, k_SKD, v_SKD, q_positions, kp, k_starts=k_starts, **kw)[0]
 
 
 def _backward_one(q, k, v, o, lse, do, pos, scale, md):
@@ -241,25 +254,21 @@ def chunked_attention(
     cu_seqlens_k: torch.Tensor | None = None,
     scale: float | None = None,
     kv_chunk: int | None = None,
+    k_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention ``o_LHD`` (dtype of ``q``); see the module docstring for the contract.
 
     ``k``/``v`` hold keys at absolute positions ``0..S-1``; query ``i`` sees keys ``<= q_positions[i]``.
-    ``kv_chunk`` overrides ``kp.attention_kv_chunk`` (used by the stock variant). Runs the backend
-    the registry names for ``q``'s device.
+    ``kv_chunk`` overrides ``kp.attention_kv_chunk`` (used by the stock variant). ``k_starts``
+    (with ``cu_seqlens``) places sequence ``i``'s keys at rows ``k_starts[i] ..`` of ``k``/``v``
+    instead of right after sequence ``i - 1``'s (a KV pool; the bits are the same). Runs the
+    backend the registry names for ``q``'s device.
     """
     impl = kernel("chunked_attention", q_LHD.device)
-    return impl(
-        q_LHD,
-        k_SKD,
-        v_SKD,
-        q_positions,
-        kp,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        scale=scale,
-        kv_chunk=kv_chunk,
-    )
+    kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
+    if k_starts is not None:  # only the backends take it (the stock twins do not)
+        kw["k_starts"] = k_starts
+    return impl(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)
 
 
 def chunked_attention_lse(

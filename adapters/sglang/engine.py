@@ -86,6 +86,7 @@ class RolloutEngine:
         pending = sorted(requests, key=lambda r: (r.arrival_step, r.rid))
         done: dict[str, Completion] = {}
         running: list[tuple[Request, Completion, KVCache, torch.Generator]] = []
+        pool = self.model.new_kv_pool()  # every request's keys and values, preallocated
         prog = _Progress("rollout", self.progress)
         step = 0
         while pending or running:
@@ -95,9 +96,9 @@ class RolloutEngine:
             pending = [r for r in pending if r.arrival_step > step]
             for r in joining:
                 gen = torch.Generator().manual_seed(r.seed)
-                running.append(
-                    (r, Completion(r.rid, tuple(r.prompt), first_step=step), KVCache(), gen)
-                )
+                cache = KVCache(capacity_hint=len(r.prompt) + r.max_new_tokens, pool=None)
+                cache.make_room(pool, 0)
+                running.append((r, Completion(r.rid, tuple(r.prompt), first_step=step), cache, gen))
             ids, lens = [], []
             for r, c, cache, _ in running:
                 new = list(r.prompt) if cache.length == 0 else [c.tokens[-1]]
@@ -117,6 +118,7 @@ class RolloutEngine:
                 if len(c.tokens) >= r.max_new_tokens or tok in r.stop_token_ids:
                     c.finish_step = step
                     done[r.rid] = c
+                    cache.release()
                 else:
                     still.append((r, c, cache, gen))
             running = still

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -169,16 +169,92 @@ def check_weights(
         )
 
 
+class KVPool:
+    """Preallocated post-RoPE keys and values for every layer (``[rows, kv_heads_local, head_dim]``,
+    in the dtype of the first rows written), shared by the requests of one forward or one engine
+    run. Each request holds one contiguous region of rows. A step writes its new rows in place, and
+    attention reads every request's keys where they lie (``k_starts``), so nothing is concatenated
+    per step. A request that outgrows its region moves to one twice as large. A pool with no free
+    gap grows: new tensors, the rows copied once."""
+
+    def __init__(self, layers: int):
+        self.k: list[torch.Tensor | None] = [None] * layers
+        self.v: list[torch.Tensor | None] = [None] * layers
+        self.rows = 0
+        self.regions: dict[int, int] = {}  # start -> rows, of every region in use
+
+    def reserve(self, rows: int) -> int:
+        """The first row of a free region of ``rows`` rows (first fit; grows the pool if none)."""
+        at = 0
+        for start in sorted(self.regions):
+            if start - at >= rows:
+                break
+            at = max(at, start + self.regions[start])
+        if at + rows > self.rows:
+            self._grow(max(2 * self.rows, at + rows))
+        self.regions[at] = rows
+        return at
+
+    def release(self, start: int) -> None:
+        del self.regions[start]
+
+    def move(self, src: int, dst: int, rows: int) -> None:
+        """Copy rows ``src .. src + rows`` to ``dst ..`` in every layer's keys and values."""
+        for t in (*self.k, *self.v):
+            if t is not None:
+                t[dst : dst + rows] = t[src : src + rows]
+
+    def write(self, layer: int, dst: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Put ``k``/``v`` at rows ``dst`` of ``layer``; that layer's whole ``(K, V)``."""
+        for t, x in ((self.k, k), (self.v, v)):
+            if t[layer] is None:
+                t[layer] = x.new_empty((self.rows, *x.shape[1:]))
+            t[layer].index_copy_(0, dst, x)
+        return self.k[layer], self.v[layer]
+
+    def _grow(self, rows: int) -> None:
+        for t in (self.k, self.v):
+            for i, old in enumerate(t):
+                if old is not None:
+                    new = old.new_empty((rows, *old.shape[1:]))
+                    new[: old.shape[0]] = old
+                    t[i] = new
+        self.rows = rows
+
+
 @dataclass
 class KVCache:
-    """Per-request cache: post-RoPE keys and values per layer, ``[S, kv_heads_local, head_dim]``."""
+    """One request's place in a ``KVPool``: rows ``start .. start + length`` of every layer's
+    keys and values, in a region of ``capacity`` rows. ``capacity_hint`` (prompt + new tokens)
+    sizes the first region; without a pool the forward makes one for the call."""
 
-    k: list = field(default_factory=list)
-    v: list = field(default_factory=list)
+    capacity_hint: int = 0
+    pool: KVPool | None = None
+    start: int = 0
+    capacity: int = 0
+    length: int = 0
 
-    @property
-    def length(self) -> int:
-        return self.k[0].shape[0] if self.k else 0
+    def make_room(self, pool: KVPool, new_rows: int) -> None:
+        """Hold ``length + new_rows`` rows in ``pool``: reserve the first region, or move to a
+        region twice as large (the rows copied, the old region released)."""
+        need = self.length + new_rows
+        if self.pool is None:
+            self.pool, self.capacity = pool, max(need, self.capacity_hint)
+            self.start = pool.reserve(self.capacity)
+        elif self.pool is not pool:
+            raise ValueError("the caches of one forward must share one KVPool")
+        elif need > self.capacity:
+            capacity = max(need, 2 * self.capacity)
+            start = pool.reserve(capacity)
+            pool.move(self.start, start, self.length)
+            pool.release(self.start)
+            self.start, self.capacity = start, capacity
+
+    def release(self) -> None:
+        """Give the region back to the pool (the request is done)."""
+        if self.pool is not None:
+            self.pool.release(self.start)
+            self.pool, self.capacity, self.length = None, 0, 0
 
 
 @dataclass
@@ -306,6 +382,21 @@ class ReferenceModel:
         )
         return residual_add(y, h, self.kp)
 
+    def _pool_for(self, caches: Sequence[KVCache], lengths: Sequence[int]) -> KVPool:
+        """The one pool the caches share (a new one when none has a pool yet), with room made in
+        it for each cache's new rows."""
+        pools = {id(c.pool): c.pool for c in caches if c.pool is not None}
+        if len(pools) > 1:
+            raise ValueError("the caches of one forward must share one KVPool")
+        pool = next(iter(pools.values()), None) or self.new_kv_pool()
+        for c, n in zip(caches, lengths, strict=True):
+            c.make_room(pool, n)
+        return pool
+
+    def new_kv_pool(self) -> KVPool:
+        """An empty pool for this model's layers (an engine run makes one for its requests)."""
+        return KVPool(len(self.layers))
+
     def _qk(self, x_LHD, weight, cos, sin):
         if weight is None:
             return self.rope(x_LHD, cos, sin, self.kp)
@@ -331,6 +422,15 @@ class ReferenceModel:
         input_ids = input_ids.to(dev)
         T, D = input_ids.shape[0], a.head_dim
         starts = [c.length for c in caches]
+        pool = self._pool_for(caches, lengths)
+        k_starts = torch.tensor([c.start for c in caches])
+        # every new row's place in the pool: request j's rows go after its cached ones
+        dst = torch.cat(
+            [
+                torch.arange(c.start + c.length, c.start + c.length + n)
+                for c, n in zip(caches, lengths, strict=True)
+            ]
+        ).to(dev)
         positions = torch.cat(
             [torch.arange(s, s + n, device=dev) for s, n in zip(starts, lengths, strict=True)]
         )
@@ -352,26 +452,19 @@ class ReferenceModel:
             q = self._qk(ops.column_linear(x, L.q, kp).view(T, self.hl, D), L.q_norm, cos, sin)
             k = self._qk(ops.column_linear(x, L.k, kp).view(T, self.kvl, D), L.k_norm, cos, sin)
             v = ops.column_linear(x, L.v, kp).view(T, self.kvl, D)
-            ks, vs = [], []
-            for j, c in enumerate(caches):
-                lo, hi = int(cu_q[j]), int(cu_q[j + 1])
-                if len(c.k) <= i:
-                    c.k.append(k[lo:hi].clone())
-                    c.v.append(v[lo:hi].clone())
-                else:
-                    c.k[i] = torch.cat([c.k[i], k[lo:hi]])
-                    c.v[i] = torch.cat([c.v[i], v[lo:hi]])
-                ks.append(c.k[i])
-                vs.append(c.v[i])
+            k_pool, v_pool = pool.write(i, dst, k, v)
             o = chunked_attention(
-                q, torch.cat(ks), torch.cat(vs), positions, kp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k
-            )
+                q, k_pool, v_pool, positions, kp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                k_starts=k_starts,
+            )  # fmt: skip
             o = o.reshape(T, self.hl * D).to(dense)
             h = ops.attn_reduce_residual(ops.row_partial(o, L.o, kp), h, kp, self.group)
             x = rms_norm(h, L.post_norm, eps, kp).to(dense)
             h = self.mlps[i](L, x, h)
             if layer_outputs is not None:
                 layer_outputs.append(h)
+        for c, n in zip(caches, lengths, strict=True):
+            c.length += n
         rows = torch.arange(T) if all_logits else cu_q[1:] - 1
         rows = rows.to(dev)
         hf = rms_norm(h[rows], self.final_norm, eps, kp)

@@ -15,7 +15,13 @@ from contractgen.adapters.sglang.checkpoint import (
     read_hf_config,
 )
 from contractgen.adapters.sglang.engine import Request, RolloutEngine
-from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
+from contractgen.adapters.sglang.model import (
+    KVCache,
+    KVPool,
+    ModelArch,
+    ReferenceModel,
+    random_weights,
+)
 
 HF_CONFIGS = {
     "gqa_tied": dict(
@@ -257,3 +263,36 @@ def test_requests_the_model_cannot_serve_are_refused(ref_model, kp, runtime_poli
         eng.generate([Request("y", (5000,), 1)])
     with pytest.raises(ValueError, match="used twice"):
         eng.generate([Request("z", (1,), 1), Request("z", (2,), 1)])
+
+
+def test_kv_pool_first_fit_reuse_and_growth_keep_rows():
+    pool = KVPool(layers=2)
+    a, b = pool.reserve(4), pool.reserve(3)
+    assert (a, b, pool.rows) == (0, 4, 8)  # grown to twice its size, or to what is needed
+    dst = torch.arange(b, b + 3)
+    pool.write(1, dst, torch.ones(3, 2, 4), torch.full((3, 2, 4), 2.0))
+    pool.release(a)
+    assert pool.reserve(2) == 0  # the freed gap, first fit
+    c = pool.reserve(5)  # no gap of 5: the pool grows, rows kept where they were
+    assert c == 7 and pool.rows == 16
+    assert pool.k[0] is None and pool.k[1].shape == (16, 2, 4)
+    assert torch.equal(pool.k[1][4:7], torch.ones(3, 2, 4))
+    assert torch.equal(pool.v[1][4:7], torch.full((3, 2, 4), 2.0))
+
+
+def test_kv_cache_that_outgrows_its_region_decodes_as_one_prefill(ref_model, kp, runtime_policy):
+    """A cache without a capacity hint starts at its prompt's size and moves to a twice larger
+    region as decode steps arrive; a second request holds the rows behind it. Every decode step's
+    logits equal the prefill of the whole sequence (the bits do not depend on where keys lie)."""
+    model = ReferenceModel(*ref_model, kp, runtime_policy(1))
+    ids = torch.arange(3, 3 + 75) % ref_model[0].vocab_size
+    grow, other = KVCache(), KVCache(capacity_hint=80)
+    model.forward(torch.cat([ids[:5], ids[:70]]), [grow, other], [5, 70])
+    whole = model.forward(ids[:75], [KVCache()], [75], all_logits=True)
+    starts = set()
+    for t in range(5, 75):
+        got = model.forward(ids[t : t + 1], [grow], [1])
+        starts.add(grow.start)
+        assert torch.equal(got[0], whole[t]), t
+    assert grow.length == 75 and grow.capacity >= 75 and len(starts) > 1  # it moved
+    assert other.length == 70

@@ -14,7 +14,6 @@ the log-sum-exp per (query, head), for a backward from the saved output.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -22,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .._dtypes import dtype_of
-from ..attention import reference_attention
+from ..attention import key_rows, reference_attention
 from .matmul import INTERPRET, _round
 
 # The fastest launch shape of benchmarks/tune_attention.py's sweep on an H200; all 18 shapes
@@ -114,12 +113,12 @@ def _attn_fwd(
     tl.store(lse_ptr + offs_q * slse + h, m + tl.log(l_sum), mask=qmask)
 
 
-def _blocks(cu_q: list[int], cu_k: list[int], device) -> torch.Tensor:
+def _blocks(cu_q: list[int], keys: list[tuple[int, int]], device) -> torch.Tensor:
     """Rows ``[q0, q1)`` of one sequence per program, with that sequence's first key row and key
     count: ``[num_blocks, 4]`` int32."""
     rows = [
-        (q, min(q + BLOCK_Q, cu_q[i + 1]), cu_k[i], cu_k[i + 1] - cu_k[i])
-        for i in range(len(cu_q) - 1)
+        (q, min(q + BLOCK_Q, cu_q[i + 1]), k0, n)
+        for i, (k0, n) in enumerate(keys)
         for q in range(cu_q[i], cu_q[i + 1], BLOCK_Q)
     ]
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 4)
@@ -141,7 +140,7 @@ def supports(q_LHD: torch.Tensor, k_SKD: torch.Tensor, kp, chunk: int) -> bool:
 
 def triton_attention_lse(
     q_LHD, k_SKD, v_SKD, q_positions, kp, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
-    kv_chunk=None,
+    kv_chunk=None, k_starts=None,
 ):  # fmt: skip
     """``(o_LHD, lse_LH)``: the attention output and the float32 log-sum-exp of every row."""
     chunk = kv_chunk or kp.attention_kv_chunk
@@ -149,17 +148,15 @@ def triton_attention_lse(
     S, KVH = k_SKD.shape[0], k_SKD.shape[1]
     scale = D**-0.5 if scale is None else scale
     cu_q = [0, L] if cu_seqlens_q is None else [int(c) for c in cu_seqlens_q.tolist()]
-    cu_k = [0, S] if cu_seqlens_k is None else [int(c) for c in cu_seqlens_k.tolist()]
-    if len(cu_q) != len(cu_k):
-        raise ValueError(f"cu_seqlens_q has {len(cu_q)} entries, cu_seqlens_k {len(cu_k)}")
+    keys = [(0, S)] if cu_seqlens_q is None else key_rows(cu_seqlens_k, k_starts, len(cu_q) - 1)
     q, k, v = q_LHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
     o_LHD = torch.empty_like(q)
     lse_LH = torch.empty((L, H), dtype=torch.float32, device=q.device)
-    blk = _blocks(cu_q, cu_k, q.device)
+    blk = _blocks(cu_q, keys, q.device)
     if L == 0 or blk.shape[0] == 0:
         return o_LHD, lse_LH
     pos = q_positions.to(device=q.device, dtype=torch.int32).contiguous()
-    max_k = max(b - a for a, b in itertools.pairwise(cu_k))
+    max_k = max(n for _, n in keys)
     max_chunks = triton.next_power_of_2(max(1, math.ceil(max_k / chunk)))
     _attn_fwd[(blk.shape[0], H)](
         q, k, v, o_LHD, lse_LH, pos, blk,
@@ -173,11 +170,12 @@ def triton_attention_lse(
 
 def triton_attention(
     q_LHD, k_SKD, v_SKD, q_positions, kp, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
-    kv_chunk=None,
+    kv_chunk=None, k_starts=None,
 ):  # fmt: skip
     """The Triton backend of ``chunked_attention`` (same signature); inputs it cannot put on
     tensor cores (float32/float64 checks) run the reference."""
     kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
+    kw["k_starts"] = k_starts
     if not supports(q_LHD, k_SKD, kp, kv_chunk or kp.attention_kv_chunk):
         return reference_attention(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)
     return triton_attention_lse(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)[0]
