@@ -198,3 +198,26 @@ def test_triton_attention_backward_falls_back_on_non_contiguous_positions(kp):
     got = tbwd.triton_attention_backward(q, k, v, o, lse, d_out, pos, kp)
     want = reference_attention_backward(q, k, v, o, lse, d_out, pos, kp)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_triton_attention_keys_placed_by_k_starts(kp):
+    """Keys in a pool (each sequence's at its own region, ``k_starts``, gaps between) give the
+    bits of the same keys packed back to back."""
+    q, k, v = _qkv(150)
+    pos = torch.cat([torch.arange(70), torch.arange(80)]).to(DEV)
+    cu = torch.tensor([0, 70, 150])
+    packed = tatt.triton_attention(q, k, v, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    pool_k = torch.zeros(300, *k.shape[1:], dtype=BF, device=DEV)
+    pool_v = torch.zeros(300, *v.shape[1:], dtype=BF, device=DEV)
+    pool_k[200:270], pool_v[200:270] = k[:70], v[:70]  # the first sequence after the second
+    pool_k[10:90], pool_v[10:90] = k[70:], v[70:]
+    got = tatt.triton_attention(
+        q, pool_k, pool_v, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu,
+        k_starts=torch.tensor([200, 10]),
+    )  # fmt: skip
+    assert torch.equal(got, packed)
+    ref = reference_attention(
+        q, pool_k, pool_v, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu,
+        k_starts=torch.tensor([200, 10]),
+    )  # fmt: skip
+    assert torch.equal(ref, reference_attention(q, k, v, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu))
