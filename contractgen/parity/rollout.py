@@ -142,6 +142,19 @@ def model_arch(contract_id: str, weights: Any):
     return ModelArch.from_profile(profile), weights
 
 
+def arch_of(contract_id: str, weights: Any):
+    """The ``ModelArch`` alone: for a checkpoint directory from its ``config.json`` (the coverage
+    check included), without reading its weights as ``model_arch`` does."""
+    if isinstance(weights, (str, os.PathLike)):
+        from ..adapters.sglang.checkpoint import check_checkpoint
+        from ..adapters.sglang.model import ModelArch
+        from ..codegen.vendored import load_target
+
+        profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
+        return ModelArch.from_profile(profile, check_checkpoint(weights, profile))
+    return model_arch(contract_id, weights)[0]
+
+
 def _prompts(workload: Sequence[PromptSpec], vocab_size: int) -> list[list[int]]:
     """Each request's prompt: its own ``prompt_ids``, or ids drawn from one seeded generator."""
     g = torch.Generator().manual_seed(1234)
