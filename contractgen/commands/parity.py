@@ -53,6 +53,9 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     scratch = tempfile.TemporaryDirectory(prefix="contractgen-model-")
     t0 = time.perf_counter()
     path, n = write_random_checkpoint(contract_id, name, Path(scratch.name) / "checkpoint")
+    from ..adapters.memory import release_free_memory
+
+    release_free_memory()  # the model it built is gone: its heap goes back to the OS
     if not quiet:
         print(
             f"parity: wrote a random-weight {name} checkpoint ({n / 1e9:.3f} B parameters, "

@@ -276,8 +276,13 @@ class RolloutSession:
 
     def run(self, job: RolloutJob) -> RolloutResult:
         """One rollout run on every rank; rank 0's result."""
-        if self.tp == 1 and self.device == "cpu":
-            return _run(job)
+        if self.tp == 1 and self.device == "cpu":  # in this process: its freed model goes back
+            from ..adapters.memory import release_free_memory
+
+            try:
+                return _run(job)
+            finally:
+                release_free_memory()
         return self._pool.send(job, "rollout")[0][1]
 
     def close(self) -> None:
