@@ -9,8 +9,10 @@ is one storage and one descriptor, shared (not copied) by every rank that receiv
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -29,21 +31,75 @@ class SharedTensors:
 
     @classmethod
     def pack(cls, tensors: Mapping[str, torch.Tensor]) -> SharedTensors:
-        index, total = [], 0
-        for name, t in tensors.items():
-            total = -(-total // _ALIGN) * _ALIGN
-            nbytes = t.numel() * t.element_size()
-            index.append((name, t.dtype, tuple(t.shape), total, nbytes))
-            total += nbytes
-        buffer = torch.empty(total, dtype=torch.uint8)
+        index, buffer = cls._allocate((n, t.dtype, tuple(t.shape)) for n, t in tensors.items())
         for (_, _, _, offset, nbytes), t in zip(index, tensors.values(), strict=True):
-            if nbytes:
-                flat = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-                buffer[offset : offset + nbytes].copy_(flat)
-        return cls(buffer.share_memory_(), tuple(index))
+            _fill(buffer, offset, nbytes, t)
+        return cls(buffer, index)
+
+    @classmethod
+    def from_safetensors(cls, files: Iterable[str | Path]) -> SharedTensors:
+        """The tensors of these safetensors files, in file order, read one tensor at a time
+        straight into the shared buffer (shapes and dtypes from the files' headers first): the
+        whole state dict is never held anywhere else."""
+        from safetensors import safe_open
+
+        files = [str(f) for f in files]
+        specs = []
+        for f in files:
+            with safe_open(f, framework="pt") as h:
+                for name in h.keys():
+                    part = h.get_slice(name)
+                    specs.append(
+                        (name, _SAFETENSORS_DTYPES[part.get_dtype()], tuple(part.get_shape()))
+                    )
+        index, buffer = cls._allocate(specs)
+        where = {name: (offset, nbytes) for name, _, _, offset, nbytes in index}
+        for f in files:
+            with safe_open(f, framework="pt") as h:
+                for name in h.keys():
+                    _fill(buffer, *where[name], h.get_tensor(name))
+        return cls(buffer, index)
+
+    @staticmethod
+    def _allocate(specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]):
+        """``(index, buffer)``: each tensor's aligned place, and an uninitialised shared buffer
+        for all of them (allocated in shared memory directly: no private copy to move there)."""
+        index, total = [], 0
+        for name, dtype, shape in specs:
+            total = -(-total // _ALIGN) * _ALIGN
+            nbytes = math.prod(shape) * _itemsize(dtype)
+            index.append((name, dtype, shape, total, nbytes))
+            total += nbytes
+        storage = torch.UntypedStorage._new_shared(max(total, 1))
+        return tuple(index), torch.empty(0, dtype=torch.uint8).set_(storage)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {
             name: self.buffer[offset : offset + nbytes].view(dtype).view(shape)
             for name, dtype, shape, offset, nbytes in self.index
         }
+
+
+# safetensors header dtype -> torch dtype
+_SAFETENSORS_DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _fill(buffer: torch.Tensor, offset: int, nbytes: int, t: torch.Tensor) -> None:
+    if nbytes:
+        flat = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        buffer[offset : offset + nbytes].copy_(flat)

@@ -155,7 +155,40 @@ def vocab_parallel_token_logprobs(
     Shards must start on multiples of ``kp.logsoftmax_vocab_block`` and have equal width (Megatron
     pads the vocab so). Columns at or past ``vocab_size`` are padding and are dropped.
     Differentiable with respect to ``local_logits`` (local backward, no communication).
+
+    Rows (tokens) go in blocks of ``_BLOCK_ELEMENTS // width`` (each row's bits depend only on
+    that row; every rank has the same rows and width, so the ranks' collectives pair up), so the
+    float32 working copies are one block's, not ``[tokens, vocab]``.
     """
+    T, Vl = local_logits_TVl.shape
+    rows = max(1, _BLOCK_ELEMENTS // max(1, Vl))
+    if T <= rows:
+        return _vocab_parallel_token_logprobs(
+            local_logits_TVl, token_ids_T, vocab_start, vocab_size, kp, group
+        )
+    parts = [
+        _vocab_parallel_token_logprobs(
+            local_logits_TVl[i : i + rows],
+            token_ids_T[i : i + rows],
+            vocab_start,
+            vocab_size,
+            kp,
+            group,
+        )
+        for i in range(0, T, rows)
+    ]
+    return torch.cat(parts)
+
+
+def _vocab_parallel_token_logprobs(
+    local_logits_TVl: torch.Tensor,
+    token_ids_T: torch.Tensor,
+    vocab_start: int,
+    vocab_size: int,
+    kp,
+    group,
+) -> torch.Tensor:
+    """``vocab_parallel_token_logprobs`` of one block of rows."""
     block = kp.logsoftmax_vocab_block
     if vocab_start % block:
         raise ValueError(f"vocab shard start {vocab_start} is not a multiple of the block {block}")

@@ -16,7 +16,10 @@ bf16 tensor-core tile dots) obtains the invariances:
 * Memory: K tiles are upcast one at a time, the blocks of one batched call gathered at a time, and
   tiles combined as they are produced (``streamed_matmul``): no permanent float32 weight copy, no
   ``[T, M, N]`` stack of partials, no ``M*N*K``-sized operands (the form used until 2026-11-30;
-  ``tests/kernels`` pins the bits to it).
+  ``tests/kernels`` pins the bits to it). Large outputs are computed in output panels of at most
+  ``PANEL_ELEMENTS`` (whole ``M_TILE`` x ``N_TILE`` blocks, the full K loop per panel), so the
+  float32 working set of an LM head ``[tokens, vocab]`` is one panel's, not the whole output's:
+  each output element has the same blocks, K tiles and combine order whatever the panel.
 * TP invariance: a row-parallel rank holding a whole subtree of tiles computes that subtree; the
   fixed-tree all-reduce (``all_reduce.py``) finishes the tree.
 
@@ -162,12 +165,56 @@ def _run_length(order: str, num_tiles: int) -> int:
     return first_level_block(num_tiles) if order == "sglang_first_level" else 1
 
 
+# Output elements per panel of ``streamed_matmul`` (4 Mi: 16 MiB per float32 accumulator). An
+# output panel is whole GEMM blocks, so its elements' bits are the unpanelled ones.
+PANEL_ELEMENTS = 1 << 22
+
+
+def _panels(M: int, N: int, limit: int) -> list[tuple[int, int, int, int]]:
+    """``(m0, m1, n0, n1)`` output panels of at most ``limit`` elements (whole ``M_TILE`` x
+    ``N_TILE`` blocks; the last ones end at ``M`` / ``N``), column panels first: a row panel
+    re-upcasts every weight tile, a column panel only the small activation tile."""
+    if M * N <= limit:
+        return [(0, M, 0, N)]
+    rows = M if M * N_TILE <= limit else max(M_TILE, limit // N_TILE // M_TILE * M_TILE)
+    cols = max(N_TILE, limit // (math.ceil(rows / M_TILE) * M_TILE) // N_TILE * N_TILE)
+    return [
+        (m0, min(M, m0 + rows), n0, min(N, n0 + cols))
+        for m0 in range(0, M, rows)
+        for n0 in range(0, N, cols)
+    ]
+
+
 def streamed_matmul(
+    x_MK: torch.Tensor,
+    w_NK: torch.Tensor,
+    k_block: int,
+    acc_dtype: torch.dtype,
+    order: str,
+    *,
+    out_dtype: torch.dtype | None = None,
+    panel_elements: int = PANEL_ELEMENTS,
+) -> torch.Tensor:
+    """``combine_tiles(tile_partials(x, w, k_block, acc), order)`` (cast to ``out_dtype``,
+    default ``acc_dtype``) without holding the ``T`` partials, one output panel at a time
+    (``_panels``): per panel, one GEMM per K tile, rounded to ``acc_dtype``, added into its run
+    in order, each finished run pushed onto a ``_RunStack``, the panel's total cast into the
+    output. Extra memory: O(log T) accumulators of one panel."""
+    M, N = x_MK.shape[0], w_NK.shape[0]
+    panels = _panels(M, N, panel_elements)
+    if len(panels) == 1:
+        y = _streamed_panel(x_MK, w_NK, k_block, acc_dtype, order)
+        return y if out_dtype is None else y.to(out_dtype)
+    out = torch.empty((M, N), dtype=out_dtype or acc_dtype, device=x_MK.device)
+    for m0, m1, n0, n1 in panels:
+        y = _streamed_panel(x_MK[m0:m1], w_NK[n0:n1], k_block, acc_dtype, order)
+        out[m0:m1, n0:n1] = y if out_dtype is None else y.to(out_dtype)
+    return out
+
+
+def _streamed_panel(
     x_MK: torch.Tensor, w_NK: torch.Tensor, k_block: int, acc_dtype: torch.dtype, order: str
 ) -> torch.Tensor:
-    """``combine_tiles(tile_partials(x, w, k_block, acc), order)`` without holding the ``T``
-    partials: one GEMM per K tile, rounded to ``acc_dtype``, added into its run in order, each
-    finished run pushed onto a ``_RunStack``. Extra memory: O(log T) ``[M, N]`` accumulators."""
     T = max(1, math.ceil(x_MK.shape[1] / k_block))
     block = _run_length(order, T)
     stack = _RunStack()
@@ -203,8 +250,10 @@ def reference_matmul(
     lead = x_MK.shape[:-1]
     x2 = x_MK.reshape(-1, x_MK.shape[-1])
     acc = dtype_of(kp.matmul_accumulation_dtype)
-    y_MN = streamed_matmul(x2, w_NK, kp.matmul_k_block, acc, tile_order or kp.matmul_tile_order)
-    y_MN = y_MN.to(out_dtype or x_MK.dtype)
+    y_MN = streamed_matmul(
+        x2, w_NK, kp.matmul_k_block, acc, tile_order or kp.matmul_tile_order,
+        out_dtype=out_dtype or x_MK.dtype,
+    )  # fmt: skip
     return y_MN.reshape(*lead, w_NK.shape[0])
 
 

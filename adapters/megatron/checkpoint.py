@@ -13,7 +13,7 @@ under EP > 1 a rank holds experts ``ep_rank * E/EP ...`` whole (expert TP 1, meg
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
@@ -27,12 +27,6 @@ def _rows(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
 
 def _cols(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     return torch.chunk(t, size, dim=1)[rank]
-
-
-def _pad_vocab(t: torch.Tensor, padded: int) -> torch.Tensor:
-    out = t.new_zeros((padded, *t.shape[1:]))
-    out[: t.shape[0]] = t
-    return out
 
 
 def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: ModelArch) -> torch.Tensor:
@@ -84,6 +78,85 @@ _EXPERT = "mlp.experts.local_experts.{e}."
 MLP_TO_MEGATRON = {"dense_mlp": _dense_mlp_to_megatron, "moe": _moe_to_megatron}
 
 
+def _vocab_shard(t: torch.Tensor, padded: int, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s rows of ``t`` zero-padded to ``padded`` rows and split in ``size``: a view
+    when the shard holds no padding (only this shard is ever padded, never the whole vocab)."""
+    per = padded // size
+    lo, hi = rank * per, (rank + 1) * per
+    if hi <= t.shape[0]:
+        return t[lo:hi]
+    out = t.new_zeros((per, *t.shape[1:]))
+    real = t[lo : t.shape[0]]
+    out[: real.shape[0]] = real
+    return out
+
+
+def stage_tensors(
+    hf: Mapping[str, torch.Tensor],
+    arch: ModelArch,
+    model: torch.nn.Module,
+    *,
+    tp_rank: int,
+    tp_size: int,
+    padded_vocab_size: int,
+    ep: tuple[int, int] = (0, 1),
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(megatron name, this rank's tensor)`` for every parameter of ``model`` (one pipeline
+    stage at one TP rank and one EP rank: ``ep`` is ``(rank, size)``), each built only when it
+    is reached (a fused or padded copy lives until the caller drops it), then a ``KeyError`` if
+    the HF weights did not cover every parameter."""
+    wanted = {k for k in model.state_dict() if not k.endswith("_extra_state")}
+    done: set[str] = set()
+    spec = arch.spec
+    g = {role: w.hf_name for role, w in spec.model_weights.items()}
+
+    def pick(named: list[tuple[str, Callable[[], torch.Tensor]]]):
+        for name, value in named:
+            if name in wanted:
+                done.add(name)
+                yield name, value()
+
+    def vocab(hf_name: str) -> Callable[[], torch.Tensor]:
+        return lambda: _vocab_shard(hf[hf_name], padded_vocab_size, tp_rank, tp_size)
+
+    head = g["lm_head"] if g["lm_head"] in hf else g["embed"]
+    yield from pick([
+        ("embedding.word_embeddings.weight", vocab(g["embed"])),
+        ("output_layer.weight", vocab(head)),
+        ("decoder.final_layernorm.weight", lambda: hf[g["final_norm"]]),
+    ])  # fmt: skip
+
+    layers = getattr(model.decoder, "layers", [])
+    for local, layer in enumerate(layers):
+        i = layer.layer_number - 1  # global, 0-based
+        src = LAYER_PREFIX.format(i=i)
+        w = {role: src + spec.hf_name for role, spec in spec.layer_weights.items()}
+        dst = f"decoder.layers.{local}."
+        names = [
+            (dst + "self_attention.linear_qkv.weight",
+             lambda w=w: _rows(fused_qkv(hf[w["q"]], hf[w["k"]], hf[w["v"]], arch), tp_rank, tp_size)),
+            (dst + "self_attention.linear_proj.weight",
+             lambda w=w: _cols(hf[w["o"]], tp_rank, tp_size)),
+        ]  # fmt: skip
+        if arch.qk_norm:
+            names += [
+                (dst + "self_attention.q_layernorm.weight", lambda w=w: hf[w["q_norm"]]),
+                (dst + "self_attention.k_layernorm.weight", lambda w=w: hf[w["k_norm"]]),
+            ]
+        names += [
+            (dst + "input_layernorm.weight", lambda w=w: hf[w["input_norm"]]),
+            (dst + "pre_mlp_layernorm.weight", lambda w=w: hf[w["post_norm"]]),
+        ]
+        yield from pick(names)
+        (block,) = spec.layer_blocks(arch, i)
+        for name, value in MLP_TO_MEGATRON[block](hf, src, arch, tp_rank, tp_size, ep):
+            yield from pick([(dst + name, lambda value=value: value)])
+
+    missing = sorted(wanted - done)
+    if missing:
+        raise KeyError(f"HF weights do not cover megatron parameters: {missing[:8]}")
+
+
 def megatron_stage_state_dict(
     hf: Mapping[str, torch.Tensor],
     arch: ModelArch,
@@ -95,44 +168,18 @@ def megatron_stage_state_dict(
     ep: tuple[int, int] = (0, 1),
 ) -> dict[str, torch.Tensor]:
     """The state dict (megatron names) of ``model``, one pipeline stage at one TP rank (and
-    one EP rank: ``ep`` is ``(rank, size)``)."""
-    wanted = {k for k in model.state_dict() if not k.endswith("_extra_state")}
-    out: dict[str, torch.Tensor] = {}
-
-    def put(name: str, value: torch.Tensor) -> None:
-        if name in wanted:
-            out[name] = value
-
-    spec = arch.spec
-    g = {role: w.hf_name for role, w in spec.model_weights.items()}
-    embed = _rows(_pad_vocab(hf[g["embed"]], padded_vocab_size), tp_rank, tp_size)
-    put("embedding.word_embeddings.weight", embed)
-    head = hf.get(g["lm_head"], hf[g["embed"]])
-    put("output_layer.weight", _rows(_pad_vocab(head, padded_vocab_size), tp_rank, tp_size))
-    put("decoder.final_layernorm.weight", hf[g["final_norm"]])
-
-    layers = getattr(model.decoder, "layers", [])
-    for local, layer in enumerate(layers):
-        i = layer.layer_number - 1  # global, 0-based
-        src = LAYER_PREFIX.format(i=i)
-        w = {role: hf.get(src + spec.hf_name) for role, spec in spec.layer_weights.items()}
-        dst = f"decoder.layers.{local}."
-        qkv = fused_qkv(w["q"], w["k"], w["v"], arch)
-        put(dst + "self_attention.linear_qkv.weight", _rows(qkv, tp_rank, tp_size))
-        put(dst + "self_attention.linear_proj.weight", _cols(w["o"], tp_rank, tp_size))
-        if arch.qk_norm:
-            put(dst + "self_attention.q_layernorm.weight", w["q_norm"])
-            put(dst + "self_attention.k_layernorm.weight", w["k_norm"])
-        put(dst + "input_layernorm.weight", w["input_norm"])
-        put(dst + "pre_mlp_layernorm.weight", w["post_norm"])
-        (block,) = spec.layer_blocks(arch, i)
-        for name, value in MLP_TO_MEGATRON[block](hf, src, arch, tp_rank, tp_size, ep):
-            put(dst + name, value)
-
-    missing = sorted(wanted - set(out))
-    if missing:
-        raise KeyError(f"HF weights do not cover megatron parameters: {missing[:8]}")
-    return out
+    one EP rank: ``ep`` is ``(rank, size)``): ``stage_tensors`` collected."""
+    return dict(
+        stage_tensors(
+            hf,
+            arch,
+            model,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            padded_vocab_size=padded_vocab_size,
+            ep=ep,
+        )
+    )
 
 
 def load_into(
@@ -145,20 +192,22 @@ def load_into(
     padded_vocab_size: int,
     ep: tuple[int, int] = (0, 1),
 ) -> None:
-    """Copy HF weights into ``model`` (dtype of the model's parameters)."""
-    sd = megatron_stage_state_dict(
+    """Copy HF weights into ``model`` (dtype of the model's parameters), one tensor at a time
+    (``stage_tensors``): no whole state dict of fused / padded copies is ever held."""
+    params = model.state_dict()
+    tensors = stage_tensors(
         hf, arch, model, tp_rank=tp_rank, tp_size=tp_size, padded_vocab_size=padded_vocab_size,
         ep=ep,
     )  # fmt: skip
-    params = model.state_dict()
     with torch.no_grad():
-        for name, value in sd.items():
+        for name, value in tensors:
             target = params[name]
             if tuple(target.shape) != tuple(value.shape):
                 raise ValueError(
                     f"{name}: HF weight shape {tuple(value.shape)} != megatron {tuple(target.shape)}"
                 )
-            target.copy_(value.to(target.dtype))
+            target.copy_(value)
+            del value
 
 
 def split_qkv(

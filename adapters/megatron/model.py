@@ -42,6 +42,15 @@ def load_checkpoint(
     return read(path, model_profile_for(contract_id))
 
 
+def checkpoint_arch(contract_id: str, path: str | Path) -> ModelArch:
+    """The ``ModelArch`` of a checkpoint directory from its ``config.json`` alone (the same
+    coverage check as ``load_checkpoint``; no weights read)."""
+    from contractgen.adapters.sglang.checkpoint import check_checkpoint
+
+    profile = model_profile_for(contract_id)
+    return ModelArch.from_profile(profile, check_checkpoint(path, profile))
+
+
 def padded_vocab_size(arch: ModelArch, tp: int, kp: Any) -> int:
     """Vocab padded so every TP shard is a whole number of log-softmax vocab blocks (which are
     themselves whole matmul column tiles), as vocab-parallel log-softmax requires."""

@@ -79,6 +79,9 @@ def build_stage(job: Any, run: Any) -> tuple[Any, Any, int]:
     """This rank's model stage with weights loaded: ``(model, config, padded_vocab)``."""
     kp = resolve_kernel_policy(job.contract_id, run)
     config = make_config(job.contract_id, job.arch, job.layout, kernel_policy=kp)
+    # every parameter is overwritten by ``load_into`` (which refuses a stage it does not
+    # cover): megatron's random init would only cost time and a float32 master copy per weight
+    config.perform_initialization = False
     if run.fault is not None and run.fault.runtime_policy:
         config.true_on_policy_runtime_policy_override = with_fault(
             policy_for(config), run.fault.runtime_policy
@@ -131,6 +134,17 @@ def dp_share(n: int, dp: int, dp_rank: int) -> list[int]:
     """The sequences (indices into ``n``) a data-parallel rank scores: every ``dp``-th one,
     from ``dp_rank`` on."""
     return list(range(dp_rank, n, dp))
+
+
+def _rows_of(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t[rows]``; a view when ``rows`` is one ascending run (a flat pack's path), so a
+    ``[tokens, vocab]`` logits matrix is not copied per sequence."""
+    n = rows.numel()
+    if n and int(rows[-1]) - int(rows[0]) == n - 1:
+        lo = int(rows[0])
+        if torch.equal(rows, torch.arange(lo, lo + n, device=rows.device, dtype=rows.dtype)):
+            return t[lo : lo + n]
+    return t[rows]
 
 
 def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
@@ -205,7 +219,9 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     logprobs = []
     for path in pack.paths:
         rows, targets = path[:-1].to(job.device), token_ids[path[1:].to(job.device)]
-        logprobs.append(lp_fn(logits[rows], targets, vocab_start, vocab, kp, tp_group).cpu())
+        logprobs.append(
+            lp_fn(_rows_of(logits, rows), targets, vocab_start, vocab, kp, tp_group).cpu()
+        )
     if not first:
         return None, per_seq
     if not whole:

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from ..layout import Layout
+from ..sglang.checkpoint import safetensors_files
 from ..shared_tensors import SharedTensors
 from ..workers import RankPool
-from .model import arch_for, load_checkpoint
+from .model import arch_for, checkpoint_arch
 from .run_types import (
     BACKENDS,
     TrainBatch,
@@ -141,15 +142,18 @@ class TrainerSession:
                 f"layout {layout.name} needs {layout.world_size} CUDA devices, "
                 f"{torch.cuda.device_count()} visible"
             )
+        # one shared buffer (one descriptor) for the ranks, any model size; a checkpoint is read
+        # into it tensor by tensor, never held as a private state dict here as well
         if isinstance(weights_or_checkpoint, str | os.PathLike):
-            arch, weights = load_checkpoint(contract_id, weights_or_checkpoint)
+            arch = checkpoint_arch(contract_id, weights_or_checkpoint)
+            shared = SharedTensors.from_safetensors(safetensors_files(weights_or_checkpoint))
         else:
             arch = arch if arch is not None else arch_for(contract_id)
-            weights = {k: v.detach().cpu() for k, v in weights_or_checkpoint.items()}
+            shared = SharedTensors.pack(weights_or_checkpoint)
         self.layout, self.timeout_s = layout, timeout_s
         self._job = _Job(
             contract_id=contract_id,
-            weights=SharedTensors.pack(weights),  # one descriptor for the ranks, any model size
+            weights=shared,
             sequences=[],
             layout=layout,
             arch=arch,

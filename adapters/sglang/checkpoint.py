@@ -38,6 +38,7 @@ __all__ = [
     "load_safetensors",
     "read_hf_config",
     "rope_from_hf_config",
+    "safetensors_files",
 ]
 
 CheckpointError = HFConfigError  # one error type for unreadable and uncovered checkpoints
@@ -94,8 +95,9 @@ def check_checkpoint(path: str | Path, profile):
     return covered_dims(profile, fields, where=str(Path(path) / "config.json"))
 
 
-def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint dir: via ``model.safetensors.index.json`` when present."""
+def safetensors_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint dir, in load order: those
+    ``model.safetensors.index.json`` names when present, else every ``*.safetensors``."""
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -104,9 +106,14 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         files = sorted(p.name for p in path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{path}: no *.safetensors files")
+    return [path / name for name in files]
+
+
+def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint dir: via ``model.safetensors.index.json`` when present."""
     weights: dict[str, torch.Tensor] = {}
-    for name in files:
-        weights.update(load_file(str(path / name)))
+    for file in safetensors_files(path):
+        weights.update(load_file(str(file)))
     return weights
 
 

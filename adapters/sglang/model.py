@@ -222,6 +222,16 @@ class KVPool:
         self.rows = rows
 
 
+def _vocab_rows(t: torch.Tensor, rank: int, per: int) -> torch.Tensor:
+    """Rows ``rank * per ..`` of ``t`` zero-padded to ``per`` rows (the vocab padding falls in
+    the last shards): a view when the shard holds no padding, so the table is never copied whole."""
+    lo, hi = rank * per, (rank + 1) * per
+    if hi <= t.shape[0]:
+        return t[lo:hi]
+    pad = t.new_zeros(hi - max(lo, t.shape[0]), *t.shape[1:])
+    return torch.cat([t[lo:], pad])
+
+
 @dataclass
 class KVCache:
     """One request's place in a ``KVPool``: rows ``start .. start + length`` of every layer's
@@ -353,8 +363,8 @@ class ReferenceModel:
         self.final_norm = weights[names["final_norm"]].to(dense)
         lm = weights[names["embed"] if arch.tie_word_embeddings else names["lm_head"]]
         vp = math.ceil(arch.vocab_size / (N_TILE * tp)) * N_TILE * tp
-        lm = torch.cat([lm, lm.new_zeros(vp - arch.vocab_size, arch.hidden_size)])
-        self.lm_head = rows(lm, vp // tp).to(dtype_of(kp.lm_head_input_dtype))
+        lm = _vocab_rows(lm, r, vp // tp).to(dense).contiguous()
+        self.lm_head = lm.to(dtype_of(kp.lm_head_input_dtype))
         self.hl, self.kvl = hl, kvl
 
     # -- forward -----------------------------------------------------------------------------

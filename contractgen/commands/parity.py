@@ -53,6 +53,9 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     scratch = tempfile.TemporaryDirectory(prefix="contractgen-model-")
     t0 = time.perf_counter()
     path, n = write_random_checkpoint(contract_id, name, Path(scratch.name) / "checkpoint")
+    from ..adapters.memory import release_free_memory
+
+    release_free_memory()  # the model it built is gone: its heap goes back to the OS
     if not quiet:
         print(
             f"parity: wrote a random-weight {name} checkpoint ({n / 1e9:.3f} B parameters, "
@@ -191,7 +194,7 @@ def command(
         parse_rollout_tps,
         rollout_tp_problems,
     )
-    from ..parity.rollout import model_arch
+    from ..parity.rollout import arch_of
     from ..parity.workload import make_workload
 
     use_project_from(ctx)
@@ -236,7 +239,7 @@ def command(
         fail("error: --train-fault and --train-lr need --train-steps N (N >= 1)")
     preset = WORKLOADS[workload]
     sizes = (requests or preset[0], prompt_tokens or preset[1], new_tokens or preset[2])
-    arch = model_arch(contract_id, weights)[0]
+    arch = arch_of(contract_id, weights)
     if sizes[1] + sizes[2] > arch.max_position_embeddings:
         fail(
             f"error: --prompt-tokens {sizes[1]} + --new-tokens {sizes[2]} exceeds "

@@ -48,14 +48,14 @@ def _profile(contract_id: str):
 
 def reference_for(config: Any) -> tuple[Reference | None, str | None]:
     """(the reference, None) or (None, why there is none)."""
-    from .rollout import model_arch
+    from .rollout import arch_of
 
     if not config.hf_reference:
         return None, "--no-reference given"
     reason = transformers_reason()
     if reason is not None:
         return None, reason
-    arch, _ = model_arch(config.contract_id, config.weights)
+    arch = arch_of(config.contract_id, config.weights)
     hf_arch = _profile(config.contract_id).hf_architecture
     model = hf_model(config.weights, arch, hf_arch, torch.float32)
     seqs = reference_sequences(arch.vocab_size, arch.max_position_embeddings)
@@ -123,13 +123,13 @@ class GradReference:
 
 
 def grad_reference(run: Any) -> tuple[GradReference | None, str | None]:
-    from .rollout import model_arch
+    from .rollout import arch_of
 
     reason = transformers_reason()
     if reason is not None:
         return None, reason
     config = run.config
-    arch, _ = model_arch(config.contract_id, config.weights)
+    arch = arch_of(config.contract_id, config.weights)
     hf_arch = _profile(config.contract_id).hf_architecture
     model = hf_model(config.weights, arch, hf_arch, torch.float64)
     base = run.rollout(1)

@@ -12,9 +12,9 @@ from .layouts import LayoutError, layout_problems
 
 def model_name(config: GateConfig) -> str:
     """The profile's name for the gate's model: a covered checkpoint or the reference model."""
-    from .rollout import model_arch
+    from .rollout import arch_of
 
-    return model_arch(config.contract_id, config.weights)[0].name
+    return arch_of(config.contract_id, config.weights).name
 
 
 def check_layouts(config: GateConfig) -> None:

@@ -542,11 +542,11 @@ def _retry_on_large_workload(
     the larger workload."""
     from dataclasses import replace
 
-    from .rollout import model_arch
+    from .rollout import arch_of
     from .workload import describe, fitted, scored_tokens
 
     config = run.config
-    max_positions = model_arch(config.contract_id, config.weights)[0].max_position_embeddings
+    max_positions = arch_of(config.contract_id, config.weights).max_position_embeddings
     workload = fitted(RETRY_WORKLOAD, max_positions)
     if not faults or scored_tokens(workload) <= scored_tokens(config.workload):
         return None

@@ -142,6 +142,19 @@ def model_arch(contract_id: str, weights: Any):
     return ModelArch.from_profile(profile), weights
 
 
+def arch_of(contract_id: str, weights: Any):
+    """The ``ModelArch`` alone: for a checkpoint directory from its ``config.json`` (the coverage
+    check included), without reading its weights as ``model_arch`` does."""
+    if isinstance(weights, (str, os.PathLike)):
+        from ..adapters.sglang.checkpoint import check_checkpoint
+        from ..adapters.sglang.model import ModelArch
+        from ..codegen.vendored import load_target
+
+        profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
+        return ModelArch.from_profile(profile, check_checkpoint(weights, profile))
+    return model_arch(contract_id, weights)[0]
+
+
 def _prompts(workload: Sequence[PromptSpec], vocab_size: int) -> list[list[int]]:
     """Each request's prompt: its own ``prompt_ids``, or ids drawn from one seeded generator."""
     g = torch.Generator().manual_seed(1234)
@@ -263,8 +276,13 @@ class RolloutSession:
 
     def run(self, job: RolloutJob) -> RolloutResult:
         """One rollout run on every rank; rank 0's result."""
-        if self.tp == 1 and self.device == "cpu":
-            return _run(job)
+        if self.tp == 1 and self.device == "cpu":  # in this process: its freed model goes back
+            from ..adapters.memory import release_free_memory
+
+            try:
+                return _run(job)
+            finally:
+                release_free_memory()
         return self._pool.send(job, "rollout")[0][1]
 
     def close(self) -> None:

@@ -137,9 +137,9 @@ def _one_side_fault(run: GateRun, name: str | None, layout: Layout):
 
 def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
     """Every trainer layout's run of ``cfg.steps`` steps; the report's ``training`` and ``steps``."""
-    from .rollout import model_arch
+    from .rollout import arch_of
 
-    arch = model_arch(run.config.contract_id, run.config.weights)[0]
+    arch = arch_of(run.config.contract_id, run.config.weights)
     per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
     pairs: list[list[dict]] = [[] for _ in range(cfg.steps)]
     cache: dict = {}

@@ -115,3 +115,26 @@ def test_a_fork_server_rank_receives_a_state_dict_of_any_size():
     assert got == {
         k: (str(v.dtype), tuple(v.shape), v.double().sum().item()) for k, v in tensors.items()
     }
+
+
+def test_shared_tensors_from_safetensors_files_equal_their_loaded_state_dict(tmp_path):
+    """A checkpoint read tensor by tensor into the shared buffer (two files, as a sharded
+    checkpoint) gives the tensors ``load_file`` gives, bitwise."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from contractgen.adapters.shared_tensors import SharedTensors
+
+    tensors = _many_tensors(6)
+    names = list(tensors)
+    files = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    save_file({n: tensors[n] for n in names[:4]}, str(files[0]))
+    save_file({n: tensors[n] for n in names[4:]}, str(files[1]))
+    shared = SharedTensors.from_safetensors(files)
+    assert shared.buffer.is_shared()
+    back = shared.tensors()
+    loaded = {**load_file(str(files[0])), **load_file(str(files[1]))}
+    assert sorted(back) == sorted(loaded)
+    for name, t in loaded.items():
+        assert back[name].dtype == t.dtype and back[name].shape == t.shape
+        assert torch.equal(back[name], t), name

@@ -184,3 +184,57 @@ def test_rms_norm_analytic_backward_matches_float64(kp, x_dtype, cast_before_wei
     for a, b in zip(got, want, strict=True):
         assert a.dtype == x_dtype
         torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol * b.abs().max().item())
+
+
+@pytest.mark.parametrize(
+    "m,n,limit",
+    [
+        (70, 200, 64 * 128),  # column panels of 64, the last one 8 wide and zero padded
+        (130, 300, 64 * 64 * 2),  # rows x 64 > limit: row panels of 64 then column panels
+        (1, 4096, 64 * 1000),  # one row: panels of 960 columns
+        (200, 96, 10**9),  # under the limit: one panel (the unpanelled path)
+    ],
+)
+@pytest.mark.parametrize("order", ["sglang_first_level", "binary"])
+@pytest.mark.parametrize("out", [None, torch.bfloat16])
+def test_streamed_matmul_panels_keep_bits(m, n, limit, order, out):
+    """Output panels (whole 64 x 64 blocks, the full K loop each) give each element the same
+    bits as one panel, across panel boundaries, for both tile orders and a cast output."""
+    x, w = _r(m, 640, dtype=torch.float32), _r(n, 640, seed=1, dtype=torch.float32)
+    x, w = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    whole = matmul.streamed_matmul(x, w, 128, torch.float32, order, panel_elements=10**12)
+    whole = whole if out is None else whole.to(out)
+    panels = matmul._panels(m, n, limit)
+    assert (len(panels) > 1) == (m * n > limit)
+    got = matmul.streamed_matmul(x, w, 128, torch.float32, order, out_dtype=out,
+                                 panel_elements=limit)  # fmt: skip
+    assert got.dtype == (out or torch.float32)
+    assert torch.equal(got, whole)
+
+
+def test_panels_cover_the_output_once_in_whole_blocks():
+    for m, n, limit in [(70, 200, 64 * 128), (130, 300, 8192), (1024, 151936, 1 << 22)]:
+        seen = torch.zeros(m, n, dtype=torch.int32)
+        for m0, m1, n0, n1 in matmul._panels(m, n, limit):
+            assert m0 % matmul.M_TILE == 0 and n0 % matmul.N_TILE == 0
+            assert (m1 - m0) * (n1 - n0) <= max(limit, matmul.M_TILE * matmul.N_TILE)
+            seen[m0:m1, n0:n1] += 1
+        assert bool((seen == 1).all())
+
+
+def test_vocab_parallel_logprob_row_blocks_keep_bits(kp, monkeypatch):
+    T, V = 37, 1000
+    logits = _r(T, 1024)  # a padded shard: columns past V are dropped
+    ids = torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(3))
+    whole = logsoftmax.vocab_parallel_token_logprobs(logits, ids, 0, V, kp)
+    assert torch.equal(whole, K.token_logprobs(logits, ids, kp, V))
+    monkeypatch.setattr(logsoftmax, "_BLOCK_ELEMENTS", 1024 * 5)  # 5 rows a block, 8 blocks
+    assert torch.equal(logsoftmax.vocab_parallel_token_logprobs(logits, ids, 0, V, kp), whole)
+    x = logits.float().requires_grad_()  # differentiable through the blocks
+    g_whole = torch.autograd.grad(
+        logsoftmax._vocab_parallel_token_logprobs(x, ids, 0, V, kp, None).float().sum(), x
+    )[0]
+    g_blocks = torch.autograd.grad(
+        logsoftmax.vocab_parallel_token_logprobs(x, ids, 0, V, kp).float().sum(), x
+    )[0]
+    assert torch.equal(g_blocks, g_whole)
