@@ -79,9 +79,9 @@ def build_stage(job: Any, run: Any) -> tuple[Any, Any, int]:
     """This rank's model stage with weights loaded: ``(model, config, padded_vocab)``."""
     kp = resolve_kernel_policy(job.contract_id, run)
     config = make_config(job.contract_id, job.arch, job.layout, kernel_policy=kp)
-    # every parameter is overwritten by ``load_into`` (which refuses a stage it does not
-    # cover): megatron's random init would only cost time and a float32 master copy per weight
-    config.perform_initialization = False
+    # megatron's random init stays on although ``load_into`` overwrites every parameter: it is
+    # also what marks the TP-sharded parameters (``tensor_model_parallel``, ``partition_dim``)
+    # that gathering weights and gradients back to HF names reads
     if run.fault is not None and run.fault.runtime_policy:
         config.true_on_policy_runtime_policy_override = with_fault(
             policy_for(config), run.fault.runtime_policy
