@@ -153,14 +153,16 @@ def _packed_backward_case():
     return q, k, v, pos, dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
 
 
-def test_triton_attention_backward_is_close_to_float64_and_deterministic(kp):
+def test_triton_attention_backward_is_close_to_float64_and_deterministic(kp, monkeypatch):
     """The tensor-core backward (packed, GQA, several key and query blocks) is within bf16
     rounding of the float64 reference from the same saved output, and repeats bit for bit (no
     atomics)."""
     q, k, v, pos, kw = _packed_backward_case()
     o, lse = tatt.triton_attention_lse(q, k, v, pos, kp, **kw)
     d_out = _r(*q.shape, seed=9)
-    got = tbwd.triton_attention_backward(q, k, v, o, lse, d_out, pos, kp, **kw)
+    with monkeypatch.context() as m:  # these inputs must take the kernels, not the fallback
+        m.setattr(tbwd, "reference_attention_backward", None)
+        got = tbwd.triton_attention_backward(q, k, v, o, lse, d_out, pos, kp, **kw)
     f64 = [t.double() for t in (q, k, v, o, lse, d_out)]
     want = reference_attention_backward(*f64, pos, kp, **kw)
     for g, w in zip(got, want, strict=True):
