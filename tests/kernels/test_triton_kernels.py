@@ -63,6 +63,49 @@ def test_triton_matmul_batch_and_decode_invariant(kp, m, k, n, monkeypatch):
     assert torch.equal(tmm.triton_matmul(x, w, kp), full)
 
 
+SHAPES = [
+    tmm.LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=2, pair=True),
+    tmm.LaunchShape(block_m=128, block_n=64, num_warps=8, num_stages=3, programs_per_sm=2),
+]
+
+
+@pytest.mark.parametrize("k", [640, 1024])  # 5 tiles: one run, an odd tail when paired; 4 runs
+def test_triton_matmul_launch_shape_keeps_bits(kp, k):
+    """Output tile, warps, stages, programs per SM and paired dots are speed only: every launch
+    shape gives the shipped shape's bits, on both launches (persistent and per-run)."""
+    x, w = _r(70, k), _r(200, k, seed=1)
+    full = tmm.triton_matmul(x, w, kp)
+    acc = getattr(torch, kp.matmul_accumulation_dtype)
+    run = tmm._run_length(kp.matmul_tile_order, k // kp.matmul_k_block)
+    for shape in SHAPES:
+        y = tmm._launch(x, w, kp.matmul_k_block, run, acc, persistent=shape, small=shape)
+        assert torch.equal(y.to(x.dtype), full)
+        small = tmm._launch(x[:3], w, kp.matmul_k_block, run, acc, small=shape)
+        assert torch.equal(small.to(x.dtype), full[:3])
+
+
+@pytest.mark.parametrize("m,k", [(70, 200), (2, 200), (70, 1024), (2, 1024)])
+def test_triton_matmul_is_the_product(kp, m, k):
+    """Both launches, K a multiple of the tile (unmasked loads) or not (the last tile zero
+    padded): the product, within bf16 rounding of each tile and add (value, not bits: bits are
+    compared within the backend above)."""
+    x, w = _r(m, k), _r(90, k, seed=1)
+    want = x.double() @ w.double().T
+    got = tmm.triton_matmul(x, w, kp).double()
+    assert float((got - want).norm() / want.norm()) < 1e-2
+
+
+def test_triton_matmul_small_m_leaves_its_tile_counters_at_zero(kp):
+    """The per-run launch's last program per tile resets the tile's counter: the next launch
+    (another shape) starts from zero and still combines every run."""
+    x, w = _r(2, 1024), _r(300, 1024, seed=1)
+    first = tmm.triton_matmul(x, w, kp)
+    assert int(tmm._counters(x.device, 1).count_nonzero()) == 0
+    x2, w2 = _r(5, 2048, seed=4), _r(100, 2048, seed=5)
+    assert torch.equal(tmm.triton_matmul(x2, w2, kp)[1:2], tmm.triton_matmul(x2[1:2], w2, kp))
+    assert torch.equal(tmm.triton_matmul(x, w, kp), first)
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device: a 2**31-element output (4 GiB)")
 def test_triton_matmul_output_past_int32_offsets(kp):
     """An LM head at 16k tokens: ``[16,448, 131,072]`` is past 2**31 elements. The last rows
@@ -125,6 +168,23 @@ def test_triton_attention_prefill_decode_packed_invariant(kp):
         cu_seqlens_k=cu,
     )
     assert torch.equal(packed[70:], full)
+
+
+def test_triton_attention_whole_chunks_keep_bits(kp, monkeypatch):
+    """Chunks a block sees whole skip the masks: a row at a chunk's last position decoded alone
+    (its chunk whole) equals the same row inside a prefill block (that chunk masked), at the
+    head dim of real models; and the outputs equal those with every chunk masked."""
+    L = 300
+    q, k, v = _r(L, 4, 128), _r(L, 2, 128, seed=1), _r(L, 2, 128, seed=2)
+    pos = torch.arange(L, device=DEV)
+    full = tatt.triton_attention(q, k, v, pos, kp)
+    for p in (63, 127, 191, 255, L - 1):
+        got = tatt.triton_attention(q[p : p + 1], k[: p + 1], v[: p + 1], pos[p : p + 1], kp)
+        assert torch.equal(got[0], full[p]), p
+    monkeypatch.setattr(tatt, "LONG_KEYS", 1)  # the long-sequence launch shape: same bits
+    assert torch.equal(tatt.triton_attention(q, k, v, pos, kp), full)
+    monkeypatch.setattr(tatt, "WHOLE_CHUNKS", False)
+    assert torch.equal(tatt.triton_attention(q, k, v, pos, kp), full)
 
 
 def test_triton_attention_is_close_to_the_reference(kp):

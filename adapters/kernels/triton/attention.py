@@ -24,11 +24,18 @@ from .._dtypes import dtype_of
 from ..attention import key_rows, reference_attention
 from .matmul import INTERPRET, _round
 
-# The fastest launch shape of benchmarks/tune_attention.py's sweep on an H200; all 18 shapes
-# swept gave these output bits there (the prefill/decode/packed invariance tests hold per shape).
+# Launch shapes from benchmarks/tune_attention.py's sweeps on an H200 (BENCHMARKS.md): every
+# shape with 64 query rows gave the same output bits at 32 x 512, 4 x 4096 and 1 x 16384 tokens
+# (32 and 128 rows gave other bits at 4k and 16k), so the shape may follow the call: 8 warps for
+# packed short sequences (the trainer's batches), 4 once a sequence has LONG_KEYS keys or more
+# (long prefill, decode against a long cache).
 BLOCK_Q = 64
 NUM_WARPS = 8
 NUM_STAGES = 3
+LONG_KEYS = 2048
+LONG_NUM_WARPS = 4
+# Chunks every row of a block sees whole run without the causal and key masks (the same values).
+WHOLE_CHUNKS = True
 
 
 @triton.jit
@@ -41,23 +48,25 @@ def _dot(a, b):
 @triton.jit
 def _chunk(
     q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
-    CHUNK: tl.constexpr, D: tl.constexpr,
+    CHUNK: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
 ):  # fmt: skip
+    """One KV chunk into the online softmax. ``MASK=False`` for a chunk every row of the block
+    sees whole (inside the keys, at or before every row's position): the masks would keep every
+    value, so leaving them out changes no bit."""
     offs_k = c * CHUNK + tl.arange(0, CHUNK)
     offs_d = tl.arange(0, D)
-    kmask = offs_k < klen
-    k = tl.load(
-        k_ptr + (k0 + offs_k)[:, None] * sk + kvh * skh + offs_d[None, :],
-        mask=kmask[:, None],
-        other=0.0,
-    )
-    v = tl.load(
-        v_ptr + (k0 + offs_k)[:, None] * sv + kvh * svh + offs_d[None, :],
-        mask=kmask[:, None],
-        other=0.0,
-    )
+    k_at = k_ptr + (k0 + offs_k)[:, None] * sk + kvh * skh + offs_d[None, :]
+    v_at = v_ptr + (k0 + offs_k)[:, None] * sv + kvh * svh + offs_d[None, :]
+    if MASK:
+        kmask = offs_k < klen
+        k = tl.load(k_at, mask=kmask[:, None], other=0.0)
+        v = tl.load(v_at, mask=kmask[:, None], other=0.0)
+    else:
+        k = tl.load(k_at)
+        v = tl.load(v_at)
     s = _dot(q, tl.trans(k)) * scale
-    s = tl.where(offs_k[None, :] <= pos[:, None], s, -float("inf"))
+    if MASK:
+        s = tl.where(offs_k[None, :] <= pos[:, None], s, -float("inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
@@ -71,7 +80,7 @@ def _attn_fwd(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, pos_ptr, blk_ptr,
     sq, sqh, sk, skh, sv, svh, so, soh, slse, scale,
     REP: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
-    MAX_CHUNKS: tl.constexpr,
+    MAX_CHUNKS: tl.constexpr, WHOLE: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -91,18 +100,31 @@ def _attn_fwd(
     l_sum = tl.zeros((BLOCK_Q,), tl.float32)
     acc = tl.zeros((BLOCK_Q, D), tl.float32)
     last = tl.max(pos, 0) // CHUNK
+    # chunks [0, whole) are seen whole by every row: before the lowest row's position, in the keys
+    lowest = tl.min(tl.where(qmask, pos, 2147483647), 0)
+    whole = tl.minimum((lowest + 1) // CHUNK, klen // CHUNK) if WHOLE else 0
     if INTERPRET:  # the interpreter loops only to compile-time bounds
         for c in range(MAX_CHUNKS):
-            if c <= last:
+            if c < whole:
                 m, l_sum, acc = _chunk(
                     q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
-                    CHUNK, D,
+                    CHUNK, D, False,
+                )  # fmt: skip
+            elif c <= last:
+                m, l_sum, acc = _chunk(
+                    q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
+                    CHUNK, D, True,
                 )  # fmt: skip
     else:
-        for c in range(0, last + 1):
+        for c in range(0, whole):
             m, l_sum, acc = _chunk(
                 q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
-                CHUNK, D,
+                CHUNK, D, False,
+            )  # fmt: skip
+        for c in range(whole, last + 1):
+            m, l_sum, acc = _chunk(
+                q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
+                CHUNK, D, True,
             )  # fmt: skip
     o = acc / l_sum[:, None]
     tl.store(
@@ -162,8 +184,8 @@ def triton_attention_lse(
         q, k, v, o_LHD, lse_LH, pos, blk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o_LHD.stride(0), o_LHD.stride(1), lse_LH.stride(0), scale,
-        H // KVH, chunk, D, BLOCK_Q, max_chunks,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        H // KVH, chunk, D, BLOCK_Q, max_chunks, WHOLE_CHUNKS,
+        num_warps=LONG_NUM_WARPS if max_k >= LONG_KEYS else NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return o_LHD, lse_LH
 

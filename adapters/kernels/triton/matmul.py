@@ -7,12 +7,20 @@ first-level run are added one after another, and finished runs are combined by a
 (adjacent pairwise, an odd leftover carried, as ``matmul.pairwise_sum``). Every add is float32 of
 the two rounded values, rounded again, as torch's bf16 add.
 
-Invariances: the tile shape (``BLOCK_M``, ``BLOCK_N``, ``k_block``), the warps and the order never
-change with M, N or the call, so a row's bits depend on that row and its column's weights only
-(batch and N invariance) and a rank holding a whole subtree of runs computes that subtree (TP).
-Two launch shapes, same arithmetic per output: ``_mm_persistent`` (one program per SM, looping
-over output tiles; large M) and ``_mm_runs`` + the pairwise combine (one program per (output tile,
-run), for small M where output tiles alone cannot fill the GPU; each weight is read once).
+Invariances: each output element's arithmetic (its K tiles, their dots, the order) never changes
+with M, N, the call or the launch shape, so a row's bits depend on that row and its column's
+weights only (batch and N invariance) and a rank holding a whole subtree of runs computes that
+subtree (TP). The launch shape (``LaunchShape``: output tile, warps, stages, programs per SM, dots
+issued in pairs) is free for speed as long as the tile dot stays the same instruction:
+``benchmarks/tune_matmul.py`` checks every shape's bits against the shipped one before timing it.
+Two launches, same arithmetic per output:
+
+* ``_mm_persistent`` (large M): ``programs_per_sm`` programs per SM, each looping over output
+  tiles, every K tile of a tile in one pipelined loop.
+* ``_mm_runs`` (small M, where output tiles alone cannot fill the GPU): one program per (output
+  tile, run), so each weight is read once; a run's program writes its sum to a workspace and the
+  last program of a tile to finish (an atomic counter per tile) combines the runs in the fixed
+  order. One launch: no extra kernel per tree level.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -31,30 +40,54 @@ from ..matmul import _run_length, reference_matmul
 # Triton's CPU interpreter (CI): same kernels, its dot needs float32 operands.
 INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
-BLOCK_M = 64
-BLOCK_N = 128
-NUM_WARPS = 8
-NUM_STAGES = 3
-GROUP_M = 8
-
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
+@dataclass(frozen=True)
+class LaunchShape:
+    """How one launch is cut; never what an output element computes."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 1  # persistent launch only
+    pair: bool = False  # issue two K tiles' dots before rounding either (persistent launch only)
+
+
+# Shipped shapes: the fastest of benchmarks/tune_matmul.py's sweeps on an H200 (BENCHMARKS.md),
+# where every shape swept gave the same bits as every other on all cases. Two programs of 64 x 64
+# per SM: while one rounds and adds its tile's partial on the CUDA cores, the other's dot can run.
+PERSISTENT = LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2)
+# Per-run launch, by M: at most SMALL_ROWS rows take the 16-row tile (less padding, more programs).
+SMALL_ROWS = 16
+SMALL_M = LaunchShape(block_m=16, block_n=32, num_warps=4, num_stages=4)
+SMALL_M_WIDE = LaunchShape(block_m=64, block_n=64, num_warps=8, num_stages=3)
+GROUP_M = 8
+
+
 @triton.jit
-def _tile_dot(x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K: tl.constexpr):
+def _tile_dot(
+    x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):  # fmt: skip
     """One K tile: ``x[rows, k0:k0+BK] @ w[cols, k0:k0+BK].T`` in float32 (zero padded).
     Row offsets are int64: an LM head's ``[tokens, vocab]`` is past 2**31 elements at 16k tokens
-    (16,384 x 151,936), where int32 offsets wrap and the access faults."""
+    (16,384 x 151,936), where int32 offsets wrap and the access faults. ``EVEN_K`` (K a multiple
+    of the tile): no mask along K, which would vary along the contiguous dimension and keep the
+    loads from being vectorized; the values are the same."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        a_mask = offs_m[:, None] < M
+        b_mask = offs_n[None, :] < N
+    else:
+        a_mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+        b_mask = (offs_n[None, :] < N) & (offs_k[:, None] < K)
     a = tl.load(
-        x_ptr + offs_m.to(tl.int64)[:, None] * sxm + offs_k[None, :],
-        mask=(offs_m[:, None] < M) & (offs_k[None, :] < K),
-        other=0.0,
+        x_ptr + offs_m.to(tl.int64)[:, None] * sxm + offs_k[None, :], mask=a_mask, other=0.0
     )
     b = tl.load(
-        w_ptr + offs_n.to(tl.int64)[None, :] * swn + offs_k[:, None],
-        mask=(offs_n[None, :] < N) & (offs_k[:, None] < K),
-        other=0.0,
+        w_ptr + offs_n.to(tl.int64)[None, :] * swn + offs_k[:, None], mask=b_mask, other=0.0
     )
     if INTERPRET:  # the interpreter's dot misreads bf16 bits: upcast (products stay exact)
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
@@ -83,133 +116,74 @@ def _add(a, b, ACC: tl.constexpr):
 @triton.jit
 def _run(
     x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN: tl.constexpr, ACC: tl.constexpr,
-    BK: tl.constexpr,
+    BK: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """Run ``r``: its ``RUN`` tiles, each rounded to ``ACC``, added left to right."""
     t0 = r * RUN
-    acc = _round(_tile_dot(x_ptr, w_ptr, offs_m, offs_n, t0 * BK, M, N, K, sxm, swn, BK), ACC)
+    acc = _round(
+        _tile_dot(x_ptr, w_ptr, offs_m, offs_n, t0 * BK, M, N, K, sxm, swn, BK, EVEN_K), ACC
+    )
     for j in range(1, RUN):
-        part = _tile_dot(x_ptr, w_ptr, offs_m, offs_n, (t0 + j) * BK, M, N, K, sxm, swn, BK)
+        part = _tile_dot(x_ptr, w_ptr, offs_m, offs_n, (t0 + j) * BK, M, N, K, sxm, swn, BK, EVEN_K)
         acc = _add(acc, _round(part, ACC), ACC)
     return acc
 
 
 @triton.jit
-def _mm_persistent(
-    x_ptr, w_ptr, y_ptr, M, N, K, sxm, swn, sym,
-    RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, NUM_PROGS: tl.constexpr,
-    ITERS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    # ITERS (>= tiles / programs, rounded up to a power of two so few M values compile apart)
-    # is a compile-time bound: Triton's interpreter cannot loop to a runtime scalar.
-    for i in range(ITERS):
-        tile = pid + i * NUM_PROGS
-        if tile < grid_m * grid_n:
-            _mm_tile(
-                x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN, NUM_RUNS,
-                ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-            )  # fmt: skip
-
-
-@triton.jit
-def _mm_tile(
-    x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN: tl.constexpr,
-    NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):  # fmt: skip
-    """One output tile; grouped order: GROUP_M row blocks share each weight column block while it
-    is in L2."""
-    group = tile // (GROUP_M * grid_n)
-    first_m = group * GROUP_M
-    size_m = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % (GROUP_M * grid_n)) % size_m
-    pid_n = (tile % (GROUP_M * grid_n)) // size_m
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    y = _runs_tree(
-        x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N,
-        BLOCK_K,
-    )  # fmt: skip
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
-
-
-@triton.jit
-def _runs_tree(
-    x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """All K tiles of one output tile in one (pipelined) loop: tiles rounded to ``ACC`` and added
-    into the current run; each finished run ``n`` (1-based) goes into a binary counter, ``s<l>``
-    holding the sum of ``2**l`` consecutive runs. ``NUM_RUNS`` is a power of two (<= 64), so the
-    last run leaves the whole sum, ``((r0 + r1) + (r2 + r3)) ...``, at level log2(NUM_RUNS). The
-    static ``NUM_RUNS >=`` guards keep unused levels out of the compiled loop."""
-    s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
-    s1 = s0
-    s2 = s0
-    s3 = s0
-    s4 = s0
-    s5 = s0
-    s6 = s0
-    run = s0
-    for t in range(0, RUN * NUM_RUNS):
-        part = _round(
-            _tile_dot(x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K), ACC
-        )
-        if t % RUN == 0:
-            run = part
+def _push(c, n, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS: tl.constexpr, ACC: tl.constexpr):
+    """Finished run ``n`` (1-based) into the binary counter: ``s<l>`` holds the sum of ``2**l``
+    consecutive runs; a level that is full adds its left neighbour and carries up. ``NUM_RUNS`` is
+    a power of two (<= 64): after run ``NUM_RUNS`` the whole sum, ``((r0 + r1) + (r2 + r3)) ...``,
+    is at level log2(NUM_RUNS). The static ``NUM_RUNS >=`` guards keep unused levels out of the
+    compiled code."""
+    if NUM_RUNS >= 2:
+        if n % 2 != 0:
+            s0 = c
         else:
-            run = _add(run, part, ACC)
-        if t % RUN == RUN - 1:
-            n = t // RUN + 1
-            c = run
-            if NUM_RUNS >= 2:
-                if n % 2 != 0:
-                    s0 = c
+            c = _add(s0, c, ACC)
+            if NUM_RUNS >= 4:
+                if n % 4 != 0:
+                    s1 = c
                 else:
-                    c = _add(s0, c, ACC)
-                    if NUM_RUNS >= 4:
-                        if n % 4 != 0:
-                            s1 = c
+                    c = _add(s1, c, ACC)
+                    if NUM_RUNS >= 8:
+                        if n % 8 != 0:
+                            s2 = c
                         else:
-                            c = _add(s1, c, ACC)
-                            if NUM_RUNS >= 8:
-                                if n % 8 != 0:
-                                    s2 = c
+                            c = _add(s2, c, ACC)
+                            if NUM_RUNS >= 16:
+                                if n % 16 != 0:
+                                    s3 = c
                                 else:
-                                    c = _add(s2, c, ACC)
-                                    if NUM_RUNS >= 16:
-                                        if n % 16 != 0:
-                                            s3 = c
+                                    c = _add(s3, c, ACC)
+                                    if NUM_RUNS >= 32:
+                                        if n % 32 != 0:
+                                            s4 = c
                                         else:
-                                            c = _add(s3, c, ACC)
-                                            if NUM_RUNS >= 32:
-                                                if n % 32 != 0:
-                                                    s4 = c
+                                            c = _add(s4, c, ACC)
+                                            if NUM_RUNS >= 64:
+                                                if n % 64 != 0:
+                                                    s5 = c
                                                 else:
-                                                    c = _add(s4, c, ACC)
-                                                    if NUM_RUNS >= 64:
-                                                        if n % 64 != 0:
-                                                            s5 = c
-                                                        else:
-                                                            c = _add(s5, c, ACC)
-                                                            s6 = c
-                                                    else:
-                                                        s5 = c
+                                                    s6 = _add(s5, c, ACC)
                                             else:
-                                                s4 = c
+                                                s5 = c
                                     else:
-                                        s3 = c
+                                        s4 = c
                             else:
-                                s2 = c
+                                s3 = c
                     else:
-                        s1 = c
+                        s2 = c
             else:
-                s0 = c
+                s1 = c
+    else:
+        s0 = c
+    return s0, s1, s2, s3, s4, s5, s6
+
+
+@triton.jit
+def _total(s0, s1, s2, s3, s4, s5, s6, NUM_RUNS: tl.constexpr):
+    """The counter's whole sum: its top level."""
     out = s0
     if NUM_RUNS == 2:
         out = s1
@@ -227,22 +201,160 @@ def _runs_tree(
 
 
 @triton.jit
-def _mm_runs(
-    x_ptr, w_ptr, ws_ptr, M, N, K, sxm, swn, swr, swm,
-    RUN: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+def _step(
+    part, t, run, s0, s1, s2, s3, s4, s5, s6, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
+    ACC: tl.constexpr,
 ):  # fmt: skip
-    """Small M: program (output tile, run r) writes run r to ``ws[r]``; the runs are then combined
-    pairwise level by level (the same adds as the counter)."""
+    """K tile ``t``'s rounded dot into the current run; a finished run into the counter."""
+    if t % RUN == 0:
+        run = part
+    else:
+        run = _add(run, part, ACC)
+    if t % RUN == RUN - 1:
+        s0, s1, s2, s3, s4, s5, s6 = _push(
+            run, t // RUN + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
+        )  # fmt: skip
+    return run, s0, s1, s2, s3, s4, s5, s6
+
+
+@triton.jit
+def _runs_tree(
+    x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PAIR: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """All K tiles of one output tile in one (pipelined) loop, through ``_step``. With ``PAIR``
+    the loop issues two tiles' dots before rounding the first, so the tensor cores can run the
+    second while the first is rounded and added (the same values, in the same order)."""
+    s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+    s1 = s0
+    s2 = s0
+    s3 = s0
+    s4 = s0
+    s5 = s0
+    s6 = s0
+    run = s0
+    TOTAL: tl.constexpr = RUN * NUM_RUNS
+    if PAIR:
+        for u in range(0, TOTAL // 2):
+            t = 2 * u
+            p0 = _tile_dot(
+                x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
+            )
+            p1 = _tile_dot(
+                x_ptr, w_ptr, offs_m, offs_n, (t + 1) * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
+            )  # fmt: skip
+            run, s0, s1, s2, s3, s4, s5, s6 = _step(
+                _round(p0, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
+            )  # fmt: skip
+            run, s0, s1, s2, s3, s4, s5, s6 = _step(
+                _round(p1, ACC), t + 1, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
+            )  # fmt: skip
+        if TOTAL % 2 == 1:
+            t = TOTAL - 1
+            p = _tile_dot(
+                x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
+            )
+            run, s0, s1, s2, s3, s4, s5, s6 = _step(
+                _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
+            )  # fmt: skip
+    else:
+        for t in range(0, TOTAL):
+            p = _tile_dot(
+                x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
+            )
+            run, s0, s1, s2, s3, s4, s5, s6 = _step(
+                _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
+            )  # fmt: skip
+    return _total(s0, s1, s2, s3, s4, s5, s6, NUM_RUNS)
+
+
+@triton.jit
+def _mm_persistent(
+    x_ptr, w_ptr, y_ptr, M, N, K, sxm, swn, sym,
+    RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, NUM_PROGS: tl.constexpr,
+    ITERS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PAIR: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    # ITERS (>= tiles / programs, rounded up to a power of two so few M values compile apart)
+    # is a compile-time bound: Triton's interpreter cannot loop to a runtime scalar.
+    for i in range(ITERS):
+        tile = pid + i * NUM_PROGS
+        if tile < grid_m * grid_n:
+            _mm_tile(
+                x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN, NUM_RUNS,
+                ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PAIR, EVEN_K,
+            )  # fmt: skip
+
+
+@triton.jit
+def _mm_tile(
+    x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN: tl.constexpr,
+    NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PAIR: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """One output tile; grouped order: GROUP_M row blocks share each weight column block while it
+    is in L2."""
+    group = tile // (GROUP_M * grid_n)
+    first_m = group * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % (GROUP_M * grid_n)) % size_m
+    pid_n = (tile % (GROUP_M * grid_n)) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    y = _runs_tree(
+        x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N,
+        BLOCK_K, PAIR, EVEN_K,
+    )  # fmt: skip
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
+
+
+@triton.jit
+def _mm_runs(
+    x_ptr, w_ptr, ws_ptr, y_ptr, count_ptr, M, N, K, sxm, swn, swr, swm, sym,
+    RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """Small M: program (output tile, run r) writes run r to ``ws[r]`` and counts itself in the
+    tile's counter; the tile's last program reads the runs back in order, combines them through
+    the same binary counter as the persistent kernel and writes ``y``, and resets the counter to
+    zero for the next launch. A CTA barrier orders every thread's workspace store before the
+    counter's release; the combining loads bypass L1 (``.cg``), which is not coherent across SMs."""
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
     pid_m = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c = _run(x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN, ACC, BLOCK_K)
+    c = _run(x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN, ACC, BLOCK_K, EVEN_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    rows = r.to(tl.int64) * swr + offs_m.to(tl.int64)[:, None] * swm
-    tl.store(ws_ptr + rows + offs_n[None, :], c, mask=mask)
+    rows = offs_m.to(tl.int64)[:, None] * swm + offs_n[None, :]
+    if NUM_RUNS == 1:
+        tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], c, mask=mask)
+    else:
+        tl.store(ws_ptr + r.to(tl.int64) * swr + rows, c, mask=mask)
+        tl.debug_barrier()
+        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_RUNS - 1:
+            tl.atomic_xchg(counter, 0)
+            s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+            s1 = s0
+            s2 = s0
+            s3 = s0
+            s4 = s0
+            s5 = s0
+            s6 = s0
+            for q in range(0, NUM_RUNS):
+                part = tl.load(ws_ptr + q * swr + rows, mask=mask, other=0.0, cache_modifier=".cg")
+                s0, s1, s2, s3, s4, s5, s6 = _push(
+                    part, q + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
+                )  # fmt: skip
+            y = _total(s0, s1, s2, s3, s4, s5, s6, NUM_RUNS)
+            tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
 
 
 @functools.cache
@@ -254,29 +366,55 @@ def _programs(device: torch.device) -> int:
     return _num_sms(device.index or 0) if device.type == "cuda" else 4
 
 
-def _launch(x_MK: torch.Tensor, w_NK: torch.Tensor, k_block: int, run: int, acc: torch.dtype):
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """``n`` zeroed int32 tile counters for ``_mm_runs``, kept per device (each launch leaves them
+    at zero). One stream at a time: two small-M launches running concurrently on two streams of a
+    device would share them."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
+def _launch(
+    x_MK: torch.Tensor,
+    w_NK: torch.Tensor,
+    k_block: int,
+    run: int,
+    acc: torch.dtype,
+    persistent: LaunchShape | None = None,
+    small: LaunchShape | None = None,
+) -> torch.Tensor:
     M, K = x_MK.shape
     N = w_NK.shape[0]
+    persistent = persistent or PERSISTENT
+    small = small or (SMALL_M if M <= SMALL_ROWS else SMALL_M_WIDE)
     runs = max(1, math.ceil(K / k_block)) // run
-    grid_m, grid_n = triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N)
+    grid_m, grid_n = triton.cdiv(M, persistent.block_m), triton.cdiv(N, persistent.block_n)
     progs = _programs(x_MK.device)
-    if runs > 1 and grid_m * grid_n < progs:
-        ws_RMN = torch.empty((runs, M, N), dtype=acc, device=x_MK.device)
-        _mm_runs[(grid_n, runs, grid_m)](
-            x_MK, w_NK, ws_RMN, M, N, K, x_MK.stride(0), w_NK.stride(0), ws_RMN.stride(0),
-            ws_RMN.stride(1), run, _TL[acc], BLOCK_M, BLOCK_N, k_block, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
-        )  # fmt: skip
-        while ws_RMN.shape[0] > 1:  # adjacent pairs, one level per add (a power of two of runs)
-            ws_RMN = ws_RMN[0::2] + ws_RMN[1::2]
-        return ws_RMN[0]
     y_MN = torch.empty((M, N), dtype=acc, device=x_MK.device)
-    progs = min(progs, grid_m * grid_n)
+    if runs > 1 and grid_m * grid_n < progs:
+        gm, gn = triton.cdiv(M, small.block_m), triton.cdiv(N, small.block_n)
+        ws_RMN = torch.empty((runs, M, N), dtype=acc, device=x_MK.device)
+        _mm_runs[(gn, runs, gm)](
+            x_MK, w_NK, ws_RMN, y_MN, _counters(x_MK.device, gm * gn), M, N, K, x_MK.stride(0),
+            w_NK.stride(0), ws_RMN.stride(0), ws_RMN.stride(1), y_MN.stride(0), run, runs,
+            _TL[acc], small.block_m, small.block_n, k_block, K % k_block == 0,
+            num_warps=small.num_warps,
+            num_stages=small.num_stages,
+        )  # fmt: skip
+        return y_MN
+    progs = min(progs * persistent.programs_per_sm, grid_m * grid_n)
     iters = triton.next_power_of_2(triton.cdiv(grid_m * grid_n, progs))
     _mm_persistent[(progs,)](
         x_MK, w_NK, y_MN, M, N, K, x_MK.stride(0), w_NK.stride(0), y_MN.stride(0),
-        run, runs, _TL[acc], progs, iters, BLOCK_M, BLOCK_N, k_block, GROUP_M,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        run, runs, _TL[acc], progs, iters, persistent.block_m, persistent.block_n, k_block,
+        GROUP_M, persistent.pair, K % k_block == 0, num_warps=persistent.num_warps,
+        num_stages=persistent.num_stages,
     )  # fmt: skip
     return y_MN
 

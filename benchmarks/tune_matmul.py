@@ -1,0 +1,141 @@
+"""Launch-shape sweep of the Triton invariant matmul (H200), Qwen3-4B projection shapes.
+
+Each candidate ``LaunchShape`` (output tile, warps, stages, programs per SM, paired dots) first
+computes every case and is compared bit for bit with the shipped shape and with the per-tile
+``torch.mm`` mimic (what SGLang's kernel computes); a shape that changes a bit is reported and
+never timed as a candidate (the tile dot would have become another instruction). Then each case
+is timed against cuBLAS (``F.linear``). Large M runs the persistent launch, small M the per-run
+launch. Prints the fastest shapes per launch and a table; ``--json`` writes every row.
+
+    python3 benchmarks/tune_matmul.py --json $OUT/tune_matmul.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_kernels import CONTRACT, SHAPES, Timer, _r, mimic_matmul
+
+S = None  # the module's LaunchShape, bound in main()
+
+
+def persistent_candidates():
+    # (block_m, block_n, warps, stages, programs per SM, pair); shapes whose shared memory
+    # (stages x (block_m + block_n) x k_block x 2 B, twice that paired) passes the H200's
+    # 227 KiB per SM were left out after a first sweep (2026-12-02).
+    grid = [
+        (64, 128, 8, 3, 1, False),
+        (64, 128, 8, 2, 1, True),
+        (64, 128, 4, 3, 1, False),
+        (128, 128, 8, 3, 1, False),
+        (128, 128, 8, 2, 1, False),
+        (128, 64, 8, 3, 1, False),
+        (64, 64, 4, 3, 2, False),
+        (64, 64, 4, 2, 2, True),
+        (64, 64, 8, 3, 2, False),
+        (64, 128, 8, 2, 2, False),
+    ]
+    return [S(bm, bn, w, st, pps, pair) for bm, bn, w, st, pps, pair in grid]
+
+
+def small_candidates():
+    grid = [
+        (64, 128, 8, 3),
+        (64, 64, 8, 3),
+        (64, 32, 4, 3),
+        (64, 32, 4, 4),
+        (32, 32, 4, 4),
+        (16, 64, 4, 3),
+        (16, 32, 4, 4),
+        (16, 32, 4, 6),
+        (16, 16, 4, 4),
+    ]
+    return [S(bm, bn, w, st) for bm, bn, w, st in grid]
+
+
+def main() -> None:
+    global S
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--large-ms", default="8192,4096", help="M of the persistent launch")
+    ap.add_argument("--small-ms", default="1,16,64", help="M of the per-run launch")
+    ap.add_argument("--shapes", help="name:N:K,... instead of the Qwen3-4B projections")
+    ap.add_argument("--device", default="cuda", help="cpu runs Triton's interpreter (a smoke test)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
+
+    from contractgen.adapters.kernels.matmul import _run_length
+    from contractgen.adapters.kernels.triton import matmul as tmm
+    from contractgen.codegen.vendored import load_target
+
+    S = tmm.LaunchShape
+    kp = load_target("sglang").schema.kernel_policy_for(CONTRACT)
+    acc = getattr(torch, kp.matmul_accumulation_dtype)
+    dev = args.device
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [(n, int(a), int(b)) for n, a, b in (s.split(":") for s in args.shapes.split(","))]
+    tm = Timer(dev)
+    rows = []
+    for launch, ms, cands in (
+        ("persistent", [int(m) for m in args.large_ms.split(",")], persistent_candidates()),
+        ("small", [int(m) for m in args.small_ms.split(",")], small_candidates()),
+    ):
+        for name, N, K in shapes:
+            w = _r(N, K, device=dev, seed=1, scale=K**-0.5)
+            run = _run_length(kp.matmul_tile_order, math.ceil(K / kp.matmul_k_block))
+            for M in ms:
+                x = _r(M, K, device=dev, seed=2)
+                shipped = tmm._launch(x, w, kp.matmul_k_block, run, acc).to(x.dtype)
+                mimic_ok = dev == "cuda" and torch.equal(shipped, mimic_matmul(x, w, kp))
+                cublas = tm.ms(lambda x=x, w=w: F.linear(x, w))
+                for shape in cands:
+
+                    def call(x=x, w=w, run=run, kw={launch: shape}):  # noqa: B006
+                        return tmm._launch(x, w, kp.matmul_k_block, run, acc, **kw)
+
+                    row = {"launch": launch, "shape": name, "M": M, "N": N, "K": K,
+                           **shape.__dict__, "cublas_ms": cublas, "shipped_equals_mimic": mimic_ok}  # fmt: skip
+                    try:
+                        row["bits_equal_shipped"] = torch.equal(call().to(x.dtype), shipped)
+                        if row["bits_equal_shipped"]:
+                            row["ms"] = tm.ms(call)
+                            row["time_x_cublas"] = row["ms"] / cublas
+                    except Exception as e:  # out of shared memory / registers: record, go on
+                        row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+
+    keys = ("block_m", "block_n", "num_warps", "num_stages", "programs_per_sm", "pair")
+    for launch in ("persistent", "small"):
+        mine = [r for r in rows if r["launch"] == launch]
+        shapes = {tuple(r[k] for k in keys) for r in mine}
+        summary = []
+        for sh in shapes:
+            rs = [r for r in mine if tuple(r[k] for k in keys) == sh]
+            if all("time_x_cublas" in r for r in rs):
+                geo = math.exp(sum(math.log(r["time_x_cublas"]) for r in rs) / len(rs))
+                summary.append((geo, max(r["time_x_cublas"] for r in rs), sh))
+            else:
+                bad = [r for r in rs if "time_x_cublas" not in r]
+                why = bad[0].get("error") or "bits differ from the shipped shape"
+                print(f"{launch} {dict(zip(keys, sh, strict=True))}: not a candidate ({why})")
+        print(f"\n{launch}: shapes by geometric-mean time x cuBLAS (worst case after it)")
+        for geo, worst, sh in sorted(summary):
+            print(f"  {geo:6.2f}  {worst:6.2f}  {dict(zip(keys, sh, strict=True))}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
