@@ -95,6 +95,22 @@ def test_triton_matmul_is_the_product(kp, m, k):
     assert float((got - want).norm() / want.norm()) < 1e-2
 
 
+def test_triton_matmul_gradient_only_under_autograd(kp):
+    """With operands that need a gradient, the kernel's value carries ``dX = dY W`` and
+    ``dW = dY^T X``; without (rollout, logprob passes) the same bits come with no graph node."""
+    x, w = _r(5, 256), _r(40, 256, seed=1)
+    plain = tmm.triton_matmul(x, w, kp)
+    assert plain.grad_fn is None
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = tmm.triton_matmul(xg, wg, kp)
+    assert torch.equal(y.detach(), plain)
+    g = _r(5, 40, seed=3)
+    y.backward(g)
+    gd, xd, wd = g.double(), x.double(), w.double()
+    for got, want in ((xg.grad, gd @ wd), (wg.grad, gd.T @ xd)):
+        assert float((got.double() - want).norm() / want.norm()) < 1e-2
+
+
 def test_triton_matmul_small_m_leaves_its_tile_counters_at_zero(kp):
     """The per-run launch's last program per tile resets the tile's counter: the next launch
     (another shape) starts from zero and still combines every run."""

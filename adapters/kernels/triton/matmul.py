@@ -470,5 +470,8 @@ def triton_matmul(
     acc = dtype_of(kp.matmul_accumulation_dtype)
     T = max(1, math.ceil(x2.shape[1] / kp.matmul_k_block))
     run = _run_length(order, T)
-    y_MN = _Matmul.apply(x2, w2, kp.matmul_k_block, run, acc)
+    if torch.is_grad_enabled() and (x2.requires_grad or w2.requires_grad):
+        y_MN = _Matmul.apply(x2, w2, kp.matmul_k_block, run, acc)
+    else:  # rollout and logprob passes: no autograd node (host time counts at decode sizes)
+        y_MN = _launch(x2, w2, kp.matmul_k_block, run, acc)
     return y_MN.to(out_dtype or x_MK.dtype).reshape(*lead, w_NK.shape[0])
