@@ -48,14 +48,44 @@ def all_gather_exact(t: torch.Tensor, group=None) -> list[torch.Tensor]:
     return [from_bits(o, t) for o in out]
 
 
+_GATHER_BUFFERS: dict[tuple, torch.Tensor] = {}
+
+
+def _gather_buffer(device: torch.device, group, nbytes: int) -> torch.Tensor:
+    """A uint8 buffer of at least ``nbytes`` kept per (device, group) and reused by every call:
+    the gather's destination without an allocation per call. Reuse is stream-ordered: the next
+    gather into it is queued after the sum that reads this call's contents."""
+    key = (device, id(group))
+    buf = _GATHER_BUFFERS.get(key)
+    if buf is None or buf.numel() < nbytes:
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        _GATHER_BUFFERS[key] = buf
+    return buf[:nbytes]
+
+
+def _fused_sum(parts: torch.Tensor) -> torch.Tensor | None:
+    """The Triton one-launch tree sum (CUDA, 4 or 8 ranks), or None where it does not apply."""
+    if parts.device.type != "cuda" or parts.shape[0] not in (4, 8):
+        return None
+    try:
+        from .triton.tree_sum import fused_tree_sum, supports
+    except ImportError:  # no triton: the stacked adds below
+        return None
+    return fused_tree_sum(parts) if supports(parts) else None
+
+
 def _gathered_tree_sum(t: torch.Tensor, group) -> torch.Tensor:
-    """NCCL: one gather of every rank's bits into one ``[ranks, ...]`` buffer, then the same
-    adjacent-pair tree as ``tree_sum``, one stacked add per level (at TP=2 a single add)."""
+    """NCCL: one gather of every rank's bits into one preallocated ``[ranks, ...]`` buffer, then
+    the same adjacent-pair tree as ``tree_sum``: at TP=2 a single add; at 4 and 8 one fused Triton
+    kernel (``triton/tree_sum.py``), else one stacked add per level."""
     n = world_size(group)
     bits = bits_view(t)
-    buf = torch.empty((n, bits.numel()), dtype=torch.uint8, device=t.device)
-    dist.all_gather_into_tensor(buf, bits, group=group)
-    parts = buf.view(t.dtype).view(n, *t.shape)
+    flat = _gather_buffer(t.device, group, n * bits.numel())
+    dist.all_gather_into_tensor(flat, bits, group=group)
+    parts = flat.view(t.dtype).view(n, *t.shape)
+    fused = _fused_sum(parts.view(n, -1))
+    if fused is not None:
+        return fused.view(t.shape)
     while parts.shape[0] > 1:
         parts = parts[0::2] + parts[1::2]
     return parts[0]

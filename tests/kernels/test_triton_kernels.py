@@ -25,6 +25,7 @@ from contractgen.adapters.kernels.attention import (  # noqa: E402
 from contractgen.adapters.kernels.triton import attention as tatt  # noqa: E402
 from contractgen.adapters.kernels.triton import attention_bwd as tbwd  # noqa: E402
 from contractgen.adapters.kernels.triton import matmul as tmm  # noqa: E402
+from contractgen.adapters.kernels.triton import tree_sum as tts  # noqa: E402
 
 pytestmark = [pytest.mark.gpu] if CUDA else []
 DEV = "cuda" if CUDA else "cpu"
@@ -158,6 +159,31 @@ def test_twin_stock_matmul_tp_split_differs(kp):
     x, w = _r(16, 4864), _r(128, 4864, seed=1)
     split = _split_k(x, w, kp, 2, lambda a, b: a @ b.T)
     assert not torch.equal(split, x @ w.T)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_tree_sum_equals_the_stacked_tree(n, dtype):
+    """The all-reduce's one-launch sum of gathered partials has ``tree_sum``'s bits (adjacent
+    pairs level by level, each add rounded to the dtype), over more than one block and a tail."""
+    parts = torch.randn(n, 3, 1500, generator=torch.Generator().manual_seed(n)).to(dtype).to(DEV)
+    fused = tts.fused_tree_sum(parts)
+    assert torch.equal(fused, tree_sum(list(parts)))
+    assert fused.shape == (3, 1500)
+
+
+def test_twin_another_order_changes_the_sum():
+    """Left to right instead of the tree: other bits on the same bf16 partials."""
+    parts = torch.randn(8, 4096, generator=torch.Generator().manual_seed(1)).to(BF).to(DEV)
+    left = parts[0]
+    for p in parts[1:]:
+        left = left + p
+    assert not torch.equal(left, tts.fused_tree_sum(parts))
+
+
+def test_fused_tree_sum_refuses_other_rank_counts():
+    with pytest.raises(ValueError, match="rows"):
+        tts.fused_tree_sum(torch.zeros(3, 8, dtype=BF, device=DEV))
 
 
 def _qkv(L, H=4, KVH=2, D=32):
