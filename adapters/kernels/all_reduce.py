@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from . import planted
 from ._dtypes import bits_view, from_bits
+from ._streams import stream_key
 
 
 def pairwise_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -52,10 +53,10 @@ _GATHER_BUFFERS: dict[tuple, torch.Tensor] = {}
 
 
 def _gather_buffer(device: torch.device, group, nbytes: int) -> torch.Tensor:
-    """A uint8 buffer of at least ``nbytes`` kept per (device, group) and reused by every call:
-    the gather's destination without an allocation per call. Reuse is stream-ordered: the next
-    gather into it is queued after the sum that reads this call's contents."""
-    key = (device, id(group))
+    """A uint8 buffer of at least ``nbytes`` kept per (device, stream, group) and reused by every
+    call there: the gather's destination without an allocation per call. The collective waits for
+    the calling stream, on which the previous call's sum (the last reader) was queued."""
+    key = (*stream_key(device), id(group))
     buf = _GATHER_BUFFERS.get(key)
     if buf is None or buf.numel() < nbytes:
         buf = torch.empty(nbytes, dtype=torch.uint8, device=device)

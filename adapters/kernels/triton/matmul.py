@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .._dtypes import dtype_of
+from .._streams import stream_key
 from ..matmul import _run_length, reference_matmul
 
 # Triton's CPU interpreter (CI): same kernels, its dot needs float32 operands.
@@ -366,17 +367,18 @@ def _programs(device: torch.device) -> int:
     return _num_sms(device.index or 0) if device.type == "cuda" else 4
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTERS: dict[tuple, torch.Tensor] = {}
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """``n`` zeroed int32 tile counters for ``_mm_runs``, kept per device (each launch leaves them
-    at zero). One stream at a time: two small-M launches running concurrently on two streams of a
-    device would share them."""
-    buf = _COUNTERS.get(device)
+    """``n`` zeroed int32 tile counters for ``_mm_runs``, kept per (device, stream): each launch
+    leaves them at zero, and launches on one stream run one after another, so they never share
+    a counter while running."""
+    key = stream_key(device)
+    buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
+        _COUNTERS[key] = buf
     return buf
 
 
