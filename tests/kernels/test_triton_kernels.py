@@ -112,6 +112,12 @@ def test_triton_matmul_gradient_only_under_autograd(kp):
         assert float((got.double() - want).norm() / want.norm()) < 1e-2
 
 
+@pytest.mark.parametrize("k", [256, 1024])  # one run (persistent launch); 4 runs (per-run)
+def test_triton_matmul_of_no_rows_is_empty(kp, k):
+    y = tmm.triton_matmul(_r(0, k), _r(64, k, seed=1), kp)
+    assert y.shape == (0, 64)
+
+
 def test_triton_matmul_small_m_leaves_its_tile_counters_at_zero(kp):
     """The per-run launch's last program per tile resets the tile's counter: the next launch
     (another shape) starts from zero and still combines every run."""

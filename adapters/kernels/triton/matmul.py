@@ -399,6 +399,8 @@ def _launch(
     grid_m, grid_n = triton.cdiv(M, persistent.block_m), triton.cdiv(N, persistent.block_n)
     progs = _programs(x_MK.device)
     y_MN = torch.empty((M, N), dtype=acc, device=x_MK.device)
+    if M == 0 or N == 0:  # nothing to launch (an empty batch)
+        return y_MN
     if runs > 1 and grid_m * grid_n < progs:
         gm, gn = triton.cdiv(M, small.block_m), triton.cdiv(N, small.block_n)
         ws_RMN = torch.empty((runs, M, N), dtype=acc, device=x_MK.device)
