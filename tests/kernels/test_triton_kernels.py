@@ -65,14 +65,14 @@ def test_triton_matmul_batch_and_decode_invariant(kp, m, k, n, monkeypatch):
 
 
 SHAPES = [
-    tmm.LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=2, pair=True),
+    tmm.LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=2),
     tmm.LaunchShape(block_m=128, block_n=64, num_warps=8, num_stages=3, programs_per_sm=2),
 ]
 
 
-@pytest.mark.parametrize("k", [640, 1024])  # 5 tiles: one run, an odd tail when paired; 4 runs
+@pytest.mark.parametrize("k", [640, 1024])  # 5 tiles: one run (persistent); 4 runs (per-run)
 def test_triton_matmul_launch_shape_keeps_bits(kp, k):
-    """Output tile, warps, stages, programs per SM and paired dots are speed only: every launch
+    """Output tile, warps, stages and programs per SM are speed only: every launch
     shape gives the shipped shape's bits, on both launches (persistent and per-run)."""
     x, w = _r(70, k), _r(200, k, seed=1)
     full = tmm.triton_matmul(x, w, kp)

@@ -10,8 +10,8 @@ the two rounded values, rounded again, as torch's bf16 add.
 Invariances: each output element's arithmetic (its K tiles, their dots, the order) never changes
 with M, N, the call or the launch shape, so a row's bits depend on that row and its column's
 weights only (batch and N invariance) and a rank holding a whole subtree of runs computes that
-subtree (TP). The launch shape (``LaunchShape``: output tile, warps, stages, programs per SM, dots
-issued in pairs) is free for speed as long as the tile dot stays the same instruction:
+subtree (TP). The launch shape (``LaunchShape``: output tile, warps, stages, programs per SM) is
+free for speed as long as the tile dot stays the same instruction:
 ``benchmarks/tune_matmul.py`` checks every shape's bits against the shipped one before timing it.
 Two launches, same arithmetic per output:
 
@@ -53,7 +53,6 @@ class LaunchShape:
     num_warps: int
     num_stages: int
     programs_per_sm: int = 1  # persistent launch only
-    pair: bool = False  # issue two K tiles' dots before rounding either (persistent launch only)
 
 
 # Shipped shapes: the fastest of benchmarks/tune_matmul.py's sweeps on an H200 (BENCHMARKS.md),
@@ -222,11 +221,9 @@ def _step(
 def _runs_tree(
     x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PAIR: tl.constexpr, EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
-    """All K tiles of one output tile in one (pipelined) loop, through ``_step``. With ``PAIR``
-    the loop issues two tiles' dots before rounding the first, so the tensor cores can run the
-    second while the first is rounded and added (the same values, in the same order)."""
+    """All K tiles of one output tile in one (pipelined) loop, through ``_step``."""
     s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
     s1 = s0
     s2 = s0
@@ -235,38 +232,11 @@ def _runs_tree(
     s5 = s0
     s6 = s0
     run = s0
-    TOTAL: tl.constexpr = RUN * NUM_RUNS
-    if PAIR:
-        for u in range(0, TOTAL // 2):
-            t = 2 * u
-            p0 = _tile_dot(
-                x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
-            )
-            p1 = _tile_dot(
-                x_ptr, w_ptr, offs_m, offs_n, (t + 1) * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
-            )  # fmt: skip
-            run, s0, s1, s2, s3, s4, s5, s6 = _step(
-                _round(p0, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
-            )  # fmt: skip
-            run, s0, s1, s2, s3, s4, s5, s6 = _step(
-                _round(p1, ACC), t + 1, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
-            )  # fmt: skip
-        if TOTAL % 2 == 1:
-            t = TOTAL - 1
-            p = _tile_dot(
-                x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
-            )
-            run, s0, s1, s2, s3, s4, s5, s6 = _step(
-                _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
-            )  # fmt: skip
-    else:
-        for t in range(0, TOTAL):
-            p = _tile_dot(
-                x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
-            )
-            run, s0, s1, s2, s3, s4, s5, s6 = _step(
-                _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
-            )  # fmt: skip
+    for t in range(0, RUN * NUM_RUNS):
+        p = _tile_dot(x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K)
+        run, s0, s1, s2, s3, s4, s5, s6 = _step(
+            _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
+        )  # fmt: skip
     return _total(s0, s1, s2, s3, s4, s5, s6, NUM_RUNS)
 
 
@@ -276,7 +246,7 @@ def _mm_persistent(
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, NUM_PROGS: tl.constexpr,
     ITERS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PAIR: tl.constexpr, EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     grid_m = tl.cdiv(M, BLOCK_M)
@@ -288,7 +258,7 @@ def _mm_persistent(
         if tile < grid_m * grid_n:
             _mm_tile(
                 x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN, NUM_RUNS,
-                ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PAIR, EVEN_K,
+                ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
             )  # fmt: skip
 
 
@@ -296,7 +266,7 @@ def _mm_persistent(
 def _mm_tile(
     x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN: tl.constexpr,
     NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PAIR: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """One output tile; grouped order: GROUP_M row blocks share each weight column block while it
     is in L2."""
@@ -309,7 +279,7 @@ def _mm_tile(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     y = _runs_tree(
         x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N,
-        BLOCK_K, PAIR, EVEN_K,
+        BLOCK_K, EVEN_K,
     )  # fmt: skip
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
@@ -417,7 +387,7 @@ def _launch(
     _mm_persistent[(progs,)](
         x_MK, w_NK, y_MN, M, N, K, x_MK.stride(0), w_NK.stride(0), y_MN.stride(0),
         run, runs, _TL[acc], progs, iters, persistent.block_m, persistent.block_n, k_block,
-        GROUP_M, persistent.pair, K % k_block == 0, num_warps=persistent.num_warps,
+        GROUP_M, K % k_block == 0, num_warps=persistent.num_warps,
         num_stages=persistent.num_stages,
     )  # fmt: skip
     return y_MN
