@@ -2,7 +2,7 @@
 checked in the same process. Prints one table per section and writes everything to ``--json``.
 
     python3 benchmarks/bench_kernels.py --device cuda --json $OUT/kernels.json
-    python3 benchmarks/bench_kernels.py --small          # CPU smoke run (torch backend, tiny shapes)
+    python3 benchmarks/bench_kernels.py --small          # CPU smoke run (Triton's interpreter, tiny shapes)
 
 Sections (``--sections``): ``linear`` (Qwen3-4B projections, M = 1..8192: time vs ``F.linear``,
 batch invariance, equality with a per-tile ``torch.mm(out_dtype=float32)`` mimic and, given
@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -57,6 +58,13 @@ class Timer:
             ts.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(ts)
 
+    def graph_ms(self, fn, reps: int = 50) -> float:
+        """Time ``fn`` replayed from a CUDA graph (how SGLang runs decode): the GPU's time
+        without the host's launch cost. ``fn`` must not synchronize or copy from the host."""
+        from triton.testing import do_bench_cudagraph
+
+        return do_bench_cudagraph(fn, rep=reps, return_mode="median")
+
 
 def _r(*shape, device, seed=0, scale=1.0):
     g = torch.Generator(device=device).manual_seed(seed)
@@ -91,6 +99,8 @@ def bench_linear(args, kp, tm, res):
     dev = args.device
     sg = load_sglang(args.sglang)
     shapes = SMALL_SHAPES if args.small else SHAPES
+    if args.shape_order == "reversed":
+        shapes = shapes[::-1]
     ms_list = [1, 3, 16] if args.small else [int(m) for m in args.ms.split(",")]
     rows = []
     for name, N, K in shapes:
@@ -105,6 +115,10 @@ def bench_linear(args, kp, tm, res):
             row["triton_tflops"] = flop / row["triton_ms"] / 1e9
             row["cublas_tflops"] = flop / row["cublas_ms"] / 1e9
             row["time_ratio"] = row["triton_ms"] / row["cublas_ms"]
+            if args.cuda_graph and dev == "cuda":
+                row["cublas_graph_ms"] = tm.graph_ms(lambda: F.linear(x, w))
+                row["triton_graph_ms"] = tm.graph_ms(lambda: triton_matmul(x, w, kp))
+                row["graph_time_ratio"] = row["triton_graph_ms"] / row["cublas_graph_ms"]
             idx = sorted({0, M // 2, M - 1})
             row["batch_invariant"] = all(
                 torch.equal(triton_matmul(x[i : i + 1], w, kp)[0], y[i]) for i in idx
@@ -137,6 +151,12 @@ def bench_linear(args, kp, tm, res):
               f"{r['time_ratio']:>8.2f}{r['triton_tflops']:>9.1f}{str(r['batch_invariant'])[0]:>5}"
               f"{str(r.get('equals_mimic', '-'))[0]:>7}{str(r.get('equals_sglang', '-'))[0]:>8}"
               f"{r.get('sglang_ms', float('nan')):>8.3f}")  # fmt: skip
+    if any("graph_time_ratio" in r for r in rows):
+        print(f"\nCUDA graph (host launch cost excluded)\n{'shape':<18}{'M':>6}{'cuBLAS ms':>11}"
+              f"{'triton ms':>11}{'time x':>8}")  # fmt: skip
+        for r in rows:
+            print(f"{r['shape']:<18}{r['M']:>6}{r['cublas_graph_ms']:>11.4f}"
+                  f"{r['triton_graph_ms']:>11.4f}{r['graph_time_ratio']:>8.2f}")  # fmt: skip
     print("tp2 split == tp1:", res.get("tp2_split_equal"))
 
 
@@ -386,10 +406,16 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", default="attention,memory,rollout,linear")
     ap.add_argument("--sglang", default=None, help="scratch copy of SGLang's tp_invariant_ops.py")
     ap.add_argument("--ms", default="1,16,64,4096,8192", help="linear: row counts M")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="linear: also time both sides replayed from a CUDA graph")  # fmt: skip
+    ap.add_argument("--shape-order", choices=["listed", "reversed"], default="listed",
+                    help="linear: the order the shapes run in (first-shape effects)")  # fmt: skip
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.device == "cpu":  # the Triton kernels run in the interpreter (set before they load)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     from contractgen.adapters.kernels.registry import backend_for
     from contractgen.codegen.vendored import load_target
 

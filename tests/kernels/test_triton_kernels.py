@@ -331,3 +331,44 @@ def test_triton_attention_keys_placed_by_k_starts(kp):
         k_starts=torch.tensor([200, 10]),
     )  # fmt: skip
     assert torch.equal(ref, reference_attention(q, k, v, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu))
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (6, 2)], ids=["rep4", "rep3"])
+def test_triton_attention_head_groups_keep_bits(kp, monkeypatch, heads):
+    """Decode and short chunks put several query heads of one KV head in a tile; each row
+    keeps the bits it has alone in a tile (one head per tile), and the bits of the same row
+    inside a long prefill. rep3: 21 queries x 3 heads leave a tile's last row unused."""
+    H, KVH = heads
+    L = 150
+    q, k, v = _r(L, H, 32), _r(L, KVH, 32, seed=1), _r(L, KVH, 32, seed=2)
+    pos = torch.arange(L, device=DEV)
+    full = tatt.triton_attention(q, k, v, pos, kp)  # 150 rows: one head per tile
+    ends = [1, 64, 65, 150]  # four requests decoding one token each, keys 0..end-1
+    cu_q = torch.tensor(range(len(ends) + 1))
+    cu_k = torch.tensor([0, *torch.tensor(ends).cumsum(0).tolist()])
+    dq = torch.stack([q[e - 1] for e in ends])
+    dk = torch.cat([k[:e] for e in ends])
+    dv = torch.cat([v[:e] for e in ends])
+    dpos = torch.tensor([e - 1 for e in ends], device=DEV)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    grouped = tatt.triton_attention(dq, dk, dv, dpos, kp, **kw)
+    assert torch.equal(grouped, torch.stack([full[e - 1] for e in ends]))
+    chunk = tatt.triton_attention(q[100:120], k[:120], v[:120], pos[100:120], kp)
+    assert torch.equal(chunk, full[100:120])  # 20 queries: groups of 3 (rep3) or 2 (rep4)
+    monkeypatch.setattr(tatt, "GROUP_HEADS", False)
+    assert torch.equal(tatt.triton_attention(dq, dk, dv, dpos, kp, **kw), grouped)
+
+
+def test_head_group_is_the_largest_divisor_that_fits():
+    assert [tatt.head_group(4, n) for n in (1, 16, 17, 33, 64, 65)] == [4, 4, 2, 1, 1, 1]
+    assert [tatt.head_group(5, 1), tatt.head_group(5, 13), tatt.head_group(1, 1)] == [5, 1, 1]
+
+
+def test_attention_blocks_cover_every_row_once_longest_first():
+    """Every query row is in one block; blocks that see more keys come first (the order is a
+    schedule, not a result: the bits tests above run it)."""
+    cu_q, keys = [0, 100, 100, 130], [(0, 100), (100, 0), (100, 50)]  # sequence 2: 30 of 50 keys
+    blk = tatt._blocks(cu_q, keys, 64, "cpu").tolist()
+    rows = sorted(r for q0, q1, _, _ in blk for r in range(q0, q1))
+    assert rows == list(range(130))
+    assert blk == [[64, 100, 0, 100], [0, 64, 0, 100], [100, 130, 100, 50]]  # 100, 64, 50 keys

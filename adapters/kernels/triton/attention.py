@@ -1,15 +1,19 @@
 """Triton causal GQA attention over the contract's fixed KV chunks (flash-style).
 
-One program per (block of ``BLOCK_Q`` query rows of one sequence, query head). It visits the KV
-chunks of ``kp.attention_kv_chunk`` keys from absolute position 0 in order, up to the chunk that
-holds the block's last position (later chunks are causally empty: skipped). Per chunk: scores
-``q k^T`` as one tensor-core dot (bf16 operands, float32 accumulate) times the scale, keys past a
-query's position masked to -inf, online softmax in float32 (``m``, ``l_sum``, ``acc``), ``p`` rounded to
-``v``'s dtype for the ``p v`` dot (as FA3 does), float32 accumulate. A chunk that is wholly after a
-query's position leaves its state exactly unchanged (``alpha = 1``, ``p = 0``), so a query's bits
-depend only on its own row, its position and the keys: prefill of any length, packed sequences and
-one decode step against a KV cache give the same bits (the tile shape never changes). Also returns
-the log-sum-exp per (query, head), for a backward from the saved output.
+One program per (block of query rows of one sequence, group of query heads sharing a KV head):
+a tile of ``BLOCK_Q`` rows, each one (query, head) pair. Prefill puts one head in a tile;
+decode and short chunks put several (``head_group``), so a KV head's keys are streamed once for
+all its query heads. The program visits the KV chunks of ``kp.attention_kv_chunk`` keys from
+absolute position 0 in order, up to the chunk that holds the block's last position (later chunks
+are causally empty: skipped). Per chunk: scores ``q k^T`` as one tensor-core dot (bf16 operands,
+float32 accumulate) times the scale (in log2 units), keys past a query's position masked to
+-inf, online softmax in float32 on exp2 (``m``, ``l_sum``, ``acc``), ``p`` rounded to ``v``'s dtype
+for the ``p v`` dot (as FA3 does), float32 accumulate. A chunk that is wholly after a query's
+position leaves its state exactly unchanged (``alpha = 1``, ``p = 0``), so a row's bits depend
+only on its own query, its position and the keys, not on its place in the tile: prefill of any
+length, packed sequences and one decode step against a KV cache give the same bits (the tile
+shape never changes). Also returns the natural log-sum-exp per (query, head), for a backward
+from the saved output.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ LONG_KEYS = 2048
 LONG_NUM_WARPS = 4
 # Chunks every row of a block sees whole run without the causal and key masks (the same values).
 WHOLE_CHUNKS = True
+# Query heads sharing a tile (``head_group``); 1 turns grouping off (the same bits).
+GROUP_HEADS = True
+# Scores are scaled into log2 units so the softmax runs on exp2 (one multiply fewer per score;
+# Triton lowers exp to exp2 of a product anyway); the log-sum-exp is returned in natural log.
+LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)  # read inside the kernel: a compile-time constant
 
 
 @triton.jit
@@ -64,12 +74,12 @@ def _chunk(
     else:
         k = tl.load(k_at)
         v = tl.load(v_at)
-    s = _dot(q, tl.trans(k)) * scale
+    s = _dot(q, tl.trans(k)) * scale  # in log2 units: the scale carries log2(e)
     if MASK:
         s = tl.where(offs_k[None, :] <= pos[:, None], s, -float("inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
     l_sum = l_sum * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _dot(_round(p, v.dtype), v)
     return m_new, l_sum, acc
@@ -79,22 +89,26 @@ def _chunk(
 def _attn_fwd(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, pos_ptr, blk_ptr,
     sq, sqh, sk, skh, sv, svh, so, soh, slse, scale,
-    REP: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
-    MAX_CHUNKS: tl.constexpr, WHOLE: tl.constexpr,
+    REP: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr,
+    BLOCK_Q: tl.constexpr, MAX_CHUNKS: tl.constexpr, WHOLE: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    kvh = h // REP
+    h0 = tl.program_id(1) * GROUP  # the tile's first query head; its GROUP heads share a KV head
+    kvh = h0 // REP
     q0 = tl.load(blk_ptr + 4 * b)
     q1 = tl.load(blk_ptr + 4 * b + 1)
     k0 = tl.load(blk_ptr + 4 * b + 2)
     klen = tl.load(blk_ptr + 4 * b + 3)
-    offs_q = q0 + tl.arange(0, BLOCK_Q)
+    rows = tl.arange(0, BLOCK_Q)  # tile row r: query q0 + r // GROUP of head h0 + r % GROUP
+    offs_q = q0 + rows // GROUP
+    h = h0 + rows % GROUP
     offs_d = tl.arange(0, D)
-    qmask = offs_q < q1
+    qmask = (offs_q < q1) & (rows < (BLOCK_Q // GROUP) * GROUP)
     pos = tl.load(pos_ptr + offs_q, mask=qmask, other=0)
     q = tl.load(
-        q_ptr + offs_q[:, None] * sq + h * sqh + offs_d[None, :], mask=qmask[:, None], other=0.0
+        q_ptr + offs_q[:, None] * sq + h[:, None] * sqh + offs_d[None, :],
+        mask=qmask[:, None],
+        other=0.0,
     )
     m = tl.full((BLOCK_Q,), -float("inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_Q,), tl.float32)
@@ -128,22 +142,35 @@ def _attn_fwd(
             )  # fmt: skip
     o = acc / l_sum[:, None]
     tl.store(
-        o_ptr + offs_q[:, None] * so + h * soh + offs_d[None, :],
+        o_ptr + offs_q[:, None] * so + h[:, None] * soh + offs_d[None, :],
         _round(o, o_ptr.dtype.element_ty),
         mask=qmask[:, None],
     )
-    tl.store(lse_ptr + offs_q * slse + h, m + tl.log(l_sum), mask=qmask)
+    tl.store(lse_ptr + offs_q * slse + h, (m + tl.log2(l_sum)) * LN2, mask=qmask)
 
 
-def _blocks(cu_q: list[int], keys: list[tuple[int, int]], device) -> torch.Tensor:
-    """Rows ``[q0, q1)`` of one sequence per program, with that sequence's first key row and key
-    count: ``[num_blocks, 4]`` int32."""
-    rows = [
-        (q, min(q + BLOCK_Q, cu_q[i + 1]), k0, n)
-        for i, (k0, n) in enumerate(keys)
-        for q in range(cu_q[i], cu_q[i + 1], BLOCK_Q)
-    ]
-    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 4)
+def _blocks(cu_q: list[int], keys: list[tuple[int, int]], rows: int, device) -> torch.Tensor:
+    """``rows`` query rows ``[q0, q1)`` of one sequence per program, with that sequence's first key
+    row and key count: ``[num_blocks, 4]`` int32. The blocks that see the most keys come first
+    (the queries are the last rows of their keys), so the longest programs start in the first
+    wave instead of trailing the last; the order changes no bit."""
+    seen = {}  # block -> keys its last row sees (its sequence's keys, less the queries after it)
+    for i, (k0, n) in enumerate(keys):
+        for q in range(cu_q[i], cu_q[i + 1], rows):
+            q1 = min(q + rows, cu_q[i + 1])
+            seen[(q, q1, k0, n)] = n - (cu_q[i + 1] - q1)
+    blocks = sorted(seen, key=lambda blk: -seen[blk])
+    return torch.tensor(blocks, dtype=torch.int32, device=device).reshape(-1, 4)
+
+
+def head_group(rep: int, longest_queries: int) -> int:
+    """How many query heads of one KV head share a tile: the most (a divisor of ``rep``) whose
+    rows of one sequence fit in ``BLOCK_Q`` together. Decode (one query per sequence) puts a KV
+    head's every query head in one program, which streams those keys once instead of once per
+    head; prefill keeps one head per tile. A row's bits do not depend on where in the tile it sits
+    (the tile shape is the same), so grouping changes no bit."""
+    fits = [g for g in range(1, rep + 1) if rep % g == 0 and g * longest_queries <= BLOCK_Q]
+    return max(fits, default=1)
 
 
 def supports(q_LHD: torch.Tensor, k_SKD: torch.Tensor, kp, chunk: int) -> bool:
@@ -174,17 +201,19 @@ def triton_attention_lse(
     q, k, v = q_LHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
     o_LHD = torch.empty_like(q)
     lse_LH = torch.empty((L, H), dtype=torch.float32, device=q.device)
-    blk = _blocks(cu_q, keys, q.device)
+    longest = max(cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1)) if L else 0
+    group = head_group(H // KVH, longest) if GROUP_HEADS else 1
+    blk = _blocks(cu_q, keys, BLOCK_Q // group, q.device)
     if L == 0 or blk.shape[0] == 0:
         return o_LHD, lse_LH
     pos = q_positions.to(device=q.device, dtype=torch.int32).contiguous()
     max_k = max(n for _, n in keys)
     max_chunks = triton.next_power_of_2(max(1, math.ceil(max_k / chunk)))
-    _attn_fwd[(blk.shape[0], H)](
+    _attn_fwd[(blk.shape[0], H // group)](
         q, k, v, o_LHD, lse_LH, pos, blk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        o_LHD.stride(0), o_LHD.stride(1), lse_LH.stride(0), scale,
-        H // KVH, chunk, D, BLOCK_Q, max_chunks, WHOLE_CHUNKS,
+        o_LHD.stride(0), o_LHD.stride(1), lse_LH.stride(0), scale * LOG2E,
+        H // KVH, group, chunk, D, BLOCK_Q, max_chunks, WHOLE_CHUNKS,
         num_warps=LONG_NUM_WARPS if max_k >= LONG_KEYS else NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return o_LHD, lse_LH

@@ -1,0 +1,100 @@
+"""Compile every Triton kernel for an H100/H200 (sm_90) down to a cubin, on a machine without a
+GPU: Triton's front end, its GPU passes and ptxas (shipped in the triton wheel) all run on the
+host. The interpreter (CI's other way to run the kernels) accepts code the compiler rejects,
+such as a kernel reading a global that is not a ``tl.constexpr``; this catches that before a GPU
+does. Run as a script without ``TRITON_INTERPRET`` (``test_triton_compiles.py`` does); prints one
+line per kernel and exits 1 on the first that fails."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("gpu_compile.py compiles the real kernels: run it without TRITON_INTERPRET=1")
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from contractgen.adapters.kernels.triton import (
+    attention,
+    attention_bwd,
+    matmul,
+    tree_sum,
+)
+
+TARGET = GPUTarget("cuda", 90, 32)
+# pointer arguments by name (every kernel names them ``*_ptr``); the rest are bf16 tensors
+POINTERS = {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "pos_ptr": "*i32", "blk_ptr": "*i32",
+            "count_ptr": "*i32"}  # fmt: skip
+FLOATS = {"scale"}
+
+
+def signature(fn, constexprs: dict) -> dict:
+    """Triton's signature of ``fn``: ``*_ptr`` arguments are pointers, ``scale`` a float32, the
+    other runtime arguments int32; ``constexprs`` name the compile-time ones."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = POINTERS.get(name, "*bf16")
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    return sig
+
+
+def cases():
+    """(label, kernel, constexprs, launch options): the shapes the host code launches."""
+    mm = matmul.PERSISTENT
+    for even_k in (True, False):
+        yield (
+            f"_mm_persistent even_k={even_k}", matmul._mm_persistent,
+            dict(RUN=2, NUM_RUNS=16, ACC=tl.bfloat16, NUM_PROGS=264, ITERS=4, BLOCK_M=mm.block_m,
+                 BLOCK_N=mm.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M, EVEN_K=even_k),
+            dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
+        )  # fmt: skip
+    for shape in (matmul.SMALL_M, matmul.SMALL_M_WIDE):
+        yield (
+            f"_mm_runs {shape.block_m}x{shape.block_n}", matmul._mm_runs,
+            dict(RUN=5, NUM_RUNS=4, ACC=tl.bfloat16, BLOCK_M=shape.block_m,
+                 BLOCK_N=shape.block_n, BLOCK_K=128, EVEN_K=True),
+            dict(num_warps=shape.num_warps, num_stages=shape.num_stages),
+        )  # fmt: skip
+    for group, warps in ((1, attention.NUM_WARPS), (4, attention.LONG_NUM_WARPS), (3, 4)):
+        yield (
+            f"_attn_fwd group={group}", attention._attn_fwd,
+            dict(REP=4 if group != 3 else 3, GROUP=group, CHUNK=64, D=128,
+                 BLOCK_Q=attention.BLOCK_Q, MAX_CHUNKS=64, WHOLE=attention.WHOLE_CHUNKS),
+            dict(num_warps=warps, num_stages=attention.NUM_STAGES),
+        )  # fmt: skip
+    for fn, cfg, bound in ((attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV, "MAX_QBLOCKS"),
+                           (attention_bwd._attn_bwd_dq, attention_bwd.DQ, "MAX_KBLOCKS")):  # fmt: skip
+        yield (
+            fn.__name__, fn,
+            dict(REP=4, D=128, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_K=cfg["BLOCK_K"], **{bound: 64}),
+            dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
+        )  # fmt: skip
+    for n in tree_sum.SIZES:
+        yield (
+            f"_tree_sum_kernel n={n}", tree_sum._tree_sum_kernel,
+            dict(N=n, DT=tl.bfloat16, BLOCK=tree_sum.BLOCK), {},
+        )  # fmt: skip
+
+
+def main() -> int:
+    for label, fn, constexprs, options in cases():
+        src = ASTSource(fn, signature(fn, constexprs), constexprs=constexprs)
+        try:
+            compiled = triton.compile(src, target=TARGET, options=options)
+        except Exception as exc:  # the first line names the kernel; the compiler says why
+            print(f"FAIL {label}: {type(exc).__name__}: {exc}", flush=True)
+            return 1
+        print(f"ok   {label}: {len(compiled.asm['cubin'])} bytes of sm_90 cubin", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
