@@ -15,11 +15,18 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import time
 
 import torch
 
 
 def _ms(fn, reps=20):
+    if not torch.cuda.is_available():  # a CPU smoke run (Triton's interpreter): wall time
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -39,8 +46,15 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--heads", default="16,8,128", help="query heads, KV heads, head dim")
     ap.add_argument("--forward-only", action="store_true", help="skip the backward sweep")
+    ap.add_argument("--decode", type=int, metavar="CTX",
+                    help="sweep decode instead: --batch requests, one query each at CTX keys")  # fmt: skip
+    ap.add_argument("--device", default="cuda", help="cpu runs Triton's interpreter (a smoke test)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
+    if args.decode:
+        return decode_sweep(args)
 
     from contractgen.adapters.kernels.triton import attention as fwd
     from contractgen.adapters.kernels.triton import attention_bwd as bwd
@@ -109,6 +123,58 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"batch": B, "seq": S, "heads": [H, KVH, D], "rows": rows}, f, indent=1)
+
+
+def decode_sweep(args) -> None:
+    """One decode step of ``--batch`` requests at ``--decode`` keys each: heads per tile (every
+    divisor of the GQA ratio), warps and stages, timed against SDPA, bits against the shipped
+    choice. 64 query rows per tile stay (other tile heights change the bits)."""
+    import torch.nn.functional as F
+
+    from contractgen.adapters.kernels.triton import attention as fwd
+    from contractgen.codegen.vendored import load_target
+
+    kp = load_target("sglang").schema.kernel_policy_for("qwen3_dense_true_on_policy_v1")
+    H, KVH, D = (int(x) for x in args.heads.split(","))
+    B, ctx, dev = args.batch, args.decode, args.device
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(B, H, D, device=dev, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(B * ctx, KVH, D, device=dev, generator=g).to(torch.bfloat16) for _ in "kv")
+    pos = torch.full((B,), ctx - 1, device=dev)
+    cu_q = torch.arange(B + 1, device=dev)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_q * ctx)
+    shipped = fwd.triton_attention(q, k, v, pos, kp, **kw)
+    chosen = fwd.head_group(H // KVH, H, 1, B, fwd.programs_per_wave(q.device))
+    ks, vs = (t.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).transpose(1, 2) for t in (k, v))
+    sdpa = _ms(lambda: F.scaled_dot_product_attention(q[:, :, None], ks, vs))
+    rows, keep = [], (fwd.head_group, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES)
+    groups = [n for n in range(1, H // KVH + 1) if (H // KVH) % n == 0]
+    for group, warps, stages in itertools.product(groups, (4, 8), (2, 3, 4, 5)):
+        fwd.head_group = lambda *a, group=group: group
+        fwd.NUM_WARPS = fwd.LONG_NUM_WARPS = warps
+        fwd.NUM_STAGES = stages
+        row = {"kernel": "decode", "group": group, "num_warps": warps, "num_stages": stages,
+               "sdpa_ms": sdpa, "shipped_group": chosen}  # fmt: skip
+        try:
+            row["ms"] = _ms(lambda: fwd.triton_attention(q, k, v, pos, kp, **kw))
+            row["time_x_sdpa"] = row["ms"] / sdpa
+            row["bits_equal_shipped"] = torch.equal(
+                fwd.triton_attention(q, k, v, pos, kp, **kw), shipped
+            )
+        except Exception as e:  # out of shared memory / registers: record and go on
+            row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    fwd.head_group, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES = keep
+    ok = sorted((r for r in rows if "ms" in r), key=lambda r: r["ms"])
+    print(f"\ndecode {B} x 1 at {ctx} keys, SDPA {sdpa:.3f} ms; shipped group {chosen}; fastest:")
+    for r in ok[:6]:
+        print("  ", {k: r[k] for k in ("group", "num_warps", "num_stages", "ms", "time_x_sdpa",
+                                       "bits_equal_shipped")})  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"batch": B, "decode_keys": ctx, "heads": [H, KVH, D], "rows": rows}, f,
+                      indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -333,35 +333,51 @@ def test_triton_attention_keys_placed_by_k_starts(kp):
     assert torch.equal(ref, reference_attention(q, k, v, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu))
 
 
+def _packed(q, k, v, pos, parts):
+    """Queries ``[q0, q1)`` of the sequence against its keys ``[0, q1)``, one packed call."""
+    cu_q, cu_k = [0], [0]
+    for q0, q1 in parts:
+        cu_q.append(cu_q[-1] + q1 - q0)
+        cu_k.append(cu_k[-1] + q1)
+    args = (
+        torch.cat([q[q0:q1] for q0, q1 in parts]),
+        torch.cat([k[:q1] for _, q1 in parts]),
+        torch.cat([v[:q1] for _, q1 in parts]),
+        torch.cat([pos[q0:q1] for q0, q1 in parts]),
+    )
+    return args, dict(cu_seqlens_q=torch.tensor(cu_q), cu_seqlens_k=torch.tensor(cu_k))
+
+
 @pytest.mark.parametrize("heads", [(8, 2), (6, 2)], ids=["rep4", "rep3"])
 def test_triton_attention_head_groups_keep_bits(kp, monkeypatch, heads):
     """Decode and short chunks put several query heads of one KV head in a tile; each row
     keeps the bits it has alone in a tile (one head per tile), and the bits of the same row
-    inside a long prefill. rep3: 21 queries x 3 heads leave a tile's last row unused."""
+    inside a long prefill. rep3's chunks of 21 queries x 3 heads leave a tile's last row unused."""
     H, KVH = heads
     L = 150
     q, k, v = _r(L, H, 32), _r(L, KVH, 32, seed=1), _r(L, KVH, 32, seed=2)
     pos = torch.arange(L, device=DEV)
     full = tatt.triton_attention(q, k, v, pos, kp)  # 150 rows: one head per tile
-    ends = [1, 64, 65, 150]  # four requests decoding one token each, keys 0..end-1
-    cu_q = torch.tensor(range(len(ends) + 1))
-    cu_k = torch.tensor([0, *torch.tensor(ends).cumsum(0).tolist()])
-    dq = torch.stack([q[e - 1] for e in ends])
-    dk = torch.cat([k[:e] for e in ends])
-    dv = torch.cat([v[:e] for e in ends])
-    dpos = torch.tensor([e - 1 for e in ends], device=DEV)
-    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-    grouped = tatt.triton_attention(dq, dk, dv, dpos, kp, **kw)
-    assert torch.equal(grouped, torch.stack([full[e - 1] for e in ends]))
-    chunk = tatt.triton_attention(q[100:120], k[:120], v[:120], pos[100:120], kp)
-    assert torch.equal(chunk, full[100:120])  # 20 queries: groups of 3 (rep3) or 2 (rep4)
-    monkeypatch.setattr(tatt, "GROUP_HEADS", False)
-    assert torch.equal(tatt.triton_attention(dq, dk, dv, dpos, kp, **kw), grouped)
+    waves = tatt.programs_per_wave(q.device)
+    decode = [(e - 1, e) for e in (1, 64, 65, 150)]  # four requests decoding one token each
+    chunks = [(99, 120), (50, 71)]  # two requests prefilling 21 tokens each
+    for parts, rows in ((decode, 1), (chunks, 21)):
+        assert tatt.head_group(H // KVH, H, rows, len(parts), waves) > 1  # grouped here
+        args, kw = _packed(q, k, v, pos, parts)
+        grouped = tatt.triton_attention(*args, kp, **kw)
+        assert torch.equal(grouped, torch.cat([full[q0:q1] for q0, q1 in parts]))
+        monkeypatch.setattr(tatt, "GROUP_HEADS", False)
+        assert torch.equal(tatt.triton_attention(*args, kp, **kw), grouped)
+        monkeypatch.setattr(tatt, "GROUP_HEADS", True)
 
 
-def test_head_group_is_the_largest_divisor_that_fits():
-    assert [tatt.head_group(4, n) for n in (1, 16, 17, 33, 64, 65)] == [4, 4, 2, 1, 1, 1]
-    assert [tatt.head_group(5, 1), tatt.head_group(5, 13), tatt.head_group(1, 1)] == [5, 1, 1]
+def test_head_group_is_the_largest_divisor_that_fits_and_fills_the_machine():
+    hg = tatt.head_group
+    assert [hg(4, 32, n, 64, 132) for n in (1, 16, 17, 33, 64, 65)] == [4, 4, 2, 1, 1, 1]
+    assert hg(4, 32, 1, 8, 132) == 1  # 8 long decodes: 128 programs of 2 heads < 132 SMs
+    assert hg(4, 32, 1, 16, 132) == 2  # 16: 128 programs of 4 heads would be too few; 256 of 2
+    assert hg(2, 16, 1, 32, 132) == 2  # Qwen3-0.6B's rollout, 32 requests: 256 programs
+    assert [hg(5, 40, 1, 64, 4), hg(5, 40, 13, 64, 4), hg(1, 8, 1, 8, 4)] == [5, 1, 1]
 
 
 def test_attention_blocks_cover_every_row_once_longest_first():
