@@ -319,7 +319,7 @@ def _mm_runs(
             s4 = s0
             s5 = s0
             s6 = s0
-            for q in range(0, NUM_RUNS):
+            for q in tl.static_range(NUM_RUNS):  # unrolled: every load issued up front
                 part = tl.load(ws_ptr + q * swr + rows, mask=mask, other=0.0, cache_modifier=".cg")
                 s0, s1, s2, s3, s4, s5, s6 = _push(
                     part, q + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
