@@ -215,9 +215,7 @@ def _contiguous_starts(pos: torch.Tensor, cu_q: list[int]) -> list[int] | None:
 
 def _dkdv_blocks(cu_q, cu_k, p0, device) -> torch.Tensor:
     """Per program: ``(first key row, block's first key position, keys, q0, q1, first query
-    block)``, ``[num_blocks, 6]`` int32; the blocks with the most query rows after them first
-    (the longest programs start in the first wave; each program owns its outputs, so the order
-    changes no bit)."""
+    block)``, ``[num_blocks, 6]`` int32."""
     rows = []
     for i in range(len(cu_q) - 1):
         klen = cu_k[i + 1] - cu_k[i]
@@ -226,22 +224,17 @@ def _dkdv_blocks(cu_q, cu_k, p0, device) -> torch.Tensor:
         for kb in range(0, klen, DKDV["BLOCK_K"]):
             first = max(0, kb - p0[i]) // DKDV["BLOCK_Q"]
             rows.append((cu_k[i], kb, klen, cu_q[i], cu_q[i + 1], first))
-    rows.sort(key=lambda r: r[3] + r[5] * DKDV["BLOCK_Q"] - r[4])  # -(query rows it visits)
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 6)
 
 
 def _dq_blocks(cu_q, cu_k, device) -> torch.Tensor:
-    """Per program: ``(q0, q1, first key row, keys)``, ``[num_blocks, 4]`` int32; the blocks
-    whose last row sees the most keys first (as ``_dkdv_blocks``: a schedule, not a result)."""
+    """Per program: ``(q0, q1, first key row, keys)``, ``[num_blocks, 4]`` int32."""
     bq = DQ["BLOCK_Q"]
-    seen = {}
-    for i in range(len(cu_q) - 1):
-        for q in range(cu_q[i], cu_q[i + 1], bq):
-            q1 = min(q + bq, cu_q[i + 1])
-            seen[(q, q1, cu_k[i], cu_k[i + 1] - cu_k[i])] = (
-                cu_k[i + 1] - cu_k[i] - (cu_q[i + 1] - q1)
-            )
-    rows = sorted(seen, key=lambda r: -seen[r])
+    rows = [
+        (q, min(q + bq, cu_q[i + 1]), cu_k[i], cu_k[i + 1] - cu_k[i])
+        for i in range(len(cu_q) - 1)
+        for q in range(cu_q[i], cu_q[i + 1], bq)
+    ]
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 4)
 
 
