@@ -17,6 +17,9 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from contractgen.adapters.kernels import tree_sum  # noqa: E402
 from contractgen.adapters.kernels.attention import (  # noqa: E402
     reference_attention,
@@ -357,7 +360,7 @@ def test_triton_attention_head_groups_keep_bits(kp, monkeypatch, heads):
     L = 150
     q, k, v = _r(L, H, 32), _r(L, KVH, 32, seed=1), _r(L, KVH, 32, seed=2)
     pos = torch.arange(L, device=DEV)
-    full = tatt.triton_attention(q, k, v, pos, kp)  # 150 rows: one head per tile
+    full, full_lse = tatt.triton_attention_lse(q, k, v, pos, kp)  # 150 rows: one head a tile
     waves = 4  # these few requests fill no H200: group them as if they filled the machine
     monkeypatch.setattr(tatt, "programs_per_wave", lambda device: waves)
     decode = [(e - 1, e) for e in (1, 64, 65, 150)]  # four requests decoding one token each
@@ -365,10 +368,12 @@ def test_triton_attention_head_groups_keep_bits(kp, monkeypatch, heads):
     for parts, rows in ((decode, 1), (chunks, 21)):
         assert tatt.head_group(H // KVH, H, rows, len(parts), waves) > 1  # grouped here
         args, kw = _packed(q, k, v, pos, parts)
-        grouped = tatt.triton_attention(*args, kp, **kw)
+        grouped, lse = tatt.triton_attention_lse(*args, kp, **kw)
         assert torch.equal(grouped, torch.cat([full[q0:q1] for q0, q1 in parts]))
+        assert torch.equal(lse, torch.cat([full_lse[q0:q1] for q0, q1 in parts]))
         monkeypatch.setattr(tatt, "GROUP_HEADS", False)
-        assert torch.equal(tatt.triton_attention(*args, kp, **kw), grouped)
+        alone = tatt.triton_attention_lse(*args, kp, **kw)
+        assert torch.equal(alone[0], grouped) and torch.equal(alone[1], lse)
         monkeypatch.setattr(tatt, "GROUP_HEADS", True)
 
 
@@ -379,6 +384,25 @@ def test_head_group_is_the_largest_divisor_that_fits_and_fills_the_machine():
     assert hg(4, 32, 1, 16, 132) == 2  # 16: 128 programs of 4 heads would be too few; 256 of 2
     assert hg(2, 16, 1, 32, 132) == 2  # Qwen3-0.6B's rollout, 32 requests: 256 programs
     assert [hg(5, 40, 1, 64, 4), hg(5, 40, 13, 64, 4), hg(1, 8, 1, 8, 4)] == [5, 1, 1]
+    assert hg(128, 128, 0, 1, 1) == 64  # no queries: still at most one row per head
+
+
+def test_triton_attention_refuses_uneven_gqa_and_launches_nothing_without_queries(kp):
+    q, k, v = _r(4, 9, 32), _r(4, 4, 32, seed=1), _r(4, 4, 32, seed=2)
+    with pytest.raises(ValueError, match="9 query heads do not share 4 KV heads"):
+        tatt.triton_attention(q, k, v, torch.arange(4, device=DEV), kp)
+    q, k = _r(0, 128, 32), _r(4, 1, 32, seed=1)  # 128 heads on one KV head, no queries at all
+    cu = torch.tensor([0, 0, 0])
+    o, lse = tatt.triton_attention_lse(
+        q,
+        k,
+        k,
+        torch.arange(0, device=DEV),
+        kp,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=torch.tensor([0, 2, 4]),
+    )
+    assert o.shape == (0, 128, 32) and lse.shape == (0, 128)
 
 
 def test_attention_blocks_cover_every_row_once_longest_first():
@@ -399,3 +423,23 @@ def test_backward_blocks_cover_everything_once():
     assert sorted(r for q0, q1, _, _ in dq for r in range(q0, q1)) == list(range(340))
     kv = tbwd._dkdv_blocks(cu_q, cu_k, [0, 0, 0], "cpu").tolist()
     assert sorted((k0, kb) for k0, kb, *_ in kv) == [(0, b) for b in (0, 128, 256)] + [(310, 0)]
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, o_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+    a = tl.load(a_ptr + tl.arange(0, M)[:, None] * K + tl.arange(0, K)[None, :])
+    b = tl.load(b_ptr + tl.arange(0, K)[:, None] * N + tl.arange(0, N)[None, :])
+    c = tatt._dot(a, b)
+    tl.store(o_ptr + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :], c)
+
+
+def test_tile_dot_row_does_not_depend_on_its_place_in_the_tile():
+    """What every invariance above rests on: a row of a tile's dot has the same bits wherever
+    it sits in the tile (a decode row sits at row 0, the same row in a prefill at row p % 64).
+    Compiled, this is the tensor-core dot; in the interpreter, ``interpreter_dot`` (numpy's
+    matmul, the interpreter's own dot, gave other bits for every row of a rolled tile)."""
+    a, b = _r(64, 128), _r(128, 64, seed=1)
+    out = [torch.empty(64, 64, device=DEV) for _ in range(2)]
+    _dot_kernel[(1,)](a, b, out[0], 64, 128, 64)
+    _dot_kernel[(1,)](a.roll(7, 0).contiguous(), b, out[1], 64, 128, 64)
+    assert torch.equal(out[0].roll(7, 0), out[1])

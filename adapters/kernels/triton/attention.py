@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .._dtypes import dtype_of
 from ..attention import key_rows, reference_attention
-from .matmul import INTERPRET, _programs, _round
+from .matmul import INTERPRET, _programs, _round, interpreter_dot
 
 # Launch shapes from benchmarks/tune_attention.py's sweeps on an H200 (BENCHMARKS.md): every
 # shape with 64 query rows gave the same output bits at 32 x 512, 4 x 4096 and 1 x 16384 tokens
@@ -50,8 +50,8 @@ LN2 = tl.constexpr(0.6931471805599453)  # read inside the kernel: a compile-time
 
 @triton.jit
 def _dot(a, b):
-    if INTERPRET:  # the interpreter's dot misreads bf16 bits: upcast (products stay exact)
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    if INTERPRET:  # row-position independent, as on the GPU (``interpreter_dot``)
+        return interpreter_dot(a, b)
     return tl.dot(a, b)
 
 
@@ -179,7 +179,7 @@ def head_group(
         g
         for g in range(2, rep + 1)
         if rep % g == 0
-        and g * longest_queries <= BLOCK_Q
+        and g * max(longest_queries, 1) <= BLOCK_Q
         and sequences * heads // g >= min_programs
     ]
     return max(fits, default=1)
@@ -218,10 +218,15 @@ def triton_attention_lse(
     q, k, v = q_LHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
     o_LHD = torch.empty_like(q)
     lse_LH = torch.empty((L, H), dtype=torch.float32, device=q.device)
-    longest = max((cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1)), default=0)
+    if H % KVH:
+        raise ValueError(
+            f"{H} query heads do not share {KVH} KV heads evenly (GQA needs H % KVH == 0)"
+        )
+    counts = [cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1)]
     group = 1
     if GROUP_HEADS:
-        group = head_group(H // KVH, H, longest, len(keys), programs_per_wave(q.device))
+        busy = sum(1 for n in counts if n)  # sequences with queries: one block each once grouped
+        group = head_group(H // KVH, H, max(counts, default=0), busy, programs_per_wave(q.device))
     blk = _blocks(cu_q, keys, BLOCK_Q // group, q.device)
     if L == 0 or blk.shape[0] == 0:
         return o_LHD, lse_LH

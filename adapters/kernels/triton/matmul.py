@@ -89,9 +89,19 @@ def _tile_dot(
     b = tl.load(
         w_ptr + offs_n.to(tl.int64)[None, :] * swn + offs_k[:, None], mask=b_mask, other=0.0
     )
-    if INTERPRET:  # the interpreter's dot misreads bf16 bits: upcast (products stay exact)
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    if INTERPRET:
+        return interpreter_dot(a, b)
     return tl.dot(a, b)
+
+
+@triton.jit
+def interpreter_dot(a, b):
+    """The interpreter's stand-in for a tensor-core dot ``a @ b``: every product exact in
+    float64, summed along K per output element, rounded once to float32. A row's result never
+    depends on the other rows of the tile, as on the GPU; the interpreter's own ``tl.dot``
+    (numpy's matmul) does not promise that (its BLAS blocks rows), and it misreads bf16 bits."""
+    prod = a.to(tl.float64)[:, :, None] * b.to(tl.float64)[None, :, :]
+    return tl.sum(prod, 1).to(tl.float32)
 
 
 @triton.jit
