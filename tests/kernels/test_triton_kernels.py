@@ -2,7 +2,8 @@
 
 On a CUDA device these run the compiled kernels (``gpu``); without one, Triton's interpreter runs
 the same kernels on CPU at small shapes (CI). Bits are compared within the backend only (parity is
-per device); the interpreter's float32 dot stands in for the tensor-core dot.
+per device); in the interpreter, ``interpreter_dot`` (exact products, summed per output element)
+stands in for the tensor-core dot.
 """
 
 from __future__ import annotations
