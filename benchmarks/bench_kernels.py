@@ -58,12 +58,13 @@ class Timer:
             ts.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(ts)
 
-    def graph_ms(self, fn, reps: int = 50) -> float:
-        """Time ``fn`` replayed from a CUDA graph (how SGLang runs decode): the GPU's time
-        without the host's launch cost. ``fn`` must not synchronize or copy from the host."""
+    def graph_ms(self, fn, rep_ms: int = 50) -> float:
+        """Time ``fn`` replayed from a CUDA graph (how SGLang runs decode) for about ``rep_ms``
+        milliseconds: the GPU's time without the host's launch cost. ``fn`` must not
+        synchronize or copy from the host."""
         from triton.testing import do_bench_cudagraph
 
-        return do_bench_cudagraph(fn, rep=reps, return_mode="median")
+        return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
 
 
 def _r(*shape, device, seed=0, scale=1.0):

@@ -103,7 +103,7 @@ def _attn_fwd(
     offs_q = q0 + rows // GROUP
     h = h0 + rows % GROUP
     offs_d = tl.arange(0, D)
-    qmask = (offs_q < q1) & (rows < (BLOCK_Q // GROUP) * GROUP)
+    qmask = offs_q < q1  # a block holds BLOCK_Q // GROUP queries: rows past them are past q1
     pos = tl.load(pos_ptr + offs_q, mask=qmask, other=0)
     q = tl.load(
         q_ptr + offs_q[:, None] * sq + h[:, None] * sqh + offs_d[None, :],

@@ -38,7 +38,7 @@ from .._dtypes import dtype_of
 from .._streams import stream_key
 from ..matmul import _run_length, reference_matmul
 
-# Triton's CPU interpreter (CI): same kernels, its dot needs float32 operands.
+# Triton's CPU interpreter (CI): same kernels, each tile's dot through ``interpreter_dot``.
 INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
