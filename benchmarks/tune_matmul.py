@@ -28,20 +28,74 @@ S = None  # the module's LaunchShape, bound in main()
 
 
 def persistent_candidates():
-    # (block_m, block_n, warps, stages, programs per SM). Shapes whose shared memory (stages x
-    # (block_m + block_n) x k_block x 2 B) passed the H200's 227 KiB per SM were left out after a
-    # first sweep (2026-12-02), as was issuing two K tiles' dots per iteration (slower where it fit).
+    # (block_m, block_n, warps, stages, programs per SM, TMA loads). Shapes whose shared memory
+    # (stages x (block_m + block_n) x k_block x 2 B) passed the H200's 227 KiB per SM were left out
+    # after a first sweep (2026-12-02), as was issuing two K tiles' dots per iteration (slower
+    # where it fit). TMA shapes: `tests/kernels/gpu_compile.py --resources` shows which fit two
+    # or three programs per SM without spilling (64 x 128 and 128 x 64 at four warps spill at 16
+    # runs, but not at 4 or 8).
     grid = [
-        (64, 128, 8, 3, 1),
-        (64, 128, 4, 3, 1),
-        (128, 128, 8, 3, 1),
-        (128, 128, 8, 2, 1),
-        (128, 64, 8, 3, 1),
-        (64, 64, 4, 3, 2),
-        (64, 64, 8, 3, 2),
-        (64, 128, 8, 2, 2),
+        (64, 64, 4, 3, 2, False),
+        (128, 128, 8, 3, 1, False),
+        (64, 64, 4, 3, 2, True),
+        (64, 64, 4, 2, 3, True),
+        (64, 128, 4, 2, 2, True),
+        (128, 64, 4, 2, 2, True),
+        (64, 128, 8, 3, 1, True),
+        (128, 64, 8, 3, 1, True),
+        (128, 128, 8, 2, 1, True),
+        (128, 128, 8, 3, 1, True),
+        (64, 256, 8, 2, 1, True),
     ]
-    return [S(bm, bn, w, st, pps) for bm, bn, w, st, pps in grid]
+    return [S(bm, bn, w, st, pps, tma) for bm, bn, w, st, pps, tma in grid]
+
+
+def ceiling_kernel():
+    """A plain Triton GEMM, not the contract: TMA loads, one float32 accumulator carried across
+    every K tile (so the compiler keeps one dot in flight while the next tile's loads land), no
+    per-tile rounding. What Triton itself reaches on these shapes: the gap from it to cuBLAS is
+    Triton's, the gap from the contract kernel to it is the contract's (a dot that starts from
+    zero every 128 columns, then its rounding and the counter's adds)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _plain(x_desc, w_desc, y_ptr, M, N, K, sym, NUM_PROGS: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+        grid_n = tl.cdiv(N, BN)
+        for tile in range(tl.program_id(0), tl.cdiv(M, BM) * grid_n, NUM_PROGS):
+            pid_m = tile // grid_n
+            pid_n = tile % grid_n
+            acc = tl.zeros((BM, BN), tl.float32)
+            for k0 in range(0, K, BK):
+                a = x_desc.load([pid_m * BM, k0])
+                b = w_desc.load([pid_n * BN, k0])
+                acc = tl.dot(a, b.T, acc)
+            offs_m = pid_m * BM + tl.arange(0, BM)
+            offs_n = pid_n * BN + tl.arange(0, BN)
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            tl.store(
+                y_ptr + offs_m[:, None] * sym + offs_n[None, :], acc.to(tl.bfloat16), mask=mask
+            )
+
+    def run(x, w, bm, bn, warps, stages, pps):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        M, K = x.shape
+        N = w.shape[0]
+        y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+        progs = min(torch.cuda.get_device_properties(x.device).multi_processor_count * pps,
+                    triton.cdiv(M, bm) * triton.cdiv(N, bn))  # fmt: skip
+        xd = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, 128])
+        wd = TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, 128])
+        _plain[(progs,)](xd, wd, y, M, N, K, y.stride(0), progs, bm, bn, 128,
+                         num_warps=warps, num_stages=stages)  # fmt: skip
+        return y
+
+    return run
+
+
+CEILING_SHAPES = [(128, 128, 8, 3, 1), (128, 256, 8, 3, 1), (64, 64, 4, 3, 2)]
 
 
 def small_candidates():
@@ -73,6 +127,8 @@ def main() -> None:
     ap.add_argument("--cuda-graph", action="store_true",
                     help="time both sides replayed from a CUDA graph (no host launch cost)")  # fmt: skip
     ap.add_argument("--skip", choices=["persistent", "small"], help="leave one launch out")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also time a plain Triton GEMM (not the contract) at large M")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.device == "cpu":
@@ -106,6 +162,15 @@ def main() -> None:
                 shipped = tmm._launch(x, w, kp.matmul_k_block, run, acc).to(x.dtype)
                 mimic_ok = dev == "cuda" and torch.equal(shipped, mimic_matmul(x, w, kp))
                 cublas = time_ms(lambda x=x, w=w: F.linear(x, w))
+                if launch == "persistent" and args.ceiling and dev == "cuda":
+                    plain = ceiling_kernel()
+                    for cs in CEILING_SHAPES:
+                        ms = time_ms(lambda x=x, w=w, cs=cs, plain=plain: plain(x, w, *cs))
+                        row = {"launch": "ceiling", "shape": name, "M": M, "N": N, "K": K,
+                               "tile": list(cs), "cublas_ms": cublas, "ms": ms,
+                               "time_x_cublas": ms / cublas}  # fmt: skip
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
                 for shape in cands:
 
                     def call(x=x, w=w, run=run, kw={launch: shape}):  # noqa: B006
@@ -123,7 +188,7 @@ def main() -> None:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
 
-    keys = ("block_m", "block_n", "num_warps", "num_stages", "programs_per_sm")
+    keys = ("block_m", "block_n", "num_warps", "num_stages", "programs_per_sm", "tma")
     for launch in ("persistent", "small"):
         mine = [r for r in rows if r["launch"] == launch]
         shapes = {tuple(r[k] for k in keys) for r in mine}

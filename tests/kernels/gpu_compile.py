@@ -3,12 +3,16 @@ GPU: Triton's front end, its GPU passes and ptxas (shipped in the triton wheel) 
 host. The interpreter (CI's other way to run the kernels) accepts code the compiler rejects,
 such as a kernel reading a global that is not a ``tl.constexpr``; this catches that before a GPU
 does. Run as a script without ``TRITON_INTERPRET`` (``test_triton_compiles.py`` does); prints one
-line per kernel and exits 1 on the first that fails."""
+line per kernel and exits 1 on the first that fails. ``--resources`` adds each kernel's shared
+memory, registers per thread and spills (ptxas's own report): what bounds programs per SM."""
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("gpu_compile.py compiles the real kernels: run it without TRITON_INTERPRET=1")
@@ -16,6 +20,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from contractgen.adapters.kernels.triton import (
@@ -32,18 +37,32 @@ POINTERS = {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "pos_ptr": "*i32", "blk_pt
 FLOATS = {"scale"}
 
 
-def signature(fn, constexprs: dict) -> dict:
-    """Triton's signature of ``fn``: ``*_ptr`` arguments are pointers, ``scale`` a float32, the
-    other runtime arguments int32; ``constexprs`` name the compile-time ones."""
+def signature(fn, constexprs: dict, descriptors: dict | None = None) -> dict:
+    """Triton's signature of ``fn``: ``*_ptr`` arguments are pointers, ``*_desc`` TMA descriptors
+    (``descriptors`` gives each one's block shape), ``scale`` a float32, the other runtime
+    arguments int32; ``constexprs`` name the compile-time ones."""
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
+        elif name.endswith("_desc"):
+            sig[name] = f"tensordesc<bf16{list(descriptors[name])}>"
         elif name.endswith("_ptr"):
             sig[name] = POINTERS.get(name, "*bf16")
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
     return sig
+
+
+def aligned(fn, sig: dict) -> dict:
+    """Triton's specialization of a real launch: torch's allocations are 16-byte aligned and the
+    sizes and strides of the shapes we run are multiples of 16. Without it the compiler cannot
+    vectorize the loads, and it does not pipeline them: the code would not be the code that runs."""
+    return {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if sig[name] not in ("constexpr", "fp32") and not sig[name].startswith("tensordesc")
+    }
 
 
 def cases():
@@ -56,6 +75,14 @@ def cases():
                  BLOCK_N=mm.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M, EVEN_K=even_k),
             dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
         )  # fmt: skip
+    tma = matmul.PERSISTENT_TMA
+    yield (
+        "_mm_persistent_tma", matmul._mm_persistent_tma,
+        dict(RUN=2, NUM_RUNS=16, ACC=tl.bfloat16, NUM_PROGS=264, ITERS=4, BLOCK_M=tma.block_m,
+             BLOCK_N=tma.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M),
+        dict(num_warps=tma.num_warps, num_stages=tma.num_stages),
+        dict(x_desc=(tma.block_m, 128), w_desc=(tma.block_n, 128)),
+    )  # fmt: skip
     for shape in (matmul.SMALL_M, matmul.SMALL_M_WIDE):
         yield (
             f"_mm_runs {shape.block_m}x{shape.block_n}", matmul._mm_runs,
@@ -84,17 +111,37 @@ def cases():
         )  # fmt: skip
 
 
-def main() -> int:
-    for label, fn, constexprs, options in cases():
-        src = ASTSource(fn, signature(fn, constexprs), constexprs=constexprs)
+def resources(ptx: str) -> str:
+    """Registers per thread and spill bytes, as ptxas reports them for ``ptx``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        out = subprocess.run(
+            [get_ptxas(90).path, "-arch=sm_90a", "-v", path, "-o", os.devnull],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    return f"{regs.group(1)} registers, spills {spill.group(1)}/{spill.group(2)} B st/ld"
+
+
+def main(argv: list[str]) -> int:
+    report = "--resources" in argv
+    for label, fn, constexprs, options, *desc in cases():
+        sig = signature(fn, constexprs, desc[0] if desc else None)
+        src = ASTSource(fn, sig, constexprs=constexprs, attrs=aligned(fn, sig))
         try:
             compiled = triton.compile(src, target=TARGET, options=options)
         except Exception as exc:  # the first line names the kernel; the compiler says why
             print(f"FAIL {label}: {type(exc).__name__}: {exc}", flush=True)
             return 1
-        print(f"ok   {label}: {len(compiled.asm['cubin'])} bytes of sm_90 cubin", flush=True)
+        line = f"ok   {label}: {len(compiled.asm['cubin'])} bytes of sm_90 cubin"
+        if report:
+            line += f", {compiled.metadata.shared} B shared, {resources(compiled.asm['ptx'])}"
+        print(line, flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -71,6 +71,8 @@ def test_triton_matmul_batch_and_decode_invariant(kp, m, k, n, monkeypatch):
 SHAPES = [
     tmm.LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=2),
     tmm.LaunchShape(block_m=128, block_n=64, num_warps=8, num_stages=3, programs_per_sm=2),
+    tmm.LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, tma=True),
+    tmm.LaunchShape(block_m=128, block_n=64, num_warps=8, num_stages=2, tma=True),
 ]
 
 
@@ -87,6 +89,24 @@ def test_triton_matmul_launch_shape_keeps_bits(kp, k):
         assert torch.equal(y.to(x.dtype), full)
         small = tmm._launch(x[:3], w, kp.matmul_k_block, run, acc, small=shape)
         assert torch.equal(small.to(x.dtype), full[:3])
+
+
+@pytest.mark.parametrize("k", [200, 640])  # a zero-filled K tail; five whole tiles
+def test_triton_matmul_tma_loads_keep_bits(kp, k):
+    """TMA descriptors load the same tiles as the pointer loads, the K tail zero-filled by the
+    copy engine as by the masks: same bits. Operands a descriptor cannot describe (a row stride
+    that is not a multiple of 16 bytes) take the pointer loads."""
+    x, w = _r(70, k), _r(200, k, seed=1)
+    acc = getattr(torch, kp.matmul_accumulation_dtype)
+    run = tmm._run_length(kp.matmul_tile_order, -(-k // kp.matmul_k_block))
+    pointer = tmm._launch(x, w, kp.matmul_k_block, run, acc, persistent=tmm.PERSISTENT)
+    assert tmm.tma_fits(x, w)
+    tma = tmm._launch(x, w, kp.matmul_k_block, run, acc, persistent=tmm.PERSISTENT_TMA)
+    assert torch.equal(tma, pointer)
+    odd = torch.cat([x, x[:, :3]], 1)[:, :k]  # row stride k + 3 elements
+    assert not tmm.tma_fits(odd, w)
+    y = tmm._launch(odd, w, kp.matmul_k_block, run, acc, persistent=tmm.PERSISTENT_TMA)
+    assert torch.equal(y, pointer)
 
 
 @pytest.mark.parametrize("m,k", [(70, 200), (2, 200), (70, 1024), (2, 1024)])

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._dtypes import dtype_of
 from .._streams import stream_key
@@ -53,12 +54,18 @@ class LaunchShape:
     num_warps: int
     num_stages: int
     programs_per_sm: int = 1  # persistent launch only
+    # persistent launch only: operand tiles come in through TMA descriptors (one thread issues
+    # each tile's copy; no per-thread address registers), where ``tma_fits`` allows it
+    tma: bool = False
 
 
 # Shipped shapes: the fastest of benchmarks/tune_matmul.py's sweeps on an H200 (BENCHMARKS.md),
 # where every shape swept gave the same bits as every other on all cases. Two programs of 64 x 64
 # per SM: while one rounds and adds its tile's partial on the CUDA cores, the other's dot can run.
 PERSISTENT = LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2)
+PERSISTENT_TMA = LaunchShape(
+    block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, tma=True
+)
 # Per-run launch, by M: at most SMALL_ROWS rows take the 16-row tile (less padding, more programs).
 SMALL_ROWS = 16
 SMALL_M = LaunchShape(block_m=16, block_n=32, num_warps=4, num_stages=4)
@@ -92,6 +99,17 @@ def _tile_dot(
     if INTERPRET:
         return interpreter_dot(a, b)
     return tl.dot(a, b)
+
+
+@triton.jit
+def _tile_dot_tma(x_desc, w_desc, off_m, off_n, k0):
+    """``_tile_dot`` through TMA descriptors: the copy engine zero-fills what lies past M, N or
+    K, as the masked loads do; the dot is the same instruction."""
+    a = x_desc.load([off_m, k0])
+    b = w_desc.load([off_n, k0])
+    if INTERPRET:
+        return interpreter_dot(a, tl.trans(b))
+    return tl.dot(a, b.T)
 
 
 @triton.jit
@@ -273,18 +291,60 @@ def _mm_persistent(
 
 
 @triton.jit
-def _mm_tile(
-    x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN: tl.constexpr,
-    NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+def _mm_persistent_tma(
+    x_desc, w_desc, y_ptr, M, N, sym,
+    RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, NUM_PROGS: tl.constexpr,
+    ITERS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """One output tile; grouped order: GROUP_M row blocks share each weight column block while it
-    is in L2."""
+    """``_mm_persistent`` with TMA loads: the same tiles, dots and order."""
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    for i in range(ITERS):
+        tile = pid + i * NUM_PROGS
+        if tile < grid_m * grid_n:
+            pid_m, pid_n = _tile_coords(tile, grid_m, grid_n, GROUP_M)
+            s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+            s1 = s0
+            s2 = s0
+            s3 = s0
+            s4 = s0
+            s5 = s0
+            s6 = s0
+            run = s0
+            for t in range(0, RUN * NUM_RUNS):
+                p = _tile_dot_tma(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, t * BLOCK_K)
+                run, s0, s1, s2, s3, s4, s5, s6 = _step(
+                    _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
+                )  # fmt: skip
+            y = _total(s0, s1, s2, s3, s4, s5, s6, NUM_RUNS)
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
+
+
+@triton.jit
+def _tile_coords(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
+    """Output tile ``tile`` in grouped order: GROUP_M row blocks share each weight column block
+    while it is in L2."""
     group = tile // (GROUP_M * grid_n)
     first_m = group * GROUP_M
     size_m = tl.minimum(grid_m - first_m, GROUP_M)
     pid_m = first_m + (tile % (GROUP_M * grid_n)) % size_m
     pid_n = (tile % (GROUP_M * grid_n)) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _mm_tile(
+    x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN: tl.constexpr,
+    NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """One output tile (``_tile_coords`` places it)."""
+    pid_m, pid_n = _tile_coords(tile, grid_m, grid_n, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     y = _runs_tree(
@@ -394,6 +454,15 @@ def _launch(
         return y_MN
     progs = min(progs * persistent.programs_per_sm, grid_m * grid_n)
     iters = triton.next_power_of_2(triton.cdiv(grid_m * grid_n, progs))
+    if persistent.tma and tma_fits(x_MK, w_NK):
+        _mm_persistent_tma[(progs,)](
+            _descriptor(x_MK, persistent.block_m, k_block),
+            _descriptor(w_NK, persistent.block_n, k_block),
+            y_MN, M, N, y_MN.stride(0), run, runs, _TL[acc], progs, iters, persistent.block_m,
+            persistent.block_n, k_block, GROUP_M, num_warps=persistent.num_warps,
+            num_stages=persistent.num_stages,
+        )  # fmt: skip
+        return y_MN
     _mm_persistent[(progs,)](
         x_MK, w_NK, y_MN, M, N, K, x_MK.stride(0), w_NK.stride(0), y_MN.stride(0),
         run, runs, _TL[acc], progs, iters, persistent.block_m, persistent.block_n, k_block,
@@ -401,6 +470,22 @@ def _launch(
         num_stages=persistent.num_stages,
     )  # fmt: skip
     return y_MN
+
+
+def tma_fits(x_MK: torch.Tensor, w_NK: torch.Tensor) -> bool:
+    """A TMA descriptor needs a Hopper-or-later GPU (or the interpreter), rows of contiguous
+    elements, and 16-byte aligned row strides and base addresses."""
+    if x_MK.device.type == "cuda" and torch.cuda.get_device_capability(x_MK.device)[0] < 9:
+        return False
+    return all(
+        t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+        for t in (x_MK, w_NK)
+    )
+
+
+def _descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+    return TensorDescriptor(t, shape=list(t.shape), strides=list(t.stride()),
+                            block_shape=[rows, cols])  # fmt: skip
 
 
 def supports(x_MK: torch.Tensor, w_NK: torch.Tensor, kp, order: str) -> bool:
