@@ -75,14 +75,18 @@ def cases():
                  BLOCK_N=mm.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M, EVEN_K=even_k),
             dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
         )  # fmt: skip
-    tma = matmul.PERSISTENT_TMA
-    yield (
-        "_mm_persistent_tma", matmul._mm_persistent_tma,
-        dict(RUN=2, NUM_RUNS=16, ACC=tl.bfloat16, NUM_PROGS=264, ITERS=4, BLOCK_M=tma.block_m,
-             BLOCK_N=tma.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M),
-        dict(num_warps=tma.num_warps, num_stages=tma.num_stages),
-        dict(x_desc=(tma.block_m, 128), w_desc=(tma.block_n, 128)),
-    )  # fmt: skip
+    for tma, run, runs in (
+        (matmul.PERSISTENT, 2, 16),
+        (matmul.PERSISTENT_LARGE, 5, matmul.LARGE_MAX_RUNS),
+    ):
+        yield (
+            f"_mm_persistent_tma {tma.block_m}x{tma.block_n} runs={runs}",
+            matmul._mm_persistent_tma,
+            dict(RUN=run, NUM_RUNS=runs, ACC=tl.bfloat16, NUM_PROGS=264, ITERS=4,
+                 BLOCK_M=tma.block_m, BLOCK_N=tma.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M),
+            dict(num_warps=tma.num_warps, num_stages=tma.num_stages),
+            dict(x_desc=(tma.block_m, 128), w_desc=(tma.block_n, 128)),
+        )  # fmt: skip
     for shape in (matmul.SMALL_M, matmul.SMALL_M_WIDE):
         yield (
             f"_mm_runs {shape.block_m}x{shape.block_n}", matmul._mm_runs,

@@ -74,12 +74,19 @@ def _chunk(
     else:
         k = tl.load(k_at)
         v = tl.load(v_at)
-    s = _dot(q, tl.trans(k)) * scale  # in log2 units: the scale carries log2(e)
+    qk = _dot(q, tl.trans(k))  # scores in log2 units once scaled: the scale carries log2(e)
+    # ``p = exp2(qk * scale - m)`` is one explicit fused multiply-add in both paths. Left to the
+    # compiler, the unmasked path contracted it into an FMA and the masked one (a select between
+    # the multiply and the subtract) did not: a row's log-sum-exp then changed by an ulp with the
+    # chunks its block saw whole (H200, 2026-12-02), and its output could follow.
     if MASK:
-        s = tl.where(offs_k[None, :] <= pos[:, None], s, -float("inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
+        seen = offs_k[None, :] <= pos[:, None]
+        m_new = tl.maximum(m, tl.max(tl.where(seen, qk * scale, -float("inf")), 1))
+        p = tl.where(seen, tl.exp2(tl.fma(qk, scale, -m_new[:, None])), 0.0)
+    else:
+        m_new = tl.maximum(m, tl.max(qk * scale, 1))
+        p = tl.exp2(tl.fma(qk, scale, -m_new[:, None]))
     alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
     l_sum = l_sum * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _dot(_round(p, v.dtype), v)
     return m_new, l_sum, acc

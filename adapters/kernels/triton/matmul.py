@@ -59,13 +59,23 @@ class LaunchShape:
     tma: bool = False
 
 
-# Shipped shapes: the fastest of benchmarks/tune_matmul.py's sweeps on an H200 (BENCHMARKS.md),
-# where every shape swept gave the same bits as every other on all cases. Two programs of 64 x 64
-# per SM: while one rounds and adds its tile's partial on the CUDA cores, the other's dot can run.
-PERSISTENT = LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2)
-PERSISTENT_TMA = LaunchShape(
+# Shipped persistent shapes: the fastest of benchmarks/tune_matmul.py's sweeps on an H200
+# (BENCHMARKS.md), where every shape swept gave the same bits as every other on every case. The
+# bound is the output tile: a dot of 64 x 64 reads and writes as many shared-memory bytes as a
+# 128 x 128 one for a quarter of the FLOPs, and the tile's state (its float32 dot, the run and the
+# counter's levels in bf16) must fit in registers. So 128 x 128 where the counter is shallow
+# (at most LARGE_MAX_RUNS runs: 236 registers, no spill) and there are enough tiles to fill
+# LARGE_WAVES waves of SMs; otherwise two programs of 64 x 64 per SM (while one rounds and adds
+# its partial, the other's dot runs). Both through TMA; pointer loads where no descriptor fits.
+PERSISTENT = LaunchShape(
     block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, tma=True
 )
+PERSISTENT_LARGE = LaunchShape(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=True)
+PERSISTENT_POINTER = LaunchShape(
+    block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2
+)
+LARGE_MAX_RUNS = 4
+LARGE_WAVES = 3
 # Per-run launch, by M: at most SMALL_ROWS rows take the 16-row tile (less padding, more programs).
 SMALL_ROWS = 16
 SMALL_M = LaunchShape(block_m=16, block_n=32, num_warps=4, num_stages=4)
@@ -433,9 +443,9 @@ def _launch(
 ) -> torch.Tensor:
     M, K = x_MK.shape
     N = w_NK.shape[0]
-    persistent = persistent or PERSISTENT
-    small = small or (SMALL_M if M <= SMALL_ROWS else SMALL_M_WIDE)
     runs = max(1, math.ceil(K / k_block)) // run
+    persistent = persistent or persistent_shape(x_MK, w_NK, runs)
+    small = small or (SMALL_M if M <= SMALL_ROWS else SMALL_M_WIDE)
     grid_m, grid_n = triton.cdiv(M, persistent.block_m), triton.cdiv(N, persistent.block_n)
     progs = _programs(x_MK.device)
     y_MN = torch.empty((M, N), dtype=acc, device=x_MK.device)
@@ -470,6 +480,20 @@ def _launch(
         num_stages=persistent.num_stages,
     )  # fmt: skip
     return y_MN
+
+
+def persistent_shape(x_MK: torch.Tensor, w_NK: torch.Tensor, runs: int) -> LaunchShape:
+    """The shipped persistent launch shape for this call (``PERSISTENT`` and its neighbours say
+    why); the shape changes no bit, only the time."""
+    if not tma_fits(x_MK, w_NK):
+        return PERSISTENT_POINTER
+    M, N = x_MK.shape[0], w_NK.shape[0]
+    large = PERSISTENT_LARGE
+    tiles = triton.cdiv(M, large.block_m) * triton.cdiv(N, large.block_n)
+    # the interpreter (CI) cannot hold a 128 x 128 x 128 float64 product: it runs the 64 x 64 tile
+    if not INTERPRET and runs <= LARGE_MAX_RUNS and tiles >= LARGE_WAVES * _programs(x_MK.device):
+        return large
+    return PERSISTENT
 
 
 def tma_fits(x_MK: torch.Tensor, w_NK: torch.Tensor) -> bool:
