@@ -4,7 +4,8 @@ host. The interpreter (CI's other way to run the kernels) accepts code the compi
 such as a kernel reading a global that is not a ``tl.constexpr``; this catches that before a GPU
 does. Run as a script without ``TRITON_INTERPRET`` (``test_triton_compiles.py`` does); prints one
 line per kernel and exits 1 on the first that fails. ``--resources`` adds each kernel's shared
-memory, registers per thread and spills (ptxas's own report): what bounds programs per SM."""
+memory, registers per thread and spills (ptxas's own report): what bounds programs per SM.
+``--count INSTR`` adds how many times the PTX names an instruction (e.g. ``fma.rn.f32``)."""
 
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ def resources(ptx: str) -> str:
 
 def main(argv: list[str]) -> int:
     report = "--resources" in argv
+    count = argv[argv.index("--count") + 1] if "--count" in argv else None
     for label, fn, constexprs, options, *desc in cases():
         sig = signature(fn, constexprs, desc[0] if desc else None)
         src = ASTSource(fn, sig, constexprs=constexprs, attrs=aligned(fn, sig))
@@ -143,6 +145,8 @@ def main(argv: list[str]) -> int:
         line = f"ok   {label}: {len(compiled.asm['cubin'])} bytes of sm_90 cubin"
         if report:
             line += f", {compiled.metadata.shared} B shared, {resources(compiled.asm['ptx'])}"
+        if count:
+            line += f", {compiled.asm['ptx'].count(count)} x {count}"
         print(line, flush=True)
     return 0
 
