@@ -49,6 +49,9 @@ def main() -> None:
     ap.add_argument("--decode", type=int, metavar="CTX",
                     help="sweep decode instead: --batch requests, one query each at CTX keys")  # fmt: skip
     ap.add_argument("--device", default="cuda", help="cpu runs Triton's interpreter (a smoke test)")
+    ap.add_argument("--block-qs", default="32,64,128", help="forward: query rows per tile to try")
+    ap.add_argument("--tma", choices=["off", "on", "both"], default="both",
+                    help="forward: k and v by pointer loads, TMA descriptors, or both")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.device == "cpu":
@@ -78,9 +81,14 @@ def main() -> None:
     def run_fwd():
         return fwd.triton_attention_lse(q, k, v, pos, kp, **kw)
 
-    for bq, warps, stages in itertools.product((32, 64, 128), (4, 8), (1, 2, 3)):
-        fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES = bq, warps, stages
-        row = {"kernel": "forward", "BLOCK_Q": bq, "num_warps": warps, "num_stages": stages}
+    tmas = {"off": (False,), "on": (True,), "both": (False, True)}[args.tma]
+    keep_tma = fwd.TMA_KV
+    for bq, warps, stages, tma in itertools.product(
+        [int(b) for b in args.block_qs.split(",")], (4, 8), (1, 2, 3), tmas
+    ):
+        fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES, fwd.TMA_KV = bq, warps, stages, tma
+        row = {"kernel": "forward", "BLOCK_Q": bq, "num_warps": warps, "num_stages": stages,
+               "tma": tma}  # fmt: skip
         try:
             row["ms"] = _ms(run_fwd)
             row["bits_equal_shipped"] = torch.equal(run_fwd()[0], o_ref)
@@ -89,6 +97,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES = shipped
+    fwd.TMA_KV = keep_tma
 
     def run_bwd():
         return bwd.triton_attention_backward(q, k, v, o_ref, lse, d_out, pos, kp, **kw)
@@ -147,14 +156,17 @@ def decode_sweep(args) -> None:
     chosen = fwd.head_group(H // KVH, H, 1, B, fwd.programs_per_wave(q.device))
     ks, vs = (t.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).transpose(1, 2) for t in (k, v))
     sdpa = _ms(lambda: F.scaled_dot_product_attention(q[:, :, None], ks, vs))
-    rows, keep = [], (fwd.head_group, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES)
+    keep = (fwd.head_group, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES, fwd.TMA_KV)
+    rows = []
     groups = [n for n in range(1, H // KVH + 1) if (H // KVH) % n == 0]
-    for group, warps, stages in itertools.product(groups, (4, 8), (2, 3, 4, 5)):
+    tmas = {"off": (False,), "on": (True,), "both": (False, True)}[args.tma]
+    for group, warps, stages, tma in itertools.product(groups, (4, 8), (2, 3, 4, 5), tmas):
         fwd.head_group = lambda *a, group=group: group
         fwd.NUM_WARPS = fwd.LONG_NUM_WARPS = warps
         fwd.NUM_STAGES = stages
+        fwd.TMA_KV = tma
         row = {"kernel": "decode", "group": group, "num_warps": warps, "num_stages": stages,
-               "sdpa_ms": sdpa, "shipped_group": chosen}  # fmt: skip
+               "tma": tma, "sdpa_ms": sdpa, "shipped_group": chosen}  # fmt: skip
         try:
             row["ms"] = _ms(lambda: fwd.triton_attention(q, k, v, pos, kp, **kw))
             row["time_x_sdpa"] = row["ms"] / sdpa
@@ -165,12 +177,12 @@ def decode_sweep(args) -> None:
             row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
-    fwd.head_group, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES = keep
+    fwd.head_group, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES, fwd.TMA_KV = keep
     ok = sorted((r for r in rows if "ms" in r), key=lambda r: r["ms"])
     print(f"\ndecode {B} x 1 at {ctx} keys, SDPA {sdpa:.3f} ms; shipped group {chosen}; fastest:")
     for r in ok[:6]:
-        print("  ", {k: r[k] for k in ("group", "num_warps", "num_stages", "ms", "time_x_sdpa",
-                                       "bits_equal_shipped")})  # fmt: skip
+        print("  ", {k: r[k] for k in ("group", "num_warps", "num_stages", "tma", "ms",
+                                       "time_x_sdpa", "bits_equal_shipped")})  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"batch": B, "decode_keys": ctx, "heads": [H, KVH, D], "rows": rows}, f,

@@ -96,12 +96,15 @@ def cases():
             dict(num_warps=shape.num_warps, num_stages=shape.num_stages),
         )  # fmt: skip
     for group, warps in ((1, attention.NUM_WARPS), (4, attention.LONG_NUM_WARPS), (3, 4)):
-        yield (
-            f"_attn_fwd group={group}", attention._attn_fwd,
-            dict(REP=4 if group != 3 else 3, GROUP=group, CHUNK=64, D=128,
-                 BLOCK_Q=attention.BLOCK_Q, MAX_CHUNKS=64, WHOLE=attention.WHOLE_CHUNKS),
-            dict(num_warps=warps, num_stages=attention.NUM_STAGES),
-        )  # fmt: skip
+        for tma in (False, True):
+            yield (
+                f"_attn_fwd group={group}" + (" tma" if tma else ""), attention._attn_fwd,
+                dict(REP=4 if group != 3 else 3, GROUP=group, CHUNK=64, D=128,
+                     BLOCK_Q=attention.BLOCK_Q, MAX_CHUNKS=64, WHOLE=attention.WHOLE_CHUNKS,
+                     TMA=tma, **({} if tma else {"k_desc": None, "v_desc": None})),
+                dict(num_warps=warps, num_stages=attention.NUM_STAGES),
+                *([dict(k_desc=(64, 128), v_desc=(64, 128))] if tma else []),
+            )  # fmt: skip
     for fn, cfg, bound in ((attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV, "MAX_QBLOCKS"),
                            (attention_bwd._attn_bwd_dq, attention_bwd.DQ, "MAX_KBLOCKS")):  # fmt: skip
         yield (

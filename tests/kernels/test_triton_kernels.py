@@ -357,6 +357,30 @@ def test_triton_attention_keys_placed_by_k_starts(kp):
     assert torch.equal(ref, reference_attention(q, k, v, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu))
 
 
+def test_triton_attention_tma_kv_keeps_bits(kp, monkeypatch):
+    """k and v through TMA descriptors: the same output and log-sum-exp bits as the pointer
+    loads, on packed sequences whose keys sit in a cache pool full of NaN outside them (a
+    descriptor reads those rows; masked chunks must zero them in ``v``, where 0 x NaN is NaN).
+    A buffer a descriptor cannot describe (a base off 16 bytes) is refused."""
+    q, k, v = _qkv(150)
+    pos = torch.cat([torch.arange(70), torch.arange(80)]).to(DEV)
+    cu = torch.tensor([0, 70, 150])
+    pool_k = torch.full((300, *k.shape[1:]), float("nan"), dtype=BF, device=DEV)
+    pool_v = torch.full((300, *v.shape[1:]), float("nan"), dtype=BF, device=DEV)
+    pool_k[200:270], pool_v[200:270] = k[:70], v[:70]
+    pool_k[10:90], pool_v[10:90] = k[70:], v[70:]
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, k_starts=torch.tensor([200, 10]))
+    monkeypatch.setattr(tatt, "TMA_KV", False)
+    o, lse = tatt.triton_attention_lse(q, pool_k, pool_v, pos, kp, **kw)
+    assert not o.isnan().any()
+    assert tatt.kv_descriptors_fit(pool_k, pool_v)
+    monkeypatch.setattr(tatt, "TMA_KV", True)
+    o_tma, lse_tma = tatt.triton_attention_lse(q, pool_k, pool_v, pos, kp, **kw)
+    assert torch.equal(o_tma, o) and torch.equal(lse_tma, lse)
+    flat = torch.empty(k.numel() + 1, dtype=BF, device=DEV)[1:].view(k.shape)  # 2 B off
+    assert not tatt.kv_descriptors_fit(flat, v)
+
+
 def _packed(q, k, v, pos, parts):
     """Queries ``[q0, q1)`` of the sequence against its keys ``[0, q1)``, one packed call."""
     cu_q, cu_k = [0], [0]

@@ -23,6 +23,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._dtypes import dtype_of
 from ..attention import key_rows, reference_attention
@@ -42,6 +43,8 @@ LONG_NUM_WARPS = 4
 WHOLE_CHUNKS = True
 # Query heads sharing a tile (``head_group``); 1 turns grouping off (the same bits).
 GROUP_HEADS = True
+# k and v through TMA descriptors where they fit (``kv_descriptors_fit``); the same bits.
+TMA_KV = False
 # Scores are scaled into log2 units so the softmax runs on exp2 (one multiply fewer per score;
 # Triton lowers exp to exp2 of a product anyway); the log-sum-exp is returned in natural log.
 LOG2E = 1.4426950408889634
@@ -57,23 +60,32 @@ def _dot(a, b):
 
 @triton.jit
 def _chunk(
-    q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
-    CHUNK: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr,
+    q, k_ptr, v_ptr, k_desc, v_desc, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh,
+    scale, CHUNK: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     """One KV chunk into the online softmax. ``MASK=False`` for a chunk every row of the block
     sees whole (inside the keys, at or before every row's position): the masks would keep every
-    value, so leaving them out changes no bit."""
+    value, so leaving them out changes no bit. ``TMA``: k and v come in through descriptors of
+    ``[keys, kv_heads * D]``; rows past the sequence's keys are then whatever the buffer holds
+    (the next sequence, an unwritten cache slot), so masked chunks zero those rows of ``v`` as
+    the masked loads do (their ``p`` is 0, but 0 x NaN is not)."""
     offs_k = c * CHUNK + tl.arange(0, CHUNK)
     offs_d = tl.arange(0, D)
-    k_at = k_ptr + (k0 + offs_k)[:, None] * sk + kvh * skh + offs_d[None, :]
-    v_at = v_ptr + (k0 + offs_k)[:, None] * sv + kvh * svh + offs_d[None, :]
-    if MASK:
-        kmask = offs_k < klen
-        k = tl.load(k_at, mask=kmask[:, None], other=0.0)
-        v = tl.load(v_at, mask=kmask[:, None], other=0.0)
+    if TMA:
+        k = k_desc.load([k0 + c * CHUNK, kvh * D])
+        v = v_desc.load([k0 + c * CHUNK, kvh * D])
+        if MASK:
+            v = tl.where((offs_k < klen)[:, None], v, 0.0)
     else:
-        k = tl.load(k_at)
-        v = tl.load(v_at)
+        k_at = k_ptr + (k0 + offs_k)[:, None] * sk + kvh * skh + offs_d[None, :]
+        v_at = v_ptr + (k0 + offs_k)[:, None] * sv + kvh * svh + offs_d[None, :]
+        if MASK:
+            kmask = offs_k < klen
+            k = tl.load(k_at, mask=kmask[:, None], other=0.0)
+            v = tl.load(v_at, mask=kmask[:, None], other=0.0)
+        else:
+            k = tl.load(k_at)
+            v = tl.load(v_at)
     qk = _dot(q, tl.trans(k))  # scores in log2 units once scaled: the scale carries log2(e)
     # ``p = exp2(qk * scale - m)`` is one explicit fused multiply-add in both paths. Left to the
     # compiler, the unmasked path contracted it into an FMA and the masked one (a select between
@@ -94,10 +106,10 @@ def _chunk(
 
 @triton.jit
 def _attn_fwd(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, pos_ptr, blk_ptr,
+    q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, lse_ptr, pos_ptr, blk_ptr,
     sq, sqh, sk, skh, sv, svh, so, soh, slse, scale,
     REP: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr,
-    BLOCK_Q: tl.constexpr, MAX_CHUNKS: tl.constexpr, WHOLE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, MAX_CHUNKS: tl.constexpr, WHOLE: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h0 = tl.program_id(1) * GROUP  # the tile's first query head; its GROUP heads share a KV head
@@ -128,24 +140,24 @@ def _attn_fwd(
         for c in range(MAX_CHUNKS):
             if c < whole:
                 m, l_sum, acc = _chunk(
-                    q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
-                    CHUNK, D, False,
+                    q, k_ptr, v_ptr, k_desc, v_desc, k0, klen, pos, m, l_sum, acc, c, kvh, sk,
+                    skh, sv, svh, scale, CHUNK, D, False, TMA,
                 )  # fmt: skip
             elif c <= last:
                 m, l_sum, acc = _chunk(
-                    q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
-                    CHUNK, D, True,
+                    q, k_ptr, v_ptr, k_desc, v_desc, k0, klen, pos, m, l_sum, acc, c, kvh, sk,
+                    skh, sv, svh, scale, CHUNK, D, True, TMA,
                 )  # fmt: skip
     else:
         for c in range(0, whole):
             m, l_sum, acc = _chunk(
-                q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
-                CHUNK, D, False,
+                q, k_ptr, v_ptr, k_desc, v_desc, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh,
+                sv, svh, scale, CHUNK, D, False, TMA,
             )  # fmt: skip
         for c in range(whole, last + 1):
             m, l_sum, acc = _chunk(
-                q, k_ptr, v_ptr, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh, scale,
-                CHUNK, D, True,
+                q, k_ptr, v_ptr, k_desc, v_desc, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh,
+                sv, svh, scale, CHUNK, D, True, TMA,
             )  # fmt: skip
     o = acc / l_sum[:, None]
     tl.store(
@@ -197,6 +209,27 @@ def programs_per_wave(device: torch.device) -> int:
     return _programs(device)
 
 
+def kv_descriptors_fit(k_SKD: torch.Tensor, v_SKD: torch.Tensor) -> bool:
+    """k and v as TMA descriptors of ``[keys, kv_heads * D]``: contiguous (kv head, dim) rows,
+    16-byte aligned row strides and bases, on a Hopper-or-later GPU (or the interpreter)."""
+    if k_SKD.device.type == "cuda" and torch.cuda.get_device_capability(k_SKD.device)[0] < 9:
+        return False
+    return all(
+        t.stride(2) == 1
+        and t.stride(1) == t.shape[2]
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        for t in (k_SKD, v_SKD)
+    )
+
+
+def _kv_descriptor(t: torch.Tensor, chunk: int) -> TensorDescriptor:
+    """One KV chunk of one KV head a load: block ``[chunk, D]`` of ``[keys, kv_heads * D]``."""
+    S, KVH, D = t.shape
+    return TensorDescriptor(t, shape=[S, KVH * D], strides=[t.stride(0), 1],
+                            block_shape=[chunk, D])  # fmt: skip
+
+
 def supports(q_LHD: torch.Tensor, k_SKD: torch.Tensor, kp, chunk: int) -> bool:
     """bf16/fp16 q, k, v of one dtype, float32 softmax, power-of-two head dim and chunk >= 16."""
     D = q_LHD.shape[-1]
@@ -240,11 +273,14 @@ def triton_attention_lse(
     pos = q_positions.to(device=q.device, dtype=torch.int32).contiguous()
     max_k = max(n for _, n in keys)
     max_chunks = triton.next_power_of_2(max(1, math.ceil(max_k / chunk)))
+    tma = TMA_KV and kv_descriptors_fit(k, v)
+    k_desc = _kv_descriptor(k, chunk) if tma else None
+    v_desc = _kv_descriptor(v, chunk) if tma else None
     _attn_fwd[(blk.shape[0], H // group)](
-        q, k, v, o_LHD, lse_LH, pos, blk,
+        q, k, v, k_desc, v_desc, o_LHD, lse_LH, pos, blk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o_LHD.stride(0), o_LHD.stride(1), lse_LH.stride(0), scale * LOG2E,
-        H // KVH, group, chunk, D, BLOCK_Q, max_chunks, WHOLE_CHUNKS,
+        H // KVH, group, chunk, D, BLOCK_Q, max_chunks, WHOLE_CHUNKS, tma,
         num_warps=LONG_NUM_WARPS if max_k >= LONG_KEYS else NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return o_LHD, lse_LH
