@@ -27,7 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._dtypes import dtype_of
 from ..attention import key_rows, reference_attention
-from .matmul import INTERPRET, _programs, _round, interpreter_dot
+from .matmul import INTERPRET, _major, _programs, _round, interpreter_dot
 
 # Launch shapes from benchmarks/tune_attention.py's sweeps on an H200 (BENCHMARKS.md): every
 # shape with 64 query rows gave the same output bits at 32 x 512, 4 x 4096 and 1 x 16384 tokens
@@ -212,7 +212,7 @@ def programs_per_wave(device: torch.device) -> int:
 def kv_descriptors_fit(k_SKD: torch.Tensor, v_SKD: torch.Tensor) -> bool:
     """k and v as TMA descriptors of ``[keys, kv_heads * D]``: contiguous (kv head, dim) rows,
     16-byte aligned row strides and bases, on a Hopper-or-later GPU (or the interpreter)."""
-    if k_SKD.device.type == "cuda" and torch.cuda.get_device_capability(k_SKD.device)[0] < 9:
+    if k_SKD.device.type == "cuda" and _major(k_SKD.device.index or 0) < 9:
         return False
     return all(
         t.stride(2) == 1

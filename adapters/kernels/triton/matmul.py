@@ -16,7 +16,9 @@ free for speed as long as the tile dot stays the same instruction:
 Two launches, same arithmetic per output:
 
 * ``_mm_persistent`` (large M): ``programs_per_sm`` programs per SM, each looping over output
-  tiles, every K tile of a tile in one pipelined loop.
+  tiles, every K tile of a tile in one pipelined loop. ``_mm_persistent_tma`` is the same with
+  the operand tiles loaded through TMA descriptors (the shipped path where they fit); the
+  output tile follows the counter's depth (``persistent_shape``).
 * ``_mm_runs`` (small M, where output tiles alone cannot fill the GPU): one program per (output
   tile, run), so each weight is read once; a run's program writes its sum to a workspace and the
   last program of a tile to finish (an atomic counter per tile) combines the runs in the fixed
@@ -413,6 +415,11 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.cache
+def _major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
 def _programs(device: torch.device) -> int:
     return _num_sms(device.index or 0) if device.type == "cuda" else 4
 
@@ -444,9 +451,9 @@ def _launch(
     M, K = x_MK.shape
     N = w_NK.shape[0]
     runs = max(1, math.ceil(K / k_block)) // run
-    persistent = persistent or persistent_shape(x_MK, w_NK, runs)
     small = small or (SMALL_M if M <= SMALL_ROWS else SMALL_M_WIDE)
-    grid_m, grid_n = triton.cdiv(M, persistent.block_m), triton.cdiv(N, persistent.block_n)
+    split = persistent or PERSISTENT  # the per-run launch takes what this tile cannot fill
+    grid_m, grid_n = triton.cdiv(M, split.block_m), triton.cdiv(N, split.block_n)
     progs = _programs(x_MK.device)
     y_MN = torch.empty((M, N), dtype=acc, device=x_MK.device)
     if M == 0 or N == 0:  # nothing to launch (an empty batch)
@@ -462,6 +469,8 @@ def _launch(
             num_stages=small.num_stages,
         )  # fmt: skip
         return y_MN
+    persistent = persistent or persistent_shape(x_MK, w_NK, runs)
+    grid_m, grid_n = triton.cdiv(M, persistent.block_m), triton.cdiv(N, persistent.block_n)
     progs = min(progs * persistent.programs_per_sm, grid_m * grid_n)
     iters = triton.next_power_of_2(triton.cdiv(grid_m * grid_n, progs))
     if persistent.tma and tma_fits(x_MK, w_NK):
@@ -499,7 +508,7 @@ def persistent_shape(x_MK: torch.Tensor, w_NK: torch.Tensor, runs: int) -> Launc
 def tma_fits(x_MK: torch.Tensor, w_NK: torch.Tensor) -> bool:
     """A TMA descriptor needs a Hopper-or-later GPU (or the interpreter), rows of contiguous
     elements, and 16-byte aligned row strides and base addresses."""
-    if x_MK.device.type == "cuda" and torch.cuda.get_device_capability(x_MK.device)[0] < 9:
+    if x_MK.device.type == "cuda" and _major(x_MK.device.index or 0) < 9:
         return False
     return all(
         t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
