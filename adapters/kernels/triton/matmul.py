@@ -259,11 +259,14 @@ def _step(
 
 @triton.jit
 def _runs_tree(
-    x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    x_ptr, w_ptr, x_desc, w_desc, pid_m, pid_n, M, N, K, sxm, swn, RUN: tl.constexpr,
+    NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """All K tiles of one output tile in one (pipelined) loop, through ``_step``."""
+    """All K tiles of output tile (``pid_m``, ``pid_n``) in one (pipelined) loop, through
+    ``_step``; each tile's operands by pointer loads or, with ``TMA``, through the descriptors."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
     s1 = s0
     s2 = s0
@@ -273,7 +276,12 @@ def _runs_tree(
     s6 = s0
     run = s0
     for t in range(0, RUN * NUM_RUNS):
-        p = _tile_dot(x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K)
+        if TMA:
+            p = _tile_dot_tma(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, t * BLOCK_K)
+        else:
+            p = _tile_dot(
+                x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
+            )  # fmt: skip
         run, s0, s1, s2, s3, s4, s5, s6 = _step(
             _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
         )  # fmt: skip
@@ -297,8 +305,8 @@ def _mm_persistent(
         tile = pid + i * NUM_PROGS
         if tile < grid_m * grid_n:
             _mm_tile(
-                x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN, NUM_RUNS,
-                ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K,
+                x_ptr, w_ptr, None, None, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym,
+                RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, False,
             )  # fmt: skip
 
 
@@ -316,25 +324,10 @@ def _mm_persistent_tma(
     for i in range(ITERS):
         tile = pid + i * NUM_PROGS
         if tile < grid_m * grid_n:
-            pid_m, pid_n = _tile_coords(tile, grid_m, grid_n, GROUP_M)
-            s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
-            s1 = s0
-            s2 = s0
-            s3 = s0
-            s4 = s0
-            s5 = s0
-            s6 = s0
-            run = s0
-            for t in range(0, RUN * NUM_RUNS):
-                p = _tile_dot_tma(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, t * BLOCK_K)
-                run, s0, s1, s2, s3, s4, s5, s6 = _step(
-                    _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
-                )  # fmt: skip
-            y = _total(s0, s1, s2, s3, s4, s5, s6, NUM_RUNS)
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
+            _mm_tile(
+                None, None, x_desc, w_desc, y_ptr, tile, grid_m, grid_n, M, N, 0, 0, 0, sym, RUN,
+                NUM_RUNS, ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, True, True,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -351,18 +344,19 @@ def _tile_coords(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _mm_tile(
-    x_ptr, w_ptr, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym, RUN: tl.constexpr,
-    NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    x_ptr, w_ptr, x_desc, w_desc, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym,
+    RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     """One output tile (``_tile_coords`` places it)."""
     pid_m, pid_n = _tile_coords(tile, grid_m, grid_n, GROUP_M)
+    y = _runs_tree(
+        x_ptr, w_ptr, x_desc, w_desc, pid_m, pid_n, M, N, K, sxm, swn, RUN, NUM_RUNS, ACC,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
+    )  # fmt: skip
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    y = _runs_tree(
-        x_ptr, w_ptr, offs_m, offs_n, M, N, K, sxm, swn, RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N,
-        BLOCK_K, EVEN_K,
-    )  # fmt: skip
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
 
