@@ -73,18 +73,17 @@ def cases():
         yield (
             f"_mm_persistent even_k={even_k}", matmul._mm_persistent,
             dict(RUN=2, NUM_RUNS=16, ACC=tl.bfloat16, NUM_PROGS=264, ITERS=4, BLOCK_M=mm.block_m,
-                 BLOCK_N=mm.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M, EVEN_K=even_k),
+                 BLOCK_N=mm.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M, EVEN_K=even_k,
+                 TMA=False, x_desc=None, w_desc=None),
             dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
         )  # fmt: skip
-    for tma, run, runs in (
-        (matmul.PERSISTENT, 2, 16),
-        (matmul.PERSISTENT_LARGE, 5, matmul.LARGE_MAX_RUNS),
-    ):
+    for tma, run, runs in ((matmul.PERSISTENT, 2, 16),
+                           (matmul.PERSISTENT_LARGE, 5, matmul.LARGE_MAX_RUNS)):  # fmt: skip
         yield (
-            f"_mm_persistent_tma {tma.block_m}x{tma.block_n} runs={runs}",
-            matmul._mm_persistent_tma,
+            f"_mm_persistent tma {tma.block_m}x{tma.block_n} runs={runs}", matmul._mm_persistent,
             dict(RUN=run, NUM_RUNS=runs, ACC=tl.bfloat16, NUM_PROGS=264, ITERS=4,
-                 BLOCK_M=tma.block_m, BLOCK_N=tma.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M),
+                 BLOCK_M=tma.block_m, BLOCK_N=tma.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M,
+                 EVEN_K=True, TMA=True, x_ptr=None, w_ptr=None),
             dict(num_warps=tma.num_warps, num_stages=tma.num_stages),
             dict(x_desc=(tma.block_m, 128), w_desc=(tma.block_n, 128)),
         )  # fmt: skip

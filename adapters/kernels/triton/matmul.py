@@ -16,9 +16,9 @@ free for speed as long as the tile dot stays the same instruction:
 Two launches, same arithmetic per output:
 
 * ``_mm_persistent`` (large M): ``programs_per_sm`` programs per SM, each looping over output
-  tiles, every K tile of a tile in one pipelined loop. ``_mm_persistent_tma`` is the same with
-  the operand tiles loaded through TMA descriptors (the shipped path where they fit); the
-  output tile follows the counter's depth (``persistent_shape``).
+  tiles, every K tile of a tile in one pipelined loop; the operand tiles come through TMA
+  descriptors (the shipped path, where they fit) or pointer loads, and the output tile follows
+  the counter's depth (``persistent_shape``).
 * ``_mm_runs`` (small M, where output tiles alone cannot fill the GPU): one program per (output
   tile, run), so each weight is read once; a run's program writes its sum to a workspace and the
   last program of a tile to finish (an atomic counter per tile) combines the runs in the fixed
@@ -290,12 +290,14 @@ def _runs_tree(
 
 @triton.jit
 def _mm_persistent(
-    x_ptr, w_ptr, y_ptr, M, N, K, sxm, swn, sym,
+    x_ptr, w_ptr, x_desc, w_desc, y_ptr, M, N, K, sxm, swn, sym,
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, NUM_PROGS: tl.constexpr,
     ITERS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
+    """Operands by pointer (``x_ptr``, ``w_ptr``) or, with ``TMA``, through the descriptors
+    (``x_desc``, ``w_desc``); the other pair is None."""
     pid = tl.program_id(0)
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -305,28 +307,8 @@ def _mm_persistent(
         tile = pid + i * NUM_PROGS
         if tile < grid_m * grid_n:
             _mm_tile(
-                x_ptr, w_ptr, None, None, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym,
-                RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, False,
-            )  # fmt: skip
-
-
-@triton.jit
-def _mm_persistent_tma(
-    x_desc, w_desc, y_ptr, M, N, sym,
-    RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, NUM_PROGS: tl.constexpr,
-    ITERS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):  # fmt: skip
-    """``_mm_persistent`` with TMA loads: the same tiles, dots and order."""
-    pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    for i in range(ITERS):
-        tile = pid + i * NUM_PROGS
-        if tile < grid_m * grid_n:
-            _mm_tile(
-                None, None, x_desc, w_desc, y_ptr, tile, grid_m, grid_n, M, N, 0, 0, 0, sym, RUN,
-                NUM_RUNS, ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, True, True,
+                x_ptr, w_ptr, x_desc, w_desc, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym,
+                RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
             )  # fmt: skip
 
 
@@ -467,20 +449,14 @@ def _launch(
     grid_m, grid_n = triton.cdiv(M, persistent.block_m), triton.cdiv(N, persistent.block_n)
     progs = min(progs * persistent.programs_per_sm, grid_m * grid_n)
     iters = triton.next_power_of_2(triton.cdiv(grid_m * grid_n, progs))
-    if persistent.tma and tma_fits(x_MK, w_NK):
-        _mm_persistent_tma[(progs,)](
-            _descriptor(x_MK, persistent.block_m, k_block),
-            _descriptor(w_NK, persistent.block_n, k_block),
-            y_MN, M, N, y_MN.stride(0), run, runs, _TL[acc], progs, iters, persistent.block_m,
-            persistent.block_n, k_block, GROUP_M, num_warps=persistent.num_warps,
-            num_stages=persistent.num_stages,
-        )  # fmt: skip
-        return y_MN
+    tma = persistent.tma and tma_fits(x_MK, w_NK)
+    x_desc = _descriptor(x_MK, persistent.block_m, k_block) if tma else None
+    w_desc = _descriptor(w_NK, persistent.block_n, k_block) if tma else None
     _mm_persistent[(progs,)](
-        x_MK, w_NK, y_MN, M, N, K, x_MK.stride(0), w_NK.stride(0), y_MN.stride(0),
-        run, runs, _TL[acc], progs, iters, persistent.block_m, persistent.block_n, k_block,
-        GROUP_M, K % k_block == 0, num_warps=persistent.num_warps,
-        num_stages=persistent.num_stages,
+        None if tma else x_MK, None if tma else w_NK, x_desc, w_desc, y_MN, M, N, K,
+        x_MK.stride(0), w_NK.stride(0), y_MN.stride(0), run, runs, _TL[acc], progs, iters,
+        persistent.block_m, persistent.block_n, k_block, GROUP_M, K % k_block == 0, tma,
+        num_warps=persistent.num_warps, num_stages=persistent.num_stages,
     )  # fmt: skip
     return y_MN
 
