@@ -43,7 +43,9 @@ LONG_NUM_WARPS = 4
 WHOLE_CHUNKS = True
 # Query heads sharing a tile (``head_group``); 1 turns grouping off (the same bits).
 GROUP_HEADS = True
-# k and v through TMA descriptors where they fit (``kv_descriptors_fit``); the same bits.
+# k and v through TMA descriptors where they fit (``kv_descriptors_fit``); the same bits. Off:
+# on the H200 (2026-12-02) pointer loads were faster at 4k prefill, and decode was too noisy to
+# call (BENCHMARKS.md).
 TMA_KV = False
 # Scores are scaled into log2 units so the softmax runs on exp2 (one multiply fewer per score;
 # Triton lowers exp to exp2 of a product anyway); the log-sum-exp is returned in natural log.
