@@ -67,7 +67,8 @@ def aligned(fn, sig: dict) -> dict:
 
 
 def cases():
-    """(label, kernel, constexprs, launch options): the shapes the host code launches."""
+    """(label, kernel, constexprs, launch options[, descriptor block shapes]): the shapes the host
+    code launches."""
     mm = matmul.PERSISTENT
     for even_k in (True, False):
         yield (
