@@ -5,7 +5,8 @@ such as a kernel reading a global that is not a ``tl.constexpr``; this catches t
 does. Run as a script without ``TRITON_INTERPRET`` (``test_triton_compiles.py`` does); prints one
 line per kernel and exits 1 on the first that fails. ``--resources`` adds each kernel's shared
 memory, registers per thread and spills (ptxas's own report): what bounds programs per SM.
-``--count INSTR`` adds how many times the PTX names an instruction (e.g. ``fma.rn.f32``)."""
+``--count INSTR[,INSTR...]`` adds how many times the PTX names each instruction (e.g.
+``fma.rn.f32``)."""
 
 from __future__ import annotations
 
@@ -148,8 +149,8 @@ def main(argv: list[str]) -> int:
         line = f"ok   {label}: {len(compiled.asm['cubin'])} bytes of sm_90 cubin"
         if report:
             line += f", {compiled.metadata.shared} B shared, {resources(compiled.asm['ptx'])}"
-        if count:
-            line += f", {compiled.asm['ptx'].count(count)} x {count}"
+        for instr in count.split(",") if count else ():
+            line += f", {compiled.asm['ptx'].count(instr)} x {instr}"
         print(line, flush=True)
     return 0
 

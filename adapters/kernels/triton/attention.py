@@ -27,7 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._dtypes import dtype_of
 from ..attention import key_rows, reference_attention
-from .matmul import INTERPRET, _major, _programs, _round, interpreter_dot
+from .matmul import INTERPRET, _programs, _round, descriptor_fits, interpreter_dot
 
 # Launch shapes from benchmarks/tune_attention.py's sweeps on an H200 (BENCHMARKS.md): every
 # shape with 64 query rows gave the same output bits at 32 x 512, 4 x 4096 and 1 x 16384 tokens
@@ -212,17 +212,9 @@ def programs_per_wave(device: torch.device) -> int:
 
 
 def kv_descriptors_fit(k_SKD: torch.Tensor, v_SKD: torch.Tensor) -> bool:
-    """k and v as TMA descriptors of ``[keys, kv_heads * D]``: contiguous (kv head, dim) rows,
-    16-byte aligned row strides and bases, on a Hopper-or-later GPU (or the interpreter)."""
-    if k_SKD.device.type == "cuda" and _major(k_SKD.device.index or 0) < 9:
-        return False
-    return all(
-        t.stride(2) == 1
-        and t.stride(1) == t.shape[2]
-        and (t.stride(0) * t.element_size()) % 16 == 0
-        and t.data_ptr() % 16 == 0
-        for t in (k_SKD, v_SKD)
-    )
+    """k and v as TMA descriptors of ``[keys, kv_heads * D]``: each (kv head, dim) row contiguous
+    and ``descriptor_fits``."""
+    return all(t.stride(1) == t.shape[2] and descriptor_fits(t) for t in (k_SKD, v_SKD))
 
 
 def _kv_descriptor(t: torch.Tensor, chunk: int) -> TensorDescriptor:

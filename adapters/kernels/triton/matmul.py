@@ -476,13 +476,17 @@ def persistent_shape(x_MK: torch.Tensor, w_NK: torch.Tensor, runs: int) -> Launc
 
 
 def tma_fits(x_MK: torch.Tensor, w_NK: torch.Tensor) -> bool:
-    """A TMA descriptor needs a Hopper-or-later GPU (or the interpreter), rows of contiguous
-    elements, and 16-byte aligned row strides and base addresses."""
-    if x_MK.device.type == "cuda" and _major(x_MK.device.index or 0) < 9:
+    """Both operands can be TMA descriptors (``descriptor_fits``)."""
+    return descriptor_fits(x_MK) and descriptor_fits(w_NK)
+
+
+def descriptor_fits(t: torch.Tensor) -> bool:
+    """A TMA descriptor over ``t`` viewed as rows: a Hopper-or-later GPU (or the interpreter),
+    contiguous elements within a row, 16-byte aligned row stride and base address."""
+    if t.device.type == "cuda" and _major(t.device.index or 0) < 9:
         return False
-    return all(
-        t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-        for t in (x_MK, w_NK)
+    return (
+        t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
     )
 
 
