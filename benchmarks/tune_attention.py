@@ -20,6 +20,8 @@ import time
 
 import torch
 
+_L2 = []  # a buffer larger than the H200's 50 MiB L2, written before each rep under --flush-l2
+
 
 def _ms(fn, reps=20):
     if os.environ.get("TRITON_INTERPRET") == "1":  # a CPU smoke run (the interpreter): wall time
@@ -32,6 +34,8 @@ def _ms(fn, reps=20):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(reps):
+        for buf in _L2:  # evict the operands, as a real step's earlier layers do
+            buf.zero_()
         start.record()
         fn()
         end.record()
@@ -50,12 +54,17 @@ def main() -> None:
                     help="sweep decode instead: --batch requests, one query each at CTX keys")  # fmt: skip
     ap.add_argument("--device", default="cuda", help="cpu runs Triton's interpreter (a smoke test)")
     ap.add_argument("--block-qs", default="32,64,128", help="forward: query rows per tile to try")
+    ap.add_argument("--stages", default="1,2,3", help="forward: pipeline stages to try")
     ap.add_argument("--tma", choices=["off", "on", "both"], default="both",
                     help="forward: k and v by pointer loads, TMA descriptors, or both")  # fmt: skip
+    ap.add_argument("--flush-l2", action="store_true",
+                    help="write 256 MiB before each timed rep, so no operand starts in L2")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
+    elif args.flush_l2:
+        _L2.append(torch.empty(64 << 20, dtype=torch.int32, device=args.device))
     if args.decode:
         return decode_sweep(args)
 
@@ -74,9 +83,17 @@ def main() -> None:
     pos = torch.arange(S, device=dev).repeat(B)
     cu = torch.arange(B + 1, device=dev, dtype=torch.int32) * S
     kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
-    shipped = (fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES)
+    shipped = (fwd.BLOCK_Q, fwd.LONG_BLOCK_Q, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES)
     o_ref, lse = fwd.triton_attention_lse(q, k, v, pos, kp, **kw)
     rows = []
+    sdpa = None
+    if dev != "cpu":  # the stock forward on the same batch, for scale
+        import torch.nn.functional as F
+
+        qs, ks, vs = (t.view(B, S, -1, D).transpose(1, 2) for t in (q, k, v))
+        sdpa = _ms(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
+                                                          enable_gqa=True))  # fmt: skip
+        print(f"SDPA forward {sdpa:.3f} ms", flush=True)
 
     def run_fwd():
         return fwd.triton_attention_lse(q, k, v, pos, kp, **kw)
@@ -84,11 +101,15 @@ def main() -> None:
     tmas = {"off": (False,), "on": (True,), "both": (False, True)}[args.tma]
     keep_tma = fwd.TMA_KV
     for bq, warps, stages, tma in itertools.product(
-        [int(b) for b in args.block_qs.split(",")], (4, 8), (1, 2, 3), tmas
-    ):
-        fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES, fwd.TMA_KV = bq, warps, stages, tma
+        [int(b) for b in args.block_qs.split(",")], (4, 8),
+        [int(n) for n in args.stages.split(",")], tmas,
+    ):  # fmt: skip
+        # short and long calls alike (a sequence of LONG_KEYS or more takes the LONG_ ones)
+        fwd.BLOCK_Q = fwd.LONG_BLOCK_Q = bq
+        fwd.NUM_WARPS = fwd.LONG_NUM_WARPS = warps
+        fwd.NUM_STAGES, fwd.TMA_KV = stages, tma
         row = {"kernel": "forward", "BLOCK_Q": bq, "num_warps": warps, "num_stages": stages,
-               "tma": tma}  # fmt: skip
+               "tma": tma, "sdpa_ms": sdpa}  # fmt: skip
         try:
             row["ms"] = _ms(run_fwd)
             row["bits_equal_shipped"] = torch.equal(run_fwd()[0], o_ref)
@@ -96,7 +117,7 @@ def main() -> None:
             row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
-    fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES = shipped
+    fwd.BLOCK_Q, fwd.LONG_BLOCK_Q, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES = shipped
     fwd.TMA_KV = keep_tma
 
     def run_bwd():

@@ -36,12 +36,12 @@ TARGET = GPUTarget("cuda", 90, 32)
 # pointer arguments by name (every kernel names them ``*_ptr``); the rest are bf16 tensors
 POINTERS = {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "pos_ptr": "*i32", "blk_ptr": "*i32",
             "count_ptr": "*i32"}  # fmt: skip
-FLOATS = {"scale"}
+FLOATS = {"scale", "scale2"}
 
 
 def signature(fn, constexprs: dict, descriptors: dict | None = None) -> dict:
     """Triton's signature of ``fn``: ``*_ptr`` arguments are pointers, ``*_desc`` TMA descriptors
-    (``descriptors`` gives each one's block shape), ``scale`` a float32, the other runtime
+    (``descriptors`` gives each one's block shape), ``scale`` and ``scale2`` float32, the other runtime
     arguments int32; ``constexprs`` name the compile-time ones."""
     sig = {}
     for name in fn.arg_names:
@@ -96,12 +96,16 @@ def cases():
                  BLOCK_N=shape.block_n, BLOCK_K=128, EVEN_K=True),
             dict(num_warps=shape.num_warps, num_stages=shape.num_stages),
         )  # fmt: skip
-    for group, warps in ((1, attention.NUM_WARPS), (4, attention.LONG_NUM_WARPS), (3, 4)):
+    for group, rows, warps in ((1, attention.BLOCK_Q, attention.NUM_WARPS),
+                               (1, attention.LONG_BLOCK_Q, attention.LONG_NUM_WARPS),
+                               (4, attention.BLOCK_Q, attention.LONG_NUM_WARPS),
+                               (3, attention.BLOCK_Q, 4)):  # fmt: skip
         for tma in (False, True):
             yield (
-                f"_attn_fwd group={group}" + (" tma" if tma else ""), attention._attn_fwd,
+                f"_attn_fwd group={group} rows={rows} warps={warps}" + (" tma" if tma else ""),
+                attention._attn_fwd,
                 dict(REP=4 if group != 3 else 3, GROUP=group, CHUNK=64, D=128,
-                     BLOCK_Q=attention.BLOCK_Q, MAX_CHUNKS=64, WHOLE=attention.WHOLE_CHUNKS,
+                     BLOCK_Q=rows, MAX_CHUNKS=64, WHOLE=attention.WHOLE_CHUNKS,
                      TMA=tma, **({} if tma else {"k_desc": None, "v_desc": None})),
                 dict(num_warps=warps, num_stages=attention.NUM_STAGES),
                 *([dict(k_desc=(64, 128), v_desc=(64, 128))] if tma else []),
@@ -113,6 +117,10 @@ def cases():
             dict(REP=4, D=128, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_K=cfg["BLOCK_K"], **{bound: 64}),
             dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         )  # fmt: skip
+    yield (
+        "_attn_bwd_delta", attention_bwd._attn_bwd_delta,
+        dict(H=32, D=128, BLOCK=attention_bwd.DELTA_ROWS), {},
+    )  # fmt: skip
     for n in tree_sum.SIZES:
         yield (
             f"_tree_sum_kernel n={n}", tree_sum._tree_sum_kernel,

@@ -259,6 +259,24 @@ def test_triton_attention_whole_chunks_keep_bits(kp, monkeypatch):
     assert torch.equal(tatt.triton_attention(q, k, v, pos, kp), full)
 
 
+def test_triton_attention_tile_height_keeps_bits(kp, monkeypatch):
+    """A long prefill may run taller tiles (``LONG_BLOCK_Q``) than decode and short chunks: the
+    same rows with 128 query rows per tile give the bits and log-sum-exps of 64, packed
+    (one long and one short sequence) and at head dim 128, and the decode of a row equals it."""
+    L = 300
+    q, k, v = _r(L + 40, 4, 128), _r(L + 40, 2, 128, seed=1), _r(L + 40, 2, 128, seed=2)
+    pos = torch.cat([torch.arange(L), torch.arange(40)]).to(DEV)
+    kw = dict(cu_seqlens_q=torch.tensor([0, L, L + 40]), cu_seqlens_k=torch.tensor([0, L, L + 40]))
+    monkeypatch.setattr(tatt, "LONG_KEYS", 1)  # the long launch, which takes LONG_BLOCK_Q
+    short = tatt.triton_attention_lse(q, k, v, pos, kp, **kw)
+    monkeypatch.setattr(tatt, "LONG_BLOCK_Q", 128)
+    tall = tatt.triton_attention_lse(q, k, v, pos, kp, **kw)
+    assert torch.equal(tall[0], short[0]) and torch.equal(tall[1], short[1])
+    for p in (63, 200, L - 1):  # decode takes the 64-row tile whatever LONG_BLOCK_Q is
+        got = tatt.triton_attention(q[p : p + 1], k[: p + 1], v[: p + 1], pos[p : p + 1], kp)
+        assert torch.equal(got[0], tall[0][p]), p
+
+
 def test_triton_attention_is_close_to_the_reference(kp):
     q, k, v = _qkv(100)
     pos = torch.arange(100, device=DEV)

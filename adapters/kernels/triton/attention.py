@@ -39,6 +39,11 @@ NUM_WARPS = 8
 NUM_STAGES = 3
 LONG_KEYS = 2048
 LONG_NUM_WARPS = 4
+# Query rows per tile of a long call (``LONG_KEYS``) with one head per tile and a sequence of more
+# than ``BLOCK_Q`` queries: a long prefill. A row's bits do not
+# depend on the tile's height once both chunk paths compute the same values (the one-FMA fix):
+# ``test_triton_attention_tile_height_keeps_bits`` checks it, on the H200 too.
+LONG_BLOCK_Q = 64
 # Chunks every row of a block sees whole run without the causal and key masks (the same values).
 WHOLE_CHUNKS = True
 # Query heads sharing a tile (``head_group``); 1 turns grouping off (the same bits).
@@ -261,11 +266,15 @@ def triton_attention_lse(
     if GROUP_HEADS:
         busy = sum(1 for n in counts if n)  # sequences with queries: one block each once grouped
         group = head_group(H // KVH, H, max(counts, default=0), busy, programs_per_wave(q.device))
-    blk = _blocks(cu_q, keys, BLOCK_Q // group, q.device)
+    max_k = max((n for _, n in keys), default=0)
+    long = max_k >= LONG_KEYS
+    # the taller tile only where a sequence has more queries than the short one holds (a long
+    # prefill); a decode against a long cache would fill one row of it
+    rows = LONG_BLOCK_Q if long and group == 1 and max(counts, default=0) > BLOCK_Q else BLOCK_Q
+    blk = _blocks(cu_q, keys, rows // group, q.device)
     if L == 0 or blk.shape[0] == 0:
         return o_LHD, lse_LH
     pos = q_positions.to(device=q.device, dtype=torch.int32).contiguous()
-    max_k = max(n for _, n in keys)
     max_chunks = triton.next_power_of_2(max(1, math.ceil(max_k / chunk)))
     tma = TMA_KV and kv_descriptors_fit(k, v)
     k_desc = _kv_descriptor(k, chunk) if tma else None
@@ -274,8 +283,8 @@ def triton_attention_lse(
         q, k, v, k_desc, v_desc, o_LHD, lse_LH, pos, blk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o_LHD.stride(0), o_LHD.stride(1), lse_LH.stride(0), scale * LOG2E,
-        H // KVH, group, chunk, D, BLOCK_Q, max_chunks, WHOLE_CHUNKS, tma,
-        num_warps=LONG_NUM_WARPS if max_k >= LONG_KEYS else NUM_WARPS, num_stages=NUM_STAGES,
+        H // KVH, group, chunk, D, rows, max_chunks, WHOLE_CHUNKS, tma,
+        num_warps=LONG_NUM_WARPS if long else NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return o_LHD, lse_LH
 

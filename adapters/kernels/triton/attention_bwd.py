@@ -10,9 +10,13 @@ depend on scheduling):
 - ``_attn_bwd_dq``: one program per (block of ``BLOCK_Q`` query rows, query head), walking the key
   blocks up to the block's last position: ``dQ += dS K``.
 
-Per tile: ``P = exp(S - lse)`` on visible keys (0 elsewhere), ``dP = dO Vᵀ``,
-``dS = P ∘ (dP - delta)`` with ``delta = rowsum(dO ∘ O)`` (computed once in torch); ``P`` and ``dS``
-are rounded to the operands' dtype for their tensor-core dots (as FA2/FA3 do), float32 accumulate.
+Per tile: ``P = exp(S - lse)`` on visible keys (0 elsewhere), computed as ``exp2`` of one fused
+multiply-add with the scale and the log-sum-exp in log2 units; ``dP = dO Vᵀ``,
+``dS = P ∘ (dP - delta)`` with ``delta = rowsum(dO ∘ O)`` (``_attn_bwd_delta``, once per row); ``P``
+and ``dS`` are rounded to the operands' dtype for their tensor-core dots (as FA2/FA3 do), float32
+accumulate. In ``_attn_bwd_dq`` only the key blocks that straddle the causal diagonal (or the end
+of the keys) are masked; a block every query sees whole runs without the masks, which would keep
+every value.
 The gradient is not part of the logprob contract (only the forward's bits are); it is checked
 against float64 autograd with a tolerance.
 
@@ -34,17 +38,35 @@ from . import attention as forward
 from .attention import _dot
 from .matmul import INTERPRET, _round
 
+LOG2E = tl.constexpr(forward.LOG2E)  # read inside the kernels: a compile-time constant
+
 # Launch shapes of the two kernels: query rows, key rows, warps, pipeline stages. They change no
 # forward bit; the fastest of benchmarks/tune_attention.py's sweep on an H200 (Qwen3-0.6B heads,
 # 32 x 512 packed tokens; every shape gave the same gradient bits there).
 DKDV = {"BLOCK_Q": 64, "BLOCK_K": 128, "num_warps": 8, "num_stages": 2}
 DQ = {"BLOCK_Q": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3}
+DELTA_ROWS = 64  # (query, head) rows per program of ``_attn_bwd_delta``
+
+
+@triton.jit
+def _attn_bwd_delta(o_ptr, do_ptr, delta_ptr, rows, so, sdo, H: tl.constexpr, D: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
+    """``delta = rowsum(dO ∘ O)`` in float32 for ``BLOCK`` (query, head) rows of ``[L, H, D]``
+    tensors whose heads are contiguous (``[L, H]`` out)."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, D)
+    mask = (r < rows)[:, None]
+    o = tl.load(o_ptr + (r // H * so + r % H * D)[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(
+        do_ptr + (r // H * sdo + r % H * D)[:, None] + offs_d[None, :], mask=mask, other=0.0
+    )
+    tl.store(delta_ptr + r, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=r < rows)
 
 
 @triton.jit
 def _dkdv_tile(
     dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, qb, q0, q1, h, kpos,
-    sq, sqh, sdo, sdoh, slse, scale, D: tl.constexpr, BLOCK_Q: tl.constexpr,
+    sq, sqh, sdo, sdoh, slse, scale2, D: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):  # fmt: skip
     offs_q = q0 + qb * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, D)
@@ -55,12 +77,12 @@ def _dkdv_tile(
     do = tl.load(
         do_ptr + offs_q[:, None] * sdo + h * sdoh + offs_d[None, :], mask=qmask[:, None], other=0.0
     )
-    lse = tl.load(lse_ptr + offs_q * slse + h, mask=qmask, other=0.0)
+    lse2 = tl.load(lse_ptr + offs_q * slse + h, mask=qmask, other=0.0) * LOG2E
     delta = tl.load(delta_ptr + offs_q * slse + h, mask=qmask, other=0.0)
+    s_T = _dot(k, tl.trans(q))  # [BLOCK_K, BLOCK_Q], unscaled
     pos = tl.load(pos_ptr + offs_q, mask=qmask, other=-1)
-    s_T = _dot(k, tl.trans(q)) * scale  # [BLOCK_K, BLOCK_Q]
     visible = (kpos[:, None] <= pos[None, :]) & qmask[None, :]
-    p_T = tl.where(visible, tl.exp(s_T - lse[None, :]), 0.0)
+    p_T = tl.where(visible, tl.exp2(tl.fma(s_T, scale2, -lse2[None, :])), 0.0)
     dv += _dot(_round(p_T, q.dtype), do)
     dp_T = _dot(v, tl.trans(do))
     ds_T = p_T * (dp_T - delta[None, :])
@@ -71,7 +93,7 @@ def _dkdv_tile(
 @triton.jit
 def _attn_bwd_dkdv(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, dk_ptr, dv_ptr, blk_ptr,
-    sq, sqh, sk, skh, sv, svh, sdo, sdoh, slse, sdk, sdkh, sdv, sdvh, scale,
+    sq, sqh, sk, skh, sv, svh, sdo, sdoh, slse, sdk, sdkh, sdv, sdvh, scale, scale2,
     REP: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     MAX_QBLOCKS: tl.constexpr,
 ):  # fmt: skip
@@ -106,13 +128,13 @@ def _attn_bwd_dkdv(
                 if qb >= qb_first and qb < qb_end:
                     dk, dv = _dkdv_tile(
                         dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, qb, q0, q1, h,
-                        kpos, sq, sqh, sdo, sdoh, slse, scale, D, BLOCK_Q,
+                        kpos, sq, sqh, sdo, sdoh, slse, scale2, D, BLOCK_Q,
                     )  # fmt: skip
-        else:
+        else:  # one masked loop: split in two (as dQ's), it spilled three times as much
             for qb in range(qb_first, qb_end):
                 dk, dv = _dkdv_tile(
                     dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, qb, q0, q1, h,
-                    kpos, sq, sqh, sdo, sdoh, slse, scale, D, BLOCK_Q,
+                    kpos, sq, sqh, sdo, sdoh, slse, scale2, D, BLOCK_Q,
                 )  # fmt: skip
     tl.store(
         dk_ptr + (k0 + kpos)[:, None] * sdk + kvh * sdkh + offs_d[None, :],
@@ -128,25 +150,26 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _dq_tile(
-    dq, q, do, lse, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh, scale,
-    D: tl.constexpr, BLOCK_K: tl.constexpr,
+    dq, q, do, lse2, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh, scale2,
+    D: tl.constexpr, BLOCK_K: tl.constexpr, MASK: tl.constexpr,
 ):  # fmt: skip
+    """One key block into a query block's ``dQ``. ``MASK=False`` for a key block inside the
+    keys and at or before every row's position."""
     kpos = c * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, D)
-    kmask = kpos < klen
-    k = tl.load(
-        k_ptr + (k0 + kpos)[:, None] * sk + kvh * skh + offs_d[None, :],
-        mask=kmask[:, None],
-        other=0.0,
-    )
-    v = tl.load(
-        v_ptr + (k0 + kpos)[:, None] * sv + kvh * svh + offs_d[None, :],
-        mask=kmask[:, None],
-        other=0.0,
-    )
-    s = _dot(q, tl.trans(k)) * scale  # [BLOCK_Q, BLOCK_K]
-    visible = (kpos[None, :] <= pos[:, None]) & kmask[None, :]
-    p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+    k_at = k_ptr + (k0 + kpos)[:, None] * sk + kvh * skh + offs_d[None, :]
+    v_at = v_ptr + (k0 + kpos)[:, None] * sv + kvh * svh + offs_d[None, :]
+    if MASK:
+        kmask = kpos < klen
+        k = tl.load(k_at, mask=kmask[:, None], other=0.0)
+        v = tl.load(v_at, mask=kmask[:, None], other=0.0)
+    else:
+        k = tl.load(k_at)
+        v = tl.load(v_at)
+    s = _dot(q, tl.trans(k))  # [BLOCK_Q, BLOCK_K], unscaled
+    p = tl.exp2(tl.fma(s, scale2, -lse2[:, None]))
+    if MASK:
+        p = tl.where((kpos[None, :] <= pos[:, None]) & kmask[None, :], p, 0.0)
     dp = _dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
     return dq + _dot(_round(ds, k.dtype), k)
@@ -155,7 +178,7 @@ def _dq_tile(
 @triton.jit
 def _attn_bwd_dq(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, dq_ptr, blk_ptr,
-    sq, sqh, sk, skh, sv, svh, sdo, sdoh, slse, sdq, sdqh, scale,
+    sq, sqh, sk, skh, sv, svh, sdo, sdoh, slse, sdq, sdqh, scale, scale2,
     REP: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     MAX_KBLOCKS: tl.constexpr,
 ):  # fmt: skip
@@ -175,23 +198,36 @@ def _attn_bwd_dq(
     do = tl.load(
         do_ptr + offs_q[:, None] * sdo + h * sdoh + offs_d[None, :], mask=qmask[:, None], other=0.0
     )
-    lse = tl.load(lse_ptr + offs_q * slse + h, mask=qmask, other=0.0)
+    lse2 = tl.load(lse_ptr + offs_q * slse + h, mask=qmask, other=0.0) * LOG2E
     delta = tl.load(delta_ptr + offs_q * slse + h, mask=qmask, other=0.0)
     pos = tl.load(pos_ptr + offs_q, mask=qmask, other=-1)
     dq = tl.zeros((BLOCK_Q, D), tl.float32)
     last = tl.max(pos, 0) // BLOCK_K
+    # key blocks [0, whole) are seen whole by every row: before the lowest position, in the keys
+    lowest = tl.min(tl.where(qmask, pos, 2147483647), 0)
+    whole = tl.minimum((lowest + 1) // BLOCK_K, klen // BLOCK_K)
     if INTERPRET:
         for c in range(MAX_KBLOCKS):
-            if c <= last:
+            if c < whole:
                 dq = _dq_tile(
-                    dq, q, do, lse, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh,
-                    scale, D, BLOCK_K,
+                    dq, q, do, lse2, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh,
+                    scale2, D, BLOCK_K, False,
+                )  # fmt: skip
+            elif c <= last:
+                dq = _dq_tile(
+                    dq, q, do, lse2, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh,
+                    scale2, D, BLOCK_K, True,
                 )  # fmt: skip
     else:
-        for c in range(0, last + 1):
+        for c in range(0, whole):
             dq = _dq_tile(
-                dq, q, do, lse, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh,
-                scale, D, BLOCK_K,
+                dq, q, do, lse2, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh,
+                scale2, D, BLOCK_K, False,
+            )  # fmt: skip
+        for c in range(whole, last + 1):
+            dq = _dq_tile(
+                dq, q, do, lse2, delta, pos, k_ptr, v_ptr, c, k0, klen, kvh, sk, skh, sv, svh,
+                scale2, D, BLOCK_K, True,
             )  # fmt: skip
     tl.store(
         dq_ptr + offs_q[:, None] * sdq + h * sdqh + offs_d[None, :],
@@ -265,8 +301,14 @@ def triton_attention_backward(
     q, k, v = q_LHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
     do = do_LHD.to(q.dtype).contiguous()
     lse = lse_LH.to(torch.float32).contiguous()
-    delta = (do.float() * o_LHD.float()).sum(-1).contiguous()
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    o = o_LHD.contiguous()
+    delta = torch.empty((L, H), dtype=torch.float32, device=q.device)
+    _attn_bwd_delta[(triton.cdiv(L * H, DELTA_ROWS),)](
+        o, do, delta, L * H, o.stride(0), do.stride(0), H, D, DELTA_ROWS
+    )
+    # every query row is some dQ program's; a sequence without queries has no dK/dV program
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    scale2 = scale * forward.LOG2E
     max_q = max(b - a for a, b in itertools.pairwise(cu_q))
     max_k = max(b - a for a, b in itertools.pairwise(cu_k))
     kblk = _dkdv_blocks(cu_q, cu_k, p0, q.device)
@@ -275,7 +317,7 @@ def triton_attention_backward(
             q, k, v, do, lse, delta, pos, dk, dv, kblk,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), lse.stride(0), dk.stride(0), dk.stride(1),
-            dv.stride(0), dv.stride(1), scale,
+            dv.stride(0), dv.stride(1), scale, scale2,
             H // KVH, D, DKDV["BLOCK_Q"], DKDV["BLOCK_K"],
             triton.next_power_of_2(triton.cdiv(max_q, DKDV["BLOCK_Q"])),
             num_warps=DKDV["num_warps"], num_stages=DKDV["num_stages"],
@@ -285,7 +327,7 @@ def triton_attention_backward(
         _attn_bwd_dq[(qblk.shape[0], H)](
             q, k, v, do, lse, delta, pos, dq, qblk,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1), lse.stride(0), dq.stride(0), dq.stride(1), scale,
+            do.stride(0), do.stride(1), lse.stride(0), dq.stride(0), dq.stride(1), scale, scale2,
             H // KVH, D, DQ["BLOCK_Q"], DQ["BLOCK_K"],
             triton.next_power_of_2(triton.cdiv(max(max_k, 1), DQ["BLOCK_K"])),
             num_warps=DQ["num_warps"], num_stages=DQ["num_stages"],
