@@ -21,6 +21,35 @@ import time
 import torch
 
 _L2 = []  # a buffer larger than the H200's 50 MiB L2, written before each rep under --flush-l2
+_KERNEL_TIME = []  # [True] under --kernel-time
+
+
+def _flush():
+    for buf in _L2:  # evict the operands, as a real step's earlier layers do
+        buf.zero_()
+
+
+def _kernel_ms(fn, reps: int) -> float:
+    """Device time of the kernels one call of ``fn`` launches (the profiler's CUPTI records, the
+    L2 flush's own kernels left out): host work and the gaps it leaves between launches (a
+    ``.tolist()``, building the block table) do not count."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(prof):
+        return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _flush()
+        torch.cuda.synchronize()
+    flush_names = {e.name for e in kernels(prof)}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            _flush()
+            fn()
+        torch.cuda.synchronize()
+    us = sum(e.time_range.elapsed_us() for e in kernels(prof) if e.name not in flush_names)
+    return us / 1e3 / reps
 
 
 def _ms(fn, reps=20):
@@ -31,11 +60,12 @@ def _ms(fn, reps=20):
         return (time.perf_counter() - t0) * 1e3
     fn()
     torch.cuda.synchronize()
+    if _KERNEL_TIME:
+        return _kernel_ms(fn, reps)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(reps):
-        for buf in _L2:  # evict the operands, as a real step's earlier layers do
-            buf.zero_()
+        _flush()
         start.record()
         fn()
         end.record()
@@ -59,8 +89,12 @@ def main() -> None:
                     help="forward: k and v by pointer loads, TMA descriptors, or both")  # fmt: skip
     ap.add_argument("--flush-l2", action="store_true",
                     help="write 256 MiB before each timed rep, so no operand starts in L2")  # fmt: skip
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="time the kernels alone (profiler records), not the calls around them")  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.kernel_time:
+        _KERNEL_TIME.append(True)
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
     elif args.flush_l2:
