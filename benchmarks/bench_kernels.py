@@ -240,9 +240,11 @@ def bench_attention(args, kp, tm, res):
     B, ctx = (2, 128) if args.small else (8, 4096)
     q = _r(B, H, D, device=dev)
     k, v = _r(B * ctx, KVH, D, device=dev, seed=1), _r(B * ctx, KVH, D, device=dev, seed=2)
-    cu_q = torch.arange(B + 1, device=dev)
-    cu_k = torch.arange(B + 1, device=dev) * ctx
-    pos = torch.full((B,), ctx - 1, device=dev)
+    # the pack's offsets on the host, as the reference engine passes them (on the device, each
+    # call's ``.tolist()`` would wait for the GPU)
+    cu_q = torch.arange(B + 1)
+    cu_k = torch.arange(B + 1) * ctx
+    pos = torch.full((B,), ctx - 1, device=dev, dtype=torch.int32)
     qs = q[:, :, None, :]
     ks = k.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).permute(0, 2, 1, 3).contiguous()
     vs = v.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).permute(0, 2, 1, 3).contiguous()

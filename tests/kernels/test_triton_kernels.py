@@ -476,6 +476,10 @@ def test_attention_blocks_cover_every_row_once_longest_first():
     rows = sorted(r for q0, q1, _, _ in blk for r in range(q0, q1))
     assert rows == list(range(130))
     assert blk == [[64, 100, 0, 100], [0, 64, 0, 100], [100, 130, 100, 50]]  # 100, 64, 50 keys
+    # the layers of a step share one device copy of the table
+    table = tatt._block_table(tuple(cu_q), tuple(keys), 64, torch.device("cpu"))
+    assert table.tolist() == blk
+    assert tatt._block_table((0, 100, 100, 130), tuple(keys), 64, torch.device("cpu")) is table
 
 
 def test_backward_blocks_cover_everything_once():

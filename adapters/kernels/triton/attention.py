@@ -18,6 +18,7 @@ from the saved output.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -175,6 +176,14 @@ def _attn_fwd(
     tl.store(lse_ptr + offs_q * slse + h, (m + tl.log2(l_sum)) * LN2, mask=qmask)
 
 
+@functools.lru_cache(maxsize=64)
+def _block_table(cu_q: tuple, keys: tuple, rows: int, device: torch.device) -> torch.Tensor:
+    """``_blocks`` kept per pack: the layers of one step (28 in Qwen3-0.6B) share one table, so
+    only the first copies it to the device. The copy from pageable memory waits for the stream:
+    once per layer, it kept the host from running ahead of the GPU. The kernels only read it."""
+    return _blocks(list(cu_q), list(keys), rows, device)
+
+
 def _blocks(cu_q: list[int], keys: list[tuple[int, int]], rows: int, device) -> torch.Tensor:
     """``rows`` query rows ``[q0, q1)`` of one sequence per program, with that sequence's first key
     row and key count: ``[num_blocks, 4]`` int32. The blocks that see the most keys come first
@@ -271,7 +280,7 @@ def triton_attention_lse(
     # the taller tile only where a sequence has more queries than the short one holds (a long
     # prefill); a decode against a long cache would fill one row of it
     rows = LONG_BLOCK_Q if long and group == 1 and max(counts, default=0) > BLOCK_Q else BLOCK_Q
-    blk = _blocks(cu_q, keys, rows // group, q.device)
+    blk = _block_table(tuple(cu_q), tuple(keys), rows // group, q.device)
     if L == 0 or blk.shape[0] == 0:
         return o_LHD, lse_LH
     pos = q_positions.to(device=q.device, dtype=torch.int32).contiguous()

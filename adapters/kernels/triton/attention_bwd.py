@@ -27,6 +27,7 @@ reference backward.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -249,6 +250,13 @@ def _contiguous_starts(pos: torch.Tensor, cu_q: list[int]) -> list[int] | None:
     return first.tolist() if ok else None
 
 
+@functools.lru_cache(maxsize=64)
+def _block_tables(cu_q: tuple, cu_k: tuple, p0: tuple, dkdv: tuple, dq: tuple, device):
+    """Both kernels' block tables of one pack, kept (as the forward's ``_block_table``): the
+    layers of a step share them. ``dkdv`` and ``dq`` are the launch shapes they were cut for."""
+    return _dkdv_blocks(cu_q, cu_k, p0, device), _dq_blocks(cu_q, cu_k, device)
+
+
 def _dkdv_blocks(cu_q, cu_k, p0, device) -> torch.Tensor:
     """Per program: ``(first key row, block's first key position, keys, q0, q1, first query
     block)``, ``[num_blocks, 6]`` int32."""
@@ -311,7 +319,9 @@ def triton_attention_backward(
     scale2 = scale * forward.LOG2E
     max_q = max(b - a for a, b in itertools.pairwise(cu_q))
     max_k = max(b - a for a, b in itertools.pairwise(cu_k))
-    kblk = _dkdv_blocks(cu_q, cu_k, p0, q.device)
+    kblk, qblk = _block_tables(
+        tuple(cu_q), tuple(cu_k), tuple(p0), tuple(DKDV.items()), tuple(DQ.items()), q.device
+    )
     if kblk.shape[0]:
         _attn_bwd_dkdv[(kblk.shape[0], KVH)](
             q, k, v, do, lse, delta, pos, dk, dv, kblk,
@@ -322,7 +332,6 @@ def triton_attention_backward(
             triton.next_power_of_2(triton.cdiv(max_q, DKDV["BLOCK_Q"])),
             num_warps=DKDV["num_warps"], num_stages=DKDV["num_stages"],
         )  # fmt: skip
-    qblk = _dq_blocks(cu_q, cu_k, q.device)
     if qblk.shape[0]:
         _attn_bwd_dq[(qblk.shape[0], H)](
             q, k, v, do, lse, delta, pos, dq, qblk,
