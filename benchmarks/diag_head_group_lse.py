@@ -30,7 +30,6 @@ def ulps(a, b):
 
 def main() -> None:
     kp = load_target("sglang").schema.kernel_policy_for("qwen3_dense_true_on_policy_v1")
-    tatt.programs_per_wave = lambda device: 4
     for H, KVH in ((6, 2), (8, 2), (12, 4)):
         L = 150
         q, k, v = _r(L, H, 32), _r(L, KVH, 32, seed=1), _r(L, KVH, 32, seed=2)

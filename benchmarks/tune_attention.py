@@ -117,7 +117,7 @@ def main() -> None:
     pos = torch.arange(S, device=dev).repeat(B)
     cu = torch.arange(B + 1, device=dev, dtype=torch.int32) * S
     kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
-    shipped = (fwd.BLOCK_Q, fwd.LONG_BLOCK_Q, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES)
+    shipped = (fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES)
     o_ref, lse = fwd.triton_attention_lse(q, k, v, pos, kp, **kw)
     rows = []
     sdpa = None
@@ -138,10 +138,7 @@ def main() -> None:
         [int(b) for b in args.block_qs.split(",")], (4, 8),
         [int(n) for n in args.stages.split(",")], tmas,
     ):  # fmt: skip
-        # short and long calls alike (a sequence of LONG_KEYS or more takes the LONG_ ones)
-        fwd.BLOCK_Q = fwd.LONG_BLOCK_Q = bq
-        fwd.NUM_WARPS = fwd.LONG_NUM_WARPS = warps
-        fwd.NUM_STAGES, fwd.TMA_KV = stages, tma
+        fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES, fwd.TMA_KV = bq, warps, stages, tma
         row = {"kernel": "forward", "BLOCK_Q": bq, "num_warps": warps, "num_stages": stages,
                "tma": tma, "sdpa_ms": sdpa}  # fmt: skip
         try:
@@ -151,7 +148,7 @@ def main() -> None:
             row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
-    fwd.BLOCK_Q, fwd.LONG_BLOCK_Q, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES = shipped
+    fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES = shipped
     fwd.TMA_KV = keep_tma
 
     def run_bwd():
@@ -208,16 +205,16 @@ def decode_sweep(args) -> None:
     cu_q = torch.arange(B + 1, device=dev)
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_q * ctx)
     shipped = fwd.triton_attention(q, k, v, pos, kp, **kw)
-    chosen = fwd.head_group(H // KVH, H, 1, B, fwd.programs_per_wave(q.device))
+    chosen = fwd.head_group(H // KVH, 1)
     ks, vs = (t.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).transpose(1, 2) for t in (k, v))
     sdpa = _ms(lambda: F.scaled_dot_product_attention(q[:, :, None], ks, vs))
-    keep = (fwd.head_group, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES, fwd.TMA_KV)
+    keep = (fwd.head_group, fwd.NUM_WARPS, fwd.NUM_STAGES, fwd.TMA_KV)
     rows = []
     groups = [n for n in range(1, H // KVH + 1) if (H // KVH) % n == 0]
     tmas = {"off": (False,), "on": (True,), "both": (False, True)}[args.tma]
     for group, warps, stages, tma in itertools.product(groups, (4, 8), (2, 3, 4, 5), tmas):
         fwd.head_group = lambda *a, group=group: group
-        fwd.NUM_WARPS = fwd.LONG_NUM_WARPS = warps
+        fwd.NUM_WARPS = warps
         fwd.NUM_STAGES = stages
         fwd.TMA_KV = tma
         row = {"kernel": "decode", "group": group, "num_warps": warps, "num_stages": stages,
@@ -232,7 +229,7 @@ def decode_sweep(args) -> None:
             row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
-    fwd.head_group, fwd.NUM_WARPS, fwd.LONG_NUM_WARPS, fwd.NUM_STAGES, fwd.TMA_KV = keep
+    fwd.head_group, fwd.NUM_WARPS, fwd.NUM_STAGES, fwd.TMA_KV = keep
     ok = sorted((r for r in rows if "ms" in r), key=lambda r: r["ms"])
     print(f"\ndecode {B} x 1 at {ctx} keys, SDPA {sdpa:.3f} ms; shipped group {chosen}; fastest:")
     for r in ok[:6]:

@@ -97,9 +97,8 @@ def cases():
             dict(num_warps=shape.num_warps, num_stages=shape.num_stages),
         )  # fmt: skip
     for group, rows, warps in ((1, attention.BLOCK_Q, attention.NUM_WARPS),
-                               (1, attention.LONG_BLOCK_Q, attention.LONG_NUM_WARPS),
-                               (4, attention.BLOCK_Q, attention.LONG_NUM_WARPS),
-                               (3, attention.BLOCK_Q, 4)):  # fmt: skip
+                               (4, attention.BLOCK_Q, attention.NUM_WARPS),
+                               (3, attention.BLOCK_Q, attention.NUM_WARPS)):  # fmt: skip
         for tma in (False, True):
             yield (
                 f"_attn_fwd group={group} rows={rows} warps={warps}" + (" tma" if tma else ""),

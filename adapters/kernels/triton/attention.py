@@ -28,23 +28,16 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._dtypes import dtype_of
 from ..attention import key_rows, reference_attention
-from .matmul import INTERPRET, _programs, _round, descriptor_fits, interpreter_dot
+from .matmul import INTERPRET, _round, descriptor_fits, interpreter_dot
 
-# Launch shapes from benchmarks/tune_attention.py's sweeps on an H200 (BENCHMARKS.md): every
-# shape with 64 query rows gave the same output bits at 32 x 512, 4 x 4096 and 1 x 16384 tokens
-# (32 and 128 rows gave other bits at 4k and 16k), so the shape may follow the call: 8 warps for
-# packed short sequences (the trainer's batches), 4 once a sequence has LONG_KEYS keys or more
-# (long prefill, decode against a long cache).
+# One launch shape for every call: the fastest of benchmarks/tune_attention.py's sweep on an H200
+# timing the kernels alone (``--kernel-time``, 2026-12-02, BENCHMARKS.md) at 1 x 4096, 1 x 16384
+# and 32 x 512 tokens. 128 query rows gave the same bits (a row's bits do not depend on the tile's
+# height: ``test_triton_attention_tile_height_keeps_bits``) and were not faster; 8 warps were
+# slower everywhere (two 4-warp programs fit on an SM, one 8-warp program did).
 BLOCK_Q = 64
-NUM_WARPS = 8
+NUM_WARPS = 4
 NUM_STAGES = 3
-LONG_KEYS = 2048
-LONG_NUM_WARPS = 4
-# Query rows per tile of a long call (``LONG_KEYS``) with one head per tile and a sequence of more
-# than ``BLOCK_Q`` queries: a long prefill. A row's bits do not
-# depend on the tile's height once both chunk paths compute the same values (the one-FMA fix):
-# ``test_triton_attention_tile_height_keeps_bits`` checks it, on the H200 too.
-LONG_BLOCK_Q = 64
 # Chunks every row of a block sees whole run without the causal and key masks (the same values).
 WHOLE_CHUNKS = True
 # Query heads sharing a tile (``head_group``); 1 turns grouping off (the same bits).
@@ -198,31 +191,17 @@ def _blocks(cu_q: list[int], keys: list[tuple[int, int]], rows: int, device) -> 
     return torch.tensor(blocks, dtype=torch.int32, device=device).reshape(-1, 4)
 
 
-def head_group(
-    rep: int, heads: int, longest_queries: int, sequences: int, min_programs: int
-) -> int:
-    """How many query heads of one KV head (``rep`` of the ``heads``) share a tile: the most (a
-    divisor of ``rep``) whose rows of one sequence fit in ``BLOCK_Q`` together, while the launch
-    keeps at least ``min_programs`` programs (one block per sequence once its rows fit, so
-    ``sequences * heads / g``). Decode of many requests puts a KV head's query heads in one
-    program, which streams those keys once instead of once per head; a few long decodes keep
-    one head per tile, where fewer programs than SMs would leave SMs idle (H200, 2026-12-02:
-    8 requests x 32 heads at 4k context took 0.34 ms in 64 programs of 4 heads, 0.23 ms in 256
-    of one). A row's bits do not depend on where in the tile it sits (the tile shape is the
+def head_group(rep: int, longest_queries: int) -> int:
+    """How many query heads of one KV head (``rep`` of them) share a tile: the most, a divisor of
+    ``rep``, whose rows of one sequence fit in ``BLOCK_Q`` together. Decode and short chunks then
+    stream a KV head's keys once for all its query heads instead of once per head. A program's
+    time is its walk over the chunks, the same for one head or four, so fewer programs than SMs
+    cost nothing: H200, 2026-12-02, kernels alone, decode at 4096 keys, 8 requests x 32 heads:
+    0.080 ms ungrouped, 0.061 ms in 4-head tiles (64 programs); 32 requests x 16 heads: 0.184 and
+    0.138 ms. A row's bits do not depend on where in the tile it sits (the tile shape is the
     same), so grouping changes no bit."""
-    fits = [
-        g
-        for g in range(2, rep + 1)
-        if rep % g == 0
-        and g * max(longest_queries, 1) <= BLOCK_Q
-        and sequences * heads // g >= min_programs
-    ]
+    fits = [g for g in range(2, rep + 1) if rep % g == 0 and g * max(longest_queries, 1) <= BLOCK_Q]
     return max(fits, default=1)
-
-
-def programs_per_wave(device: torch.device) -> int:
-    """The fewest programs a grouped launch keeps: one per SM (4 in the interpreter)."""
-    return _programs(device)
 
 
 def kv_descriptors_fit(k_SKD: torch.Tensor, v_SKD: torch.Tensor) -> bool:
@@ -271,16 +250,9 @@ def triton_attention_lse(
             f"{H} query heads do not share {KVH} KV heads evenly (GQA needs H % KVH == 0)"
         )
     counts = [cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1)]
-    group = 1
-    if GROUP_HEADS:
-        busy = sum(1 for n in counts if n)  # sequences with queries: one block each once grouped
-        group = head_group(H // KVH, H, max(counts, default=0), busy, programs_per_wave(q.device))
+    group = head_group(H // KVH, max(counts, default=0)) if GROUP_HEADS else 1
     max_k = max((n for _, n in keys), default=0)
-    long = max_k >= LONG_KEYS
-    # the taller tile only where a sequence has more queries than the short one holds (a long
-    # prefill); a decode against a long cache would fill one row of it
-    rows = LONG_BLOCK_Q if long and group == 1 and max(counts, default=0) > BLOCK_Q else BLOCK_Q
-    blk = _block_table(tuple(cu_q), tuple(keys), rows // group, q.device)
+    blk = _block_table(tuple(cu_q), tuple(keys), BLOCK_Q // group, q.device)
     if L == 0 or blk.shape[0] == 0:
         return o_LHD, lse_LH
     pos = q_positions.to(device=q.device, dtype=torch.int32).contiguous()
@@ -292,8 +264,8 @@ def triton_attention_lse(
         q, k, v, k_desc, v_desc, o_LHD, lse_LH, pos, blk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o_LHD.stride(0), o_LHD.stride(1), lse_LH.stride(0), scale * LOG2E,
-        H // KVH, group, chunk, D, rows, max_chunks, WHOLE_CHUNKS, tma,
-        num_warps=LONG_NUM_WARPS if long else NUM_WARPS, num_stages=NUM_STAGES,
+        H // KVH, group, chunk, D, BLOCK_Q, max_chunks, WHOLE_CHUNKS, tma,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return o_LHD, lse_LH
 

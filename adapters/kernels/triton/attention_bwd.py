@@ -42,10 +42,11 @@ from .matmul import INTERPRET, _round
 LOG2E = tl.constexpr(forward.LOG2E)  # read inside the kernels: a compile-time constant
 
 # Launch shapes of the two kernels: query rows, key rows, warps, pipeline stages. They change no
-# forward bit; the fastest of benchmarks/tune_attention.py's sweep on an H200 (Qwen3-0.6B heads,
-# 32 x 512 packed tokens; every shape gave the same gradient bits there).
-DKDV = {"BLOCK_Q": 64, "BLOCK_K": 128, "num_warps": 8, "num_stages": 2}
-DQ = {"BLOCK_Q": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3}
+# forward bit (and gave the same gradient bits as every other shape swept); the fastest of
+# benchmarks/tune_attention.py's sweep on an H200, kernels alone (``--kernel-time``), Qwen3-4B
+# heads, 32 x 512 packed tokens, 2026-12-02 (BENCHMARKS.md).
+DKDV = {"BLOCK_Q": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
+DQ = {"BLOCK_Q": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
 DELTA_ROWS = 64  # (query, head) rows per program of ``_attn_bwd_delta``
 
 
