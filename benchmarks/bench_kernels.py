@@ -58,6 +58,23 @@ class Timer:
             ts.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(ts)
 
+    def kernel_ms(self, fn) -> float:
+        """The kernels' device time alone (``kernel_time.kernel_ms``: no host work, no gaps
+        between launches); nan off CUDA."""
+        if not self.cuda:
+            return float("nan")
+        from kernel_time import kernel_ms
+
+        return kernel_ms(fn)
+
+    def both(self, row: dict, sdpa, ours) -> None:
+        """``row``'s timings of the stock call and ours: whole calls (``do_bench``) and kernels
+        alone, with their ratios."""
+        row["sdpa_ms"], row["triton_ms"] = self.ms(sdpa), self.ms(ours)
+        row["time_ratio"] = row["triton_ms"] / row["sdpa_ms"]
+        row["sdpa_kernel_ms"], row["triton_kernel_ms"] = self.kernel_ms(sdpa), self.kernel_ms(ours)
+        row["kernel_time_ratio"] = row["triton_kernel_ms"] / row["sdpa_kernel_ms"]
+
     def graph_ms(self, fn, rep_ms: int = 50) -> float:
         """Time ``fn`` replayed from a CUDA graph (how SGLang runs decode) for about ``rep_ms``
         milliseconds: the GPU's time without the host's launch cost. ``fn`` must not
@@ -222,9 +239,11 @@ def bench_attention(args, kp, tm, res):
         ks = k.repeat_interleave(H // KVH, 1).permute(1, 0, 2)[None].contiguous()
         vs = v.repeat_interleave(H // KVH, 1).permute(1, 0, 2)[None].contiguous()
         row = {"case": f"prefill {L}", "L": L}
-        row["sdpa_ms"] = tm.ms(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
-        row["triton_ms"] = tm.ms(lambda: triton_attention(q, k, v, pos, kp))
-        row["time_ratio"] = row["triton_ms"] / row["sdpa_ms"]
+        tm.both(
+            row,
+            lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True),
+            lambda: triton_attention(q, k, v, pos, kp),
+        )
         p = L - 1
         od = triton_attention(q[p:], k, v, pos[p:], kp)
         row["decode_row_equals_prefill"] = torch.equal(od[0], o[p])
@@ -250,16 +269,20 @@ def bench_attention(args, kp, tm, res):
     vs = v.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).permute(0, 2, 1, 3).contiguous()
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     row = {"case": f"decode {B}x1 @ {ctx}", "L": ctx}
-    row["sdpa_ms"] = tm.ms(lambda: F.scaled_dot_product_attention(qs, ks, vs))
-    row["triton_ms"] = tm.ms(lambda: triton_attention(q, k, v, pos, kp, **kw))
-    row["time_ratio"] = row["triton_ms"] / row["sdpa_ms"]
+    tm.both(
+        row,
+        lambda: F.scaled_dot_product_attention(qs, ks, vs),
+        lambda: triton_attention(q, k, v, pos, kp, **kw),
+    )
     rows.append(row)
     rows.extend(_attention_training_rows(args, kp, tm, H, KVH, D))
     res["attention"] = rows
-    print(f"\n{'attention':<22}{'SDPA ms':>10}{'triton ms':>11}{'time x':>8}{'ref ms':>9}")
+    print(f"\n{'attention':<22}{'SDPA ms':>10}{'triton ms':>11}{'time x':>8}{'kernels: SDPA':>15}"
+          f"{'triton':>9}{'x':>7}{'ref ms':>9}")  # fmt: skip
     for r in rows:
         print(f"{r['case']:<22}{r['sdpa_ms']:>10.3f}{r['triton_ms']:>11.3f}{r['time_ratio']:>8.2f}"
-              f"{r.get('torch_ref_ms', float('nan')):>9.1f}")  # fmt: skip
+              f"{r['sdpa_kernel_ms']:>15.3f}{r['triton_kernel_ms']:>9.3f}"
+              f"{r['kernel_time_ratio']:>7.2f}{r.get('torch_ref_ms', float('nan')):>9.1f}")  # fmt: skip
 
 
 def _attention_training_rows(args, kp, tm, H, KVH, D):
@@ -292,9 +315,7 @@ def _attention_training_rows(args, kp, tm, H, KVH, D):
             return torch.autograd.grad(o, leaves, to_b(d_out, 1))
 
         row = {"case": f"fwd+bwd {B}x{S}", "L": T}
-        row["sdpa_ms"] = tm.ms(sdpa)
-        row["triton_ms"] = tm.ms(ours)
-        row["time_ratio"] = row["triton_ms"] / row["sdpa_ms"]
+        tm.both(row, sdpa, ours)
         got, want = ours(), sdpa()
         row["grad_rel_err_vs_sdpa"] = [
             float((g.float() - w.float()).norm() / w.float().norm())

@@ -19,37 +19,10 @@ import os
 import time
 
 import torch
+from kernel_time import flush_l2, kernel_ms
 
-_L2 = []  # a buffer larger than the H200's 50 MiB L2, written before each rep under --flush-l2
+_FLUSH = []  # [True] under --flush-l2
 _KERNEL_TIME = []  # [True] under --kernel-time
-
-
-def _flush():
-    for buf in _L2:  # evict the operands, as a real step's earlier layers do
-        buf.zero_()
-
-
-def _kernel_ms(fn, reps: int) -> float:
-    """Device time of the kernels one call of ``fn`` launches (the profiler's CUPTI records, the
-    L2 flush's own kernels left out): host work and the gaps it leaves between launches (a
-    ``.tolist()``, building the block table) do not count."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    def kernels(prof):
-        return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _flush()
-        torch.cuda.synchronize()
-    flush_names = {e.name for e in kernels(prof)}
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            _flush()
-            fn()
-        torch.cuda.synchronize()
-    us = sum(e.time_range.elapsed_us() for e in kernels(prof) if e.name not in flush_names)
-    return us / 1e3 / reps
 
 
 def _ms(fn, reps=20):
@@ -61,11 +34,12 @@ def _ms(fn, reps=20):
     fn()
     torch.cuda.synchronize()
     if _KERNEL_TIME:
-        return _kernel_ms(fn, reps)
+        return kernel_ms(fn, reps, flush=bool(_FLUSH))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(reps):
-        _flush()
+        if _FLUSH:
+            flush_l2()
         start.record()
         fn()
         end.record()
@@ -98,7 +72,7 @@ def main() -> None:
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
     elif args.flush_l2:
-        _L2.append(torch.empty(64 << 20, dtype=torch.int32, device=args.device))
+        _FLUSH.append(True)
     if args.decode:
         return decode_sweep(args)
 
