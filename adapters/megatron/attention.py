@@ -133,7 +133,8 @@ def _kernel_calls(params: SGLangPackedSeqParams):
     the per-path result), else one call per path with its owned queries against the path's keys
     gathered into position order, so chunk boundaries are the rollout's (absolute 0, 64, ...)."""
     if params.flat:
-        return [(slice(None), slice(None), params.cu_seqlens_q)]
+        host = params.cu_seqlens_host
+        return [(slice(None), slice(None), params.cu_seqlens_q if host is None else host)]
     return [
         (path[owned], path, None)
         for path, owned in zip(params.paths, params.owned, strict=True)

@@ -31,9 +31,12 @@ class SGLangPackedSeqParams(PackedSeqParams):
     flat: bool = False
     """Every path is the row range ``cu_seqlens_q[i] .. cu_seqlens_q[i+1]`` in order and owns all
     its rows (no shared prefix): attention can run as one varlen call over the pack."""
+    cu_seqlens_host: torch.Tensor | None = None
+    """``cu_seqlens_q`` kept on the host (``to`` leaves it there): the attention kernels read the
+    offsets as Python ints, and reading a device copy waits for the GPU, in every layer."""
 
     def to(self, device: str | torch.device) -> SGLangPackedSeqParams:
-        """The same params with every index tensor on ``device``."""
+        """The same params with every index tensor on ``device`` (but ``cu_seqlens_host``)."""
         return dataclasses.replace(
             self,
             cu_seqlens_q=self.cu_seqlens_q.to(device),
@@ -83,6 +86,7 @@ class Pack:
             paths=paths,
             owned=owned,
             flat=flat,
+            cu_seqlens_host=cu,
         )
 
 

@@ -482,9 +482,22 @@ def test_backward_blocks_cover_everything_once():
     cu_q, cu_k = [0, 300, 300, 340], [0, 300, 310, 350]
     dq = tbwd._dq_blocks(cu_q, cu_k, "cpu").tolist()
     assert sorted(r for q0, q1, _, _ in dq for r in range(q0, q1)) == list(range(340))
-    kv = tbwd._dkdv_blocks(cu_q, cu_k, [0, 0, 0], "cpu").tolist()
+    kv = tbwd._dkdv_blocks(cu_q, cu_k, "cpu").tolist()
     bk = tbwd.DKDV["BLOCK_K"]  # sequence 2's 40 keys fit in one block
     assert sorted((k0, kb) for k0, kb, *_ in kv) == [(0, b) for b in range(0, 300, bk)] + [(310, 0)]
+
+
+def test_backward_checks_positions_run_on_within_each_sequence():
+    """The dK/dV kernel reads a sequence's first position and assumes the rest follow it; the
+    check behind the fallback accepts any start per sequence and nothing else."""
+    ok = tbwd._positions_contiguous
+    pos = torch.tensor([0, 1, 2, 7, 8, 3, 4, 5, 6])  # sequences of 3, 2 and 4 rows
+    assert ok(pos, [0, 3, 5, 9])
+    assert ok(pos[:5], [0, 3, 3, 5])  # an empty sequence between
+    assert not ok(pos, [0, 5, 9])  # 2 -> 7 inside one sequence
+    assert not ok(torch.tensor([0, 1, 1, 2]), [0, 4])  # a repeated position
+    assert ok(torch.tensor([5, 6, 9]), [0, 2])  # rows past the last sequence are not read
+    assert ok(torch.tensor([4]), [0, 1]) and ok(torch.tensor([], dtype=torch.long), [0])
 
 
 @triton.jit

@@ -306,6 +306,11 @@ def test_core_attention_flat_pack_is_one_call_with_per_path_bits_and_grads(arch)
     pack = pack_sequences([list(range(70)), list(range(9)), list(range(33))])
     params = pack.seq_params()
     assert params.flat
+    # the offsets the kernels read stay on the host wherever the params go
+    moved = params.to("meta")
+    assert moved.cu_seqlens_q.is_meta and not moved.cu_seqlens_host.is_meta
+    assert torch.equal(moved.cu_seqlens_host, params.cu_seqlens_q)
+    assert attn_mod._kernel_calls(moved)[0][2] is moved.cu_seqlens_host
     tree = pack_sequences([[1, 2, 3, 4], [1, 2, 5]], prompt_lens=[2, 2], prefix_tree=True)
     assert not tree.seq_params().flat
     per_path = dataclasses.replace(params, flat=False)

@@ -101,12 +101,13 @@ def _attn_bwd_dkdv(
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    k0 = tl.load(blk_ptr + 6 * b)  # first key row of the sequence
-    kb = tl.load(blk_ptr + 6 * b + 1)  # this block's first key position
-    klen = tl.load(blk_ptr + 6 * b + 2)
-    q0 = tl.load(blk_ptr + 6 * b + 3)  # the sequence's query rows [q0, q1)
-    q1 = tl.load(blk_ptr + 6 * b + 4)
-    qb_first = tl.load(blk_ptr + 6 * b + 5)  # first query block that sees key ``kb``
+    k0 = tl.load(blk_ptr + 5 * b)  # first key row of the sequence
+    kb = tl.load(blk_ptr + 5 * b + 1)  # this block's first key position
+    klen = tl.load(blk_ptr + 5 * b + 2)
+    q0 = tl.load(blk_ptr + 5 * b + 3)  # the sequence's query rows [q0, q1)
+    q1 = tl.load(blk_ptr + 5 * b + 4)
+    # the first query block that sees key ``kb``: query row q0 + j sits at position p0 + j
+    qb_first = tl.maximum(kb - tl.load(pos_ptr + q0), 0) // BLOCK_Q
     qb_end = (q1 - q0 + BLOCK_Q - 1) // BLOCK_Q
     kpos = kb + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, D)
@@ -238,38 +239,41 @@ def _attn_bwd_dq(
     )
 
 
-def _contiguous_starts(pos: torch.Tensor, cu_q: list[int]) -> list[int] | None:
-    """Each sequence's first query position ``p0`` when its positions are ``p0, p0 + 1, ...``;
-    None otherwise (one device sync)."""
-    n = len(cu_q) - 1
-    lens = torch.tensor([cu_q[i + 1] - cu_q[i] for i in range(n)], device=pos.device)
-    starts = torch.tensor(cu_q[:-1], device=pos.device)
-    seq = torch.repeat_interleave(torch.arange(n, device=pos.device), lens)
-    first = pos[starts.clamp(max=max(pos.numel() - 1, 0))]
-    local = torch.arange(pos.numel(), device=pos.device) - starts[seq]
-    ok = torch.equal(pos[: cu_q[-1]], first[seq] + local)
-    return first.tolist() if ok else None
+@functools.lru_cache(maxsize=64)
+def _sequence_starts(cu_q: tuple, device) -> torch.Tensor:
+    """``[rows]`` bool, True on each sequence's first query row; kept per pack (one copy)."""
+    first = torch.zeros(cu_q[-1], dtype=torch.bool)
+    first[[c for c in cu_q[:-1] if c < cu_q[-1]]] = True
+    return first.to(device)
+
+
+def _positions_contiguous(pos: torch.Tensor, cu_q: list[int]) -> bool:
+    """Whether each sequence's query positions run ``p0, p0 + 1, ...``: every row one past the
+    row before it, except where a sequence starts (one device sync, for the verdict)."""
+    rows = cu_q[-1]
+    if rows < 2:
+        return True
+    step = pos[1:rows] - pos[: rows - 1] == 1
+    return bool((step | _sequence_starts(tuple(cu_q), pos.device)[1:]).all())
 
 
 @functools.lru_cache(maxsize=64)
-def _block_tables(cu_q: tuple, cu_k: tuple, p0: tuple, dkdv: tuple, dq: tuple, device):
+def _block_tables(cu_q: tuple, cu_k: tuple, dkdv: tuple, dq: tuple, device):
     """Both kernels' block tables of one pack, kept (as the forward's ``_block_table``): the
     layers of a step share them. ``dkdv`` and ``dq`` are the launch shapes they were cut for."""
-    return _dkdv_blocks(cu_q, cu_k, p0, device), _dq_blocks(cu_q, cu_k, device)
+    return _dkdv_blocks(cu_q, cu_k, device), _dq_blocks(cu_q, cu_k, device)
 
 
-def _dkdv_blocks(cu_q, cu_k, p0, device) -> torch.Tensor:
-    """Per program: ``(first key row, block's first key position, keys, q0, q1, first query
-    block)``, ``[num_blocks, 6]`` int32."""
-    rows = []
-    for i in range(len(cu_q) - 1):
-        klen = cu_k[i + 1] - cu_k[i]
-        if cu_q[i + 1] == cu_q[i]:
-            continue
-        for kb in range(0, klen, DKDV["BLOCK_K"]):
-            first = max(0, kb - p0[i]) // DKDV["BLOCK_Q"]
-            rows.append((cu_k[i], kb, klen, cu_q[i], cu_q[i + 1], first))
-    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 6)
+def _dkdv_blocks(cu_q, cu_k, device) -> torch.Tensor:
+    """Per program: ``(first key row, block's first key position, keys, q0, q1)``,
+    ``[num_blocks, 5]`` int32; a sequence without queries has none."""
+    rows = [
+        (cu_k[i], kb, cu_k[i + 1] - cu_k[i], cu_q[i], cu_q[i + 1])
+        for i in range(len(cu_q) - 1)
+        if cu_q[i + 1] > cu_q[i]
+        for kb in range(0, cu_k[i + 1] - cu_k[i], DKDV["BLOCK_K"])
+    ]
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 5)
 
 
 def _dq_blocks(cu_q, cu_k, device) -> torch.Tensor:
@@ -303,8 +307,7 @@ def triton_attention_backward(
         and L > 0
     )
     pos = q_positions.to(device=q_LHD.device, dtype=torch.int32).contiguous()
-    p0 = _contiguous_starts(pos, cu_q) if usable else None
-    if p0 is None:
+    if not (usable and _positions_contiguous(pos, cu_q)):
         return reference_attention_backward(*args, **kw)
     scale = D**-0.5 if scale is None else scale
     q, k, v = q_LHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
@@ -321,7 +324,7 @@ def triton_attention_backward(
     max_q = max(b - a for a, b in itertools.pairwise(cu_q))
     max_k = max(b - a for a, b in itertools.pairwise(cu_k))
     kblk, qblk = _block_tables(
-        tuple(cu_q), tuple(cu_k), tuple(p0), tuple(DKDV.items()), tuple(DQ.items()), q.device
+        tuple(cu_q), tuple(cu_k), tuple(DKDV.items()), tuple(DQ.items()), q.device
     )
     if kblk.shape[0]:
         _attn_bwd_dkdv[(kblk.shape[0], KVH)](
