@@ -297,7 +297,8 @@ def _attention_training_rows(args, kp, tm, H, KVH, D):
         q, k, v = (_r(T, h, D, device=dev, seed=s) for s, h in ((0, H), (1, KVH), (2, KVH)))
         d_out = _r(T, H, D, device=dev, seed=3)
         pos = torch.arange(S, device=dev).repeat(B)
-        cu = torch.arange(B + 1, device=dev, dtype=torch.int32) * S
+        # offsets on the host, as the trainer's packs keep them (``cu_seqlens_host``)
+        cu = torch.arange(B + 1, dtype=torch.int32) * S
         kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
 
         def ours():
