@@ -60,6 +60,22 @@ def _dot(a, b):
 
 
 @triton.jit
+def _kv_rows(
+    k_ptr, v_ptr, k0, kpos, klen, kvh, sk, skh, sv, svh, D: tl.constexpr, MASK: tl.constexpr
+):  # fmt: skip
+    """k and v of KV head ``kvh`` at key positions ``kpos`` of a sequence whose keys start at
+    row ``k0``. ``MASK``: positions at or past ``klen`` load as zeros (without it, every
+    position must be inside the keys)."""
+    offs_d = tl.arange(0, D)
+    k_at = k_ptr + (k0 + kpos)[:, None] * sk + kvh * skh + offs_d[None, :]
+    v_at = v_ptr + (k0 + kpos)[:, None] * sv + kvh * svh + offs_d[None, :]
+    if MASK:
+        inside = (kpos < klen)[:, None]
+        return tl.load(k_at, mask=inside, other=0.0), tl.load(v_at, mask=inside, other=0.0)
+    return tl.load(k_at), tl.load(v_at)
+
+
+@triton.jit
 def _chunk(
     q, k_ptr, v_ptr, k_desc, v_desc, k0, klen, pos, m, l_sum, acc, c, kvh, sk, skh, sv, svh,
     scale, CHUNK: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr,
@@ -71,22 +87,13 @@ def _chunk(
     (the next sequence, an unwritten cache slot), so masked chunks zero those rows of ``v`` as
     the masked loads do (their ``p`` is 0, but 0 x NaN is not)."""
     offs_k = c * CHUNK + tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, D)
     if TMA:
         k = k_desc.load([k0 + c * CHUNK, kvh * D])
         v = v_desc.load([k0 + c * CHUNK, kvh * D])
         if MASK:
             v = tl.where((offs_k < klen)[:, None], v, 0.0)
     else:
-        k_at = k_ptr + (k0 + offs_k)[:, None] * sk + kvh * skh + offs_d[None, :]
-        v_at = v_ptr + (k0 + offs_k)[:, None] * sv + kvh * svh + offs_d[None, :]
-        if MASK:
-            kmask = offs_k < klen
-            k = tl.load(k_at, mask=kmask[:, None], other=0.0)
-            v = tl.load(v_at, mask=kmask[:, None], other=0.0)
-        else:
-            k = tl.load(k_at)
-            v = tl.load(v_at)
+        k, v = _kv_rows(k_ptr, v_ptr, k0, offs_k, klen, kvh, sk, skh, sv, svh, D, MASK)
     qk = _dot(q, tl.trans(k))  # scores in log2 units once scaled: the scale carries log2(e)
     # ``p = exp2(qk * scale - m)`` is one explicit fused multiply-add in both paths. Left to the
     # compiler, the unmasked path contracted it into an FMA and the masked one (a select between

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..attention import reference_attention_backward
 from . import attention as forward
-from .attention import _dot
+from .attention import _dot, _kv_rows
 from .matmul import INTERPRET, _round
 
 LOG2E = tl.constexpr(forward.LOG2E)  # read inside the kernels: a compile-time constant
@@ -159,20 +159,11 @@ def _dq_tile(
     """One key block into a query block's ``dQ``. ``MASK=False`` for a key block inside the
     keys and at or before every row's position."""
     kpos = c * BLOCK_K + tl.arange(0, BLOCK_K)
-    offs_d = tl.arange(0, D)
-    k_at = k_ptr + (k0 + kpos)[:, None] * sk + kvh * skh + offs_d[None, :]
-    v_at = v_ptr + (k0 + kpos)[:, None] * sv + kvh * svh + offs_d[None, :]
-    if MASK:
-        kmask = kpos < klen
-        k = tl.load(k_at, mask=kmask[:, None], other=0.0)
-        v = tl.load(v_at, mask=kmask[:, None], other=0.0)
-    else:
-        k = tl.load(k_at)
-        v = tl.load(v_at)
+    k, v = _kv_rows(k_ptr, v_ptr, k0, kpos, klen, kvh, sk, skh, sv, svh, D, MASK)
     s = _dot(q, tl.trans(k))  # [BLOCK_Q, BLOCK_K], unscaled
     p = tl.exp2(tl.fma(s, scale2, -lse2[:, None]))
     if MASK:
-        p = tl.where((kpos[None, :] <= pos[:, None]) & kmask[None, :], p, 0.0)
+        p = tl.where((kpos[None, :] <= pos[:, None]) & (kpos < klen)[None, :], p, 0.0)
     dp = _dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
     return dq + _dot(_round(ds, k.dtype), k)
