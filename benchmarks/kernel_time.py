@@ -22,13 +22,18 @@ def flush_l2(device: str | torch.device = "cuda") -> None:
 
 def kernel_ms(fn, reps: int = 20, flush: bool = True, device: str | torch.device = "cuda") -> float:
     """Milliseconds of device time per call of ``fn``: the summed duration of the kernels it
-    launched over ``reps`` calls (an L2 flush before each, its own kernels left out), divided by
+    launched over ``reps`` calls (an L2 flush before each, its own kernels left out; copies and
+    memsets, which the profiler records as device activity too, left out), divided by
     ``reps``."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    def kernels(prof):
-        return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    def kernels(prof):  # device records but copies and memsets: those are the host's doing
+        return [
+            e
+            for e in prof.events()
+            if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+        ]
 
     fn()
     torch.cuda.synchronize()

@@ -89,7 +89,7 @@ def main() -> None:
         torch.randn(T, h, D, device=dev, generator=g).to(torch.bfloat16) for h in (H, KVH, KVH, H)
     )
     pos = torch.arange(S, device=dev).repeat(B)
-    cu = torch.arange(B + 1, device=dev, dtype=torch.int32) * S
+    cu = torch.arange(B + 1, dtype=torch.int32) * S  # on the host, as the trainer keeps them
     kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
     shipped = (fwd.BLOCK_Q, fwd.NUM_WARPS, fwd.NUM_STAGES)
     o_ref, lse = fwd.triton_attention_lse(q, k, v, pos, kp, **kw)
@@ -163,7 +163,7 @@ def main() -> None:
 def decode_sweep(args) -> None:
     """One decode step of ``--batch`` requests at ``--decode`` keys each: heads per tile (every
     divisor of the GQA ratio), warps and stages, timed against SDPA, bits against the shipped
-    choice. 64 query rows per tile stay (other tile heights change the bits)."""
+    choice. The tile keeps its 64 query rows (the forward sweep covers other heights)."""
     import torch.nn.functional as F
 
     from contractgen.adapters.kernels.triton import attention as fwd
@@ -176,7 +176,7 @@ def decode_sweep(args) -> None:
     q = torch.randn(B, H, D, device=dev, generator=g).to(torch.bfloat16)
     k, v = (torch.randn(B * ctx, KVH, D, device=dev, generator=g).to(torch.bfloat16) for _ in "kv")
     pos = torch.full((B,), ctx - 1, device=dev)
-    cu_q = torch.arange(B + 1, device=dev)
+    cu_q = torch.arange(B + 1)  # on the host, as the engine passes them
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_q * ctx)
     shipped = fwd.triton_attention(q, k, v, pos, kp, **kw)
     chosen = fwd.head_group(H // KVH, 1)

@@ -25,6 +25,7 @@ from contractgen.adapters.kernels import tree_sum  # noqa: E402
 from contractgen.adapters.kernels.attention import (  # noqa: E402
     reference_attention,
     reference_attention_backward,
+    reference_attention_lse,
 )
 from contractgen.adapters.kernels.triton import attention as tatt  # noqa: E402
 from contractgen.adapters.kernels.triton import attention_bwd as tbwd  # noqa: E402
@@ -261,7 +262,9 @@ def test_triton_attention_tile_height_keeps_bits(kp, monkeypatch):
     """A row's bits do not depend on the tile's height either: a prefill in tiles of 128 query
     rows gives the outputs and log-sum-exps of 64-row tiles, packed (one long and one short
     sequence) and at head dim 128; so a taller tile is a speed choice, not a contract one (the
-    H200 sweep found it no faster, so ``BLOCK_Q`` stays 64)."""
+    H200 sweep found it no faster, so ``BLOCK_Q`` stays 64). Under the interpreter this holds by
+    construction (``interpreter_dot`` sums each element alone); the run that can fail is the
+    compiled one, where 128 rows take two warpgroups (passed on the H200, 2026-12-02)."""
     L = 300
     q, k, v = _r(L + 40, 4, 128), _r(L + 40, 2, 128, seed=1), _r(L + 40, 2, 128, seed=2)
     pos = torch.cat([torch.arange(L), torch.arange(40)]).to(DEV)
@@ -316,6 +319,31 @@ def test_triton_attention_backward_is_close_to_float64_and_deterministic(kp, mon
         assert (g.double() - w).norm() / w.norm() < 1e-2
     again = tbwd.triton_attention_backward(q, k, v, o, lse, d_out, pos, kp, **kw)
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+
+
+def test_triton_attention_rows_outside_every_sequence_are_the_reference(kp, monkeypatch):
+    """Rows past the last offset (a pack's padding tail that no sequence holds) get what the
+    reference gives, 0 output, -inf log-sum-exp, 0 gradient, in place of uninitialized memory,
+    which a NaN-filled allocator exposes."""
+    q, k, v = _qkv(80)
+    pos = torch.cat([torch.arange(30), torch.arange(50)]).to(DEV)
+    cu = torch.tensor([0, 30, 70])
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan")))
+    monkeypatch.setattr(
+        torch, "empty_like", lambda *a, **kw: real_empty_like(*a, **kw).fill_(float("nan"))
+    )
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    o, lse = tatt.triton_attention_lse(q, k, v, pos, kp, **kw)
+    want_o, want_lse = reference_attention_lse(q, k, v, pos, kp, **kw)
+    assert torch.equal(o[70:], want_o[70:]) and torch.equal(lse[70:], want_lse[70:])
+    assert torch.equal(o[70:], torch.zeros_like(o[70:]))
+    d_out = _r(*q.shape, seed=9)
+    with monkeypatch.context() as m:  # these inputs must take the kernels, not the fallback
+        m.setattr(tbwd, "reference_attention_backward", None)
+        dq, dk, dv = tbwd.triton_attention_backward(q, k, v, o, lse, d_out, pos, kp, **kw)
+    assert torch.equal(dq[70:], torch.zeros_like(dq[70:]))
+    assert all(not t.isnan().any() for t in (dq, dk, dv))
 
 
 def test_triton_attention_backward_of_owned_rows(kp):

@@ -198,6 +198,12 @@ def _blocks(cu_q: list[int], keys: list[tuple[int, int]], rows: int, device) -> 
     return torch.tensor(blocks, dtype=torch.int32, device=device).reshape(-1, 4)
 
 
+def outside_rows(cu_q: list[int], rows: int) -> list[slice]:
+    """The query rows no sequence of ``cu_q`` holds (before its first offset, from its last):
+    no program writes them, so the caller fills them. Empty slices where there are none."""
+    return [slice(0, cu_q[0]), slice(cu_q[-1], rows)]
+
+
 def head_group(rep: int, longest_queries: int) -> int:
     """How many query heads of one KV head (``rep`` of them) share a tile: the most, a divisor of
     ``rep``, whose rows of one sequence fit in ``BLOCK_Q`` together. Decode and short chunks then
@@ -252,6 +258,8 @@ def triton_attention_lse(
     q, k, v = q_LHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
     o_LHD = torch.empty_like(q)
     lse_LH = torch.empty((L, H), dtype=torch.float32, device=q.device)
+    for rows in outside_rows(cu_q, L):  # no program writes them: what the reference gives
+        o_LHD[rows], lse_LH[rows] = 0, -math.inf
     if H % KVH:
         raise ValueError(
             f"{H} query heads do not share {KVH} KV heads evenly (GQA needs H % KVH == 0)"

@@ -309,8 +309,11 @@ def triton_attention_backward(
     _attn_bwd_delta[(triton.cdiv(L * H, DELTA_ROWS),)](
         o, do, delta, L * H, o.stride(0), do.stride(0), H, D, DELTA_ROWS
     )
-    # every query row is some dQ program's; a sequence without queries has no dK/dV program
+    # a sequence without queries has no dK/dV program; every query row of a sequence is some
+    # dQ program's, and the rows outside them get 0, as from the reference
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for rows in forward.outside_rows(cu_q, L):
+        dq[rows] = 0
     scale2 = scale * forward.LOG2E
     max_q = max(b - a for a, b in itertools.pairwise(cu_q))
     max_k = max(b - a for a, b in itertools.pairwise(cu_k))
