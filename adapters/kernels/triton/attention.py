@@ -200,8 +200,8 @@ def _blocks(cu_q: list[int], keys: list[tuple[int, int]], rows: int, device) -> 
 
 def outside_rows(cu_q: list[int], rows: int) -> list[slice]:
     """The query rows no sequence of ``cu_q`` holds (before its first offset, from its last):
-    no program writes them, so the caller fills them. Empty slices where there are none."""
-    return [slice(0, cu_q[0]), slice(cu_q[-1], rows)]
+    no program writes them, so the caller fills them. Usually none."""
+    return [s for s in (slice(0, cu_q[0]), slice(cu_q[-1], rows)) if s.start < s.stop]
 
 
 def head_group(rep: int, longest_queries: int) -> int:
