@@ -231,7 +231,8 @@ def bench_attention(args, kp, tm, res):
     dev = args.device
     H, KVH, D = (4, 2, 32) if args.small else (32, 8, 128)
     rows = []
-    for L in [128] if args.small else [4096, 16384]:
+    cases = args.attention_cases.split(",")
+    for L in ([128] if args.small else [4096, 16384]) if "prefill" in cases else []:
         q, k, v = (_r(L, h, D, device=dev, seed=s) for s, h in ((0, H), (1, KVH), (2, KVH)))
         pos = torch.arange(L, device=dev)
         o = triton_attention(q, k, v, pos, kp)
@@ -256,26 +257,28 @@ def bench_attention(args, kp, tm, res):
         rows.append(row)
         print(json.dumps(row), flush=True)
     # decode: B sequences, one query each at position ctx-1, against a ctx-long cache
-    B, ctx = (2, 128) if args.small else (8, 4096)
-    q = _r(B, H, D, device=dev)
-    k, v = _r(B * ctx, KVH, D, device=dev, seed=1), _r(B * ctx, KVH, D, device=dev, seed=2)
-    # the pack's offsets on the host, as the reference engine passes them (on the device, each
-    # call's ``.tolist()`` would wait for the GPU)
-    cu_q = torch.arange(B + 1)
-    cu_k = torch.arange(B + 1) * ctx
-    pos = torch.full((B,), ctx - 1, device=dev, dtype=torch.int32)
-    qs = q[:, :, None, :]
-    ks = k.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).permute(0, 2, 1, 3).contiguous()
-    vs = v.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).permute(0, 2, 1, 3).contiguous()
-    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-    row = {"case": f"decode {B}x1 @ {ctx}", "L": ctx}
-    tm.both(
-        row,
-        lambda: F.scaled_dot_product_attention(qs, ks, vs),
-        lambda: triton_attention(q, k, v, pos, kp, **kw),
-    )
-    rows.append(row)
-    rows.extend(_attention_training_rows(args, kp, tm, H, KVH, D))
+    if "decode" in cases:
+        B, ctx = (2, 128) if args.small else (8, 4096)
+        q = _r(B, H, D, device=dev)
+        k, v = _r(B * ctx, KVH, D, device=dev, seed=1), _r(B * ctx, KVH, D, device=dev, seed=2)
+        # the pack's offsets on the host, as the reference engine passes them (on the device, each
+        # call's ``.tolist()`` would wait for the GPU)
+        cu_q = torch.arange(B + 1)
+        cu_k = torch.arange(B + 1) * ctx
+        pos = torch.full((B,), ctx - 1, device=dev, dtype=torch.int32)
+        qs = q[:, :, None, :]
+        ks = k.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).permute(0, 2, 1, 3).contiguous()
+        vs = v.view(B, ctx, KVH, D).repeat_interleave(H // KVH, 2).permute(0, 2, 1, 3).contiguous()
+        kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        row = {"case": f"decode {B}x1 @ {ctx}", "L": ctx}
+        tm.both(
+            row,
+            lambda: F.scaled_dot_product_attention(qs, ks, vs),
+            lambda: triton_attention(q, k, v, pos, kp, **kw),
+        )
+        rows.append(row)
+    if "training" in cases:
+        rows.extend(_attention_training_rows(args, kp, tm, H, KVH, D))
     res["attention"] = rows
     print(f"\n{'attention':<22}{'SDPA ms':>10}{'triton ms':>11}{'time x':>8}{'kernels: SDPA':>15}"
           f"{'triton':>9}{'x':>7}{'ref ms':>9}")  # fmt: skip
@@ -315,8 +318,17 @@ def _attention_training_rows(args, kp, tm, H, KVH, D):
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
             return torch.autograd.grad(o, leaves, to_b(d_out, 1))
 
+        def sdpa_gqa():  # the KV heads as they are: SDPA's own GQA (``enable_gqa``)
+            qs, ks, vs = (t.view(B, S, -1, D).transpose(1, 2) for t in leaves)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            return torch.autograd.grad(o, leaves, to_b(d_out, 1))
+
         row = {"case": f"fwd+bwd {B}x{S}", "L": T}
         tm.both(row, sdpa, ours)
+        if tm.cuda:  # the baseline without the K/V expansion, beside it
+            row["sdpa_gqa_ms"] = tm.ms(sdpa_gqa)
+            row["sdpa_gqa_kernel_ms"] = tm.kernel_ms(sdpa_gqa)
+            row["time_ratio_vs_sdpa_gqa"] = row["triton_ms"] / row["sdpa_gqa_ms"]
         got, want = ours(), sdpa()
         row["grad_rel_err_vs_sdpa"] = [
             float((g.float() - w.float()).norm() / w.float().norm())
@@ -435,6 +447,8 @@ def main(argv=None) -> int:
                     help="linear: also time both sides replayed from a CUDA graph")  # fmt: skip
     ap.add_argument("--shape-order", choices=["listed", "reversed"], default="listed",
                     help="linear: the order the shapes run in (first-shape effects)")  # fmt: skip
+    ap.add_argument("--attention-cases", default="prefill,decode,training",
+                    help="attention: which rows to run")  # fmt: skip
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--json", default=None)
