@@ -1,6 +1,6 @@
 """Launch-shape sweep of the Triton invariant matmul (H200), Qwen3-4B projection shapes.
 
-Each candidate ``LaunchShape`` (output tile, warps, stages, programs per SM) first
+Each candidate ``LaunchShape`` (output tile, warps, stages, programs per SM, runs per program) first
 computes every case and is compared bit for bit with the shipped shape and with the per-tile
 ``torch.mm`` mimic (what SGLang's kernel computes); a shape that changes a bit is reported and
 never timed as a candidate (the tile dot would have become another instruction). Then each case
@@ -114,7 +114,21 @@ def small_candidates():
         (16, 32, 4, 6),
         (16, 16, 4, 4),
     ]
-    return [S(bm, bn, w, st) for bm, bn, w, st in grid]
+    # (block_m, block_n, warps, stages, runs per program): a program sums 2 or 4 adjacent runs
+    grouped = [
+        (64, 64, 8, 3, 2),
+        (64, 64, 8, 3, 4),
+        (64, 64, 4, 3, 2),
+        (64, 128, 8, 3, 2),
+        (64, 32, 4, 3, 2),
+        (32, 64, 4, 3, 2),
+        (16, 64, 4, 3, 2),
+        (16, 32, 4, 4, 2),
+        (16, 32, 4, 4, 4),
+    ]
+    return [S(bm, bn, w, st) for bm, bn, w, st in grid] + [
+        S(bm, bn, w, st, runs_per_program=g) for bm, bn, w, st, g in grouped
+    ]
 
 
 def main() -> None:
@@ -191,7 +205,15 @@ def main() -> None:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
 
-    keys = ("block_m", "block_n", "num_warps", "num_stages", "programs_per_sm", "tma")
+    keys = (
+        "block_m",
+        "block_n",
+        "num_warps",
+        "num_stages",
+        "programs_per_sm",
+        "tma",
+        "runs_per_program",
+    )
     for launch in ("persistent", "small"):
         mine = [r for r in rows if r["launch"] == launch]
         shapes = {tuple(r[k] for k in keys) for r in mine}

@@ -35,7 +35,7 @@ from contractgen.adapters.kernels.triton import (
 TARGET = GPUTarget("cuda", 90, 32)
 # pointer arguments by name (every kernel names them ``*_ptr``); the rest are bf16 tensors
 POINTERS = {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "pos_ptr": "*i32", "blk_ptr": "*i32",
-            "count_ptr": "*i32"}  # fmt: skip
+            "count_ptr": "*i32", "acc_ptr": "*fp32", "sem_ptr": "*i32"}  # fmt: skip
 FLOATS = {"scale", "scale2"}
 
 
@@ -89,11 +89,13 @@ def cases():
             dict(num_warps=tma.num_warps, num_stages=tma.num_stages),
             dict(x_desc=(tma.block_m, 128), w_desc=(tma.block_n, 128)),
         )  # fmt: skip
-    for shape in (matmul.SMALL_M, matmul.SMALL_M_WIDE):
+    for shape, run, runs in ((matmul.small_shape(1, 4), 5, 4), (matmul.small_shape(64, 4), 5, 4),
+                             (matmul.small_shape(64, 16), 2, 16)):  # fmt: skip
+        group = shape.runs_per_program
         yield (
-            f"_mm_runs {shape.block_m}x{shape.block_n}", matmul._mm_runs,
-            dict(RUN=5, NUM_RUNS=4, ACC=tl.bfloat16, BLOCK_M=shape.block_m,
-                 BLOCK_N=shape.block_n, BLOCK_K=128, EVEN_K=True),
+            f"_mm_runs {shape.block_m}x{shape.block_n} group={group}", matmul._mm_runs,
+            dict(RUN=run, NUM_RUNS=runs, ACC=tl.bfloat16, BLOCK_M=shape.block_m,
+                 BLOCK_N=shape.block_n, BLOCK_K=128, EVEN_K=True, GROUP=group),
             dict(num_warps=shape.num_warps, num_stages=shape.num_stages),
         )  # fmt: skip
     for group, rows, warps in ((1, attention.BLOCK_Q, attention.NUM_WARPS),
@@ -110,7 +112,9 @@ def cases():
                 *([dict(k_desc=(64, 128), v_desc=(64, 128))] if tma else []),
             )  # fmt: skip
     for fn, cfg, bound in ((attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV, "MAX_QBLOCKS"),
-                           (attention_bwd._attn_bwd_dq, attention_bwd.DQ, "MAX_KBLOCKS")):  # fmt: skip
+                           (attention_bwd._attn_bwd_dq, attention_bwd.DQ, "MAX_KBLOCKS"),
+                           (attention_bwd._attn_bwd_fused, attention_bwd.FUSED,
+                            "MAX_QBLOCKS")):  # fmt: skip
         yield (
             fn.__name__, fn,
             dict(REP=4, D=128, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_K=cfg["BLOCK_K"], **{bound: 64}),

@@ -20,9 +20,10 @@ Two launches, same arithmetic per output:
   descriptors (the shipped path, where they fit) or pointer loads, and the output tile follows
   the counter's depth (``persistent_shape``).
 * ``_mm_runs`` (small M, where output tiles alone cannot fill the GPU): one program per (output
-  tile, run), so each weight is read once; a run's program writes its sum to a workspace and the
-  last program of a tile to finish (an atomic counter per tile) combines the runs in the fixed
-  order. One launch: no extra kernel per tree level.
+  tile, run) or per (output tile, a power-of-two group of adjacent runs: a subtree of the
+  counter), so each weight is read once; a program writes its sum to a workspace and the last
+  program of a tile to finish (an atomic counter per tile) combines them in the fixed order. One
+  launch: no extra kernel per tree level.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -59,6 +60,14 @@ class LaunchShape:
     # persistent launch only: operand tiles come in through TMA descriptors (one thread issues
     # each tile's copy; no per-thread address registers), where ``tma_fits`` allows it
     tma: bool = False
+    # per-run launch only: adjacent runs one program sums (a power of two: a whole subtree of
+    # the counter, so the same adds in the same order), so fewer partial sums go through memory
+    runs_per_program: int = 1
+
+    def __post_init__(self):
+        rpp = self.runs_per_program
+        if rpp < 1 or rpp & (rpp - 1):
+            raise ValueError(f"runs_per_program must be a power of two, got {rpp}")
 
 
 # Shipped persistent shapes: the fastest of benchmarks/tune_matmul.py's sweeps on an H200
@@ -78,10 +87,17 @@ PERSISTENT_POINTER = LaunchShape(
 )
 LARGE_MAX_RUNS = 4
 LARGE_WAVES = 3
-# Per-run launch, by M: at most SMALL_ROWS rows take the 16-row tile (less padding, more programs).
+# Per-run launch, by M (``small_shape``): at most SMALL_ROWS rows take the 16-row tile (less
+# padding, more programs), and always take this launch: a 64-row persistent tile would waste
+# three quarters of its rows and walk all of K in one program. Wider calls take 64 x 64 tiles,
+# and where the counter is deep (GROUP_FROM_RUNS runs or more) each program sums two adjacent
+# runs, so a tile's last program adds half as many partials. tune_matmul.py under CUDA graphs,
+# H200, 2026-12-02 (BENCHMARKS.md): o_proj (16 runs) at M = 64 1.34x cuBLAS grouped, 1.44x not,
+# 1.64x with the 8 warps shipped before; the 4-run shapes were slower grouped.
 SMALL_ROWS = 16
 SMALL_M = LaunchShape(block_m=16, block_n=32, num_warps=4, num_stages=4)
-SMALL_M_WIDE = LaunchShape(block_m=64, block_n=64, num_warps=8, num_stages=3)
+SMALL_M_WIDE = LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3)
+GROUP_FROM_RUNS = 16
 GROUP_M = 8
 
 
@@ -348,27 +364,47 @@ def _mm_runs(
     x_ptr, w_ptr, ws_ptr, y_ptr, count_ptr, M, N, K, sxm, swn, swr, swm, sym,
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    GROUP: tl.constexpr = 1,
 ):  # fmt: skip
-    """Small M: program (output tile, run r) writes run r to ``ws[r]`` and counts itself in the
-    tile's counter; the tile's last program reads the runs back in order, combines them through
-    the same binary counter as the persistent kernel and writes ``y``, and resets the counter to
-    zero for the next launch. A CTA barrier orders every thread's workspace store before the
-    counter's release; the combining loads bypass L1 (``.cg``), which is not coherent across SMs."""
+    """Small M: program (output tile, r) sums the ``GROUP`` adjacent runs from ``r * GROUP``
+    through the binary counter (a whole subtree of it: ``GROUP`` is a power of two), writes
+    that partial to ``ws[r]`` and counts itself in the tile's counter; the tile's last program
+    reads the ``NUM_RUNS // GROUP`` partials back in order, combines them through the counter
+    (the upper levels of the same tree) and writes ``y``, and resets the counter to zero for the
+    next launch. A CTA barrier orders every thread's workspace store before the counter's
+    release; the combining loads bypass L1 (``.cg``), which is not coherent across SMs."""
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
     pid_m = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c = _run(x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN, ACC, BLOCK_K, EVEN_K)
+    c = _run(x_ptr, w_ptr, offs_m, offs_n, r * GROUP, M, N, K, sxm, swn, RUN, ACC, BLOCK_K, EVEN_K)
+    if GROUP > 1:
+        g0 = c
+        g1 = c
+        g2 = c
+        g3 = c
+        g4 = c
+        g5 = c
+        g6 = c
+        g0, g1, g2, g3, g4, g5, g6 = _push(c, 1, g0, g1, g2, g3, g4, g5, g6, GROUP, ACC)
+        for i in tl.static_range(1, GROUP):
+            c = _run(
+                x_ptr, w_ptr, offs_m, offs_n, r * GROUP + i, M, N, K, sxm, swn, RUN, ACC,
+                BLOCK_K, EVEN_K,
+            )  # fmt: skip
+            g0, g1, g2, g3, g4, g5, g6 = _push(c, i + 1, g0, g1, g2, g3, g4, g5, g6, GROUP, ACC)
+        c = _total(g0, g1, g2, g3, g4, g5, g6, GROUP)
+    PARTS: tl.constexpr = NUM_RUNS // GROUP
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     rows = offs_m.to(tl.int64)[:, None] * swm + offs_n[None, :]
-    if NUM_RUNS == 1:
+    if PARTS == 1:
         tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], c, mask=mask)
     else:
         tl.store(ws_ptr + r.to(tl.int64) * swr + rows, c, mask=mask)
         tl.debug_barrier()
         counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_RUNS - 1:
+        if tl.atomic_add(counter, 1, sem="acq_rel") == PARTS - 1:
             tl.atomic_xchg(counter, 0)
             s0 = tl.zeros((BLOCK_M, BLOCK_N), ACC)
             s1 = s0
@@ -377,12 +413,12 @@ def _mm_runs(
             s4 = s0
             s5 = s0
             s6 = s0
-            for q in tl.static_range(NUM_RUNS):  # unrolled: every load issued up front
+            for q in tl.static_range(PARTS):  # unrolled: every load issued up front
                 part = tl.load(ws_ptr + q * swr + rows, mask=mask, other=0.0, cache_modifier=".cg")
                 s0, s1, s2, s3, s4, s5, s6 = _push(
-                    part, q + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
+                    part, q + 1, s0, s1, s2, s3, s4, s5, s6, PARTS, ACC
                 )  # fmt: skip
-            y = _total(s0, s1, s2, s3, s4, s5, s6, NUM_RUNS)
+            y = _total(s0, s1, s2, s3, s4, s5, s6, PARTS)
             tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
 
 
@@ -427,20 +463,21 @@ def _launch(
     M, K = x_MK.shape
     N = w_NK.shape[0]
     runs = max(1, math.ceil(K / k_block)) // run
-    small = small or (SMALL_M if M <= SMALL_ROWS else SMALL_M_WIDE)
+    small = small or small_shape(M, runs)
     split = persistent or PERSISTENT  # the per-run launch takes what this tile cannot fill
     grid_m, grid_n = triton.cdiv(M, split.block_m), triton.cdiv(N, split.block_n)
     progs = _programs(x_MK.device)
     y_MN = torch.empty((M, N), dtype=acc, device=x_MK.device)
     if M == 0 or N == 0:  # nothing to launch (an empty batch)
         return y_MN
-    if runs > 1 and grid_m * grid_n < progs:
+    if runs > 1 and (grid_m * grid_n < progs or M <= SMALL_ROWS):
         gm, gn = triton.cdiv(M, small.block_m), triton.cdiv(N, small.block_n)
-        ws_RMN = torch.empty((runs, M, N), dtype=acc, device=x_MK.device)
-        _mm_runs[(gn, runs, gm)](
+        group = min(small.runs_per_program, runs)  # both powers of two
+        ws_RMN = torch.empty((runs // group, M, N), dtype=acc, device=x_MK.device)
+        _mm_runs[(gn, runs // group, gm)](
             x_MK, w_NK, ws_RMN, y_MN, _counters(x_MK.device, gm * gn), M, N, K, x_MK.stride(0),
             w_NK.stride(0), ws_RMN.stride(0), ws_RMN.stride(1), y_MN.stride(0), run, runs,
-            _TL[acc], small.block_m, small.block_n, k_block, K % k_block == 0,
+            _TL[acc], small.block_m, small.block_n, k_block, K % k_block == 0, group,
             num_warps=small.num_warps,
             num_stages=small.num_stages,
         )  # fmt: skip
@@ -459,6 +496,16 @@ def _launch(
         num_warps=persistent.num_warps, num_stages=persistent.num_stages,
     )  # fmt: skip
     return y_MN
+
+
+def small_shape(M: int, runs: int) -> LaunchShape:
+    """The shipped per-run launch shape for ``M`` rows and ``runs`` runs (``SMALL_M`` and its
+    neighbours say why); the shape changes no bit, only the time."""
+    if M <= SMALL_ROWS:
+        return SMALL_M
+    if runs >= GROUP_FROM_RUNS:
+        return replace(SMALL_M_WIDE, runs_per_program=2)
+    return SMALL_M_WIDE
 
 
 def persistent_shape(x_MK: torch.Tensor, w_NK: torch.Tensor, runs: int) -> LaunchShape:
