@@ -4,10 +4,9 @@ For the forward (``triton_attention_lse``: query rows per program, warps, stages
 time and whether the output bits equal the shipped shape's: a forward shape is a contract-side
 choice (the rollout and the trainer must run the same one), so a faster shape that changes bits is
 only adopted together with a re-run of the exactness gate. For the backward (no forward bit
-depends on it) it reports the time of the whole backward: the fused kernel's shapes (``FUSED``),
-then the two-kernel backward's with one kernel's shape varied and the other's shipped (``DKDV``,
-``DQ``); each row says whether two runs gave the same bits. Prints tables; ``--json`` writes
-every row.
+depends on it) it reports the time of the whole backward at the shipped shapes, then with one
+kernel's shape varied and the other's shipped (``DKDV``, ``DQ``); each row says whether two runs
+gave the same bits. Prints tables; ``--json`` writes every row.
 
     python3 benchmarks/tune_attention.py --json $OUT/tune_attention.json
 """
@@ -67,9 +66,9 @@ def main() -> None:
                     help="write 256 MiB before each timed rep, so no operand starts in L2")  # fmt: skip
     ap.add_argument("--kernel-time", action="store_true",
                     help="time the kernels alone (profiler records), not the calls around them")  # fmt: skip
-    ap.add_argument("--bwd-kernels", default="FUSED,DKDV,DQ",
-                    help="backward: FUSED (one kernel), DKDV and DQ (the two-kernel backward, one "
-                         "kernel's shape varied, the other's shipped)")  # fmt: skip
+    ap.add_argument("--bwd-kernels", default="DKDV,DQ",
+                    help="backward: the kernels whose shapes to vary, one at a time (the other's "
+                         "shipped)")  # fmt: skip
     ap.add_argument("--bwd-block-qs", default="32,64,128", help="backward: query rows to try")
     ap.add_argument("--bwd-block-ks", default="32,64,128", help="backward: key rows to try")
     ap.add_argument("--bwd-warps", default="4,8", help="backward: warps to try")
@@ -138,21 +137,15 @@ def main() -> None:
         return bwd.triton_attention_backward(q, k, v, o_ref, lse, d_out, pos, kp, **kw)
 
     kernels = () if args.forward_only else args.bwd_kernels.split(",")
-    base = {name: dict(getattr(bwd, name)) for name in ("DKDV", "DQ", "FUSED")}
-    fuse = bwd.FUSE_DQ
+    base = {name: dict(getattr(bwd, name)) for name in ("DKDV", "DQ")}
     want = None if args.forward_only else run_bwd()
-    for fused in () if args.forward_only else (True, False):  # the shipped shapes, both ways
-        bwd.FUSE_DQ = fused
-        row = {
-            "kernel": "shipped " + ("fused" if fused else "two-kernel"),
-            "backward_ms": _ms(run_bwd),
-        }
+    if not args.forward_only:  # the shipped shapes
+        row = {"kernel": "shipped", "backward_ms": _ms(run_bwd)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     shapes = [[int(x) for x in getattr(args, a).split(",")]
               for a in ("bwd_block_qs", "bwd_block_ks", "bwd_warps", "bwd_stages")]  # fmt: skip
     for name in kernels:
-        bwd.FUSE_DQ = name == "FUSED"  # DKDV and DQ: the two-kernel backward
         for bq, bk, warps, stages in itertools.product(*shapes):
             cfg = {"BLOCK_Q": bq, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
             setattr(bwd, name, cfg)
@@ -170,7 +163,6 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
         setattr(bwd, name, base[name])
-    bwd.FUSE_DQ = fuse
 
     for kernel, key in [("forward", "ms")] + [(k, "backward_ms") for k in kernels]:
         ok = sorted((r for r in rows if r["kernel"] == kernel and key in r), key=lambda r: r[key])

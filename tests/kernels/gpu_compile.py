@@ -35,7 +35,7 @@ from contractgen.adapters.kernels.triton import (
 TARGET = GPUTarget("cuda", 90, 32)
 # pointer arguments by name (every kernel names them ``*_ptr``); the rest are bf16 tensors
 POINTERS = {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "pos_ptr": "*i32", "blk_ptr": "*i32",
-            "count_ptr": "*i32", "acc_ptr": "*fp32", "sem_ptr": "*i32"}  # fmt: skip
+            "count_ptr": "*i32"}  # fmt: skip
 FLOATS = {"scale", "scale2"}
 
 
@@ -112,9 +112,7 @@ def cases():
                 *([dict(k_desc=(64, 128), v_desc=(64, 128))] if tma else []),
             )  # fmt: skip
     for fn, cfg, bound in ((attention_bwd._attn_bwd_dkdv, attention_bwd.DKDV, "MAX_QBLOCKS"),
-                           (attention_bwd._attn_bwd_dq, attention_bwd.DQ, "MAX_KBLOCKS"),
-                           (attention_bwd._attn_bwd_fused, attention_bwd.FUSED,
-                            "MAX_QBLOCKS")):  # fmt: skip
+                           (attention_bwd._attn_bwd_dq, attention_bwd.DQ, "MAX_KBLOCKS")):  # fmt: skip
         yield (
             fn.__name__, fn,
             dict(REP=4, D=128, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_K=cfg["BLOCK_K"], **{bound: 64}),

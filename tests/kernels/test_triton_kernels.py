@@ -395,89 +395,30 @@ def test_triton_attention_backward_of_owned_rows(kp):
         assert (g - w).norm() / w.norm() < 1e-2
 
 
-def _backward_both_ways(monkeypatch, q, k, v, pos, kp, reference=True, **kw):
-    """The fused backward's and the two-kernel backward's (dq, dk, dv) of one case, and (unless
-    ``reference=False``) the float64 reference's."""
-    o, lse = tatt.triton_attention_lse(q, k, v, pos, kp, **kw)
-    d_out = _r(*q.shape, seed=9)
-    got = {}
-    with monkeypatch.context() as m:  # these inputs must take the kernels, not the fallback
-        m.setattr(tbwd, "reference_attention_backward", None)
-        for fuse in (True, False):
-            m.setattr(tbwd, "FUSE_DQ", fuse)
-            got[fuse] = tbwd.triton_attention_backward(q, k, v, o, lse, d_out, pos, kp, **kw)
-    if not reference:
-        return got[True], got[False], (o, lse, d_out)
-    f64 = [t.double() for t in (q, k, v, o, lse, d_out)]
-    return got[True], got[False], reference_attention_backward(*f64, pos, kp, **kw)
-
-
-def test_fused_backward_dk_dv_are_the_two_kernel_bits_and_dq_is_close(kp, monkeypatch):
-    """The fused kernel computes dK and dV with the two-kernel backward's tiles and order (the
-    same bits at the same tile shape) and dQ from the same terms in another fixed order (within
-    bf16 rounding of float64)."""
-    monkeypatch.setattr(tbwd, "DKDV", {**tbwd.DKDV, **{n: tbwd.FUSED[n] for n in tbwd.FUSED}})
-    q, k, v, pos, kw = _packed_backward_case()
-    fused, two, want = _backward_both_ways(monkeypatch, q, k, v, pos, kp, **kw)
-    assert torch.equal(fused[1], two[1]) and torch.equal(fused[2], two[2])
-    for g, w in zip(fused, want, strict=True):
-        assert (g.double() - w).norm() / w.norm() < 1e-2
-
-
-def test_fused_backward_keys_past_every_query_and_queries_without_keys(kp, monkeypatch):
-    """Edge terms of the ordered dQ: a key block that lies wholly past the last query of a
-    partial query block visits it (its term is zero and takes no place in the order), and a
-    sequence with queries but no keys gets dq = 0, as the two-kernel backward gives it (the
-    reference takes no such sequence: it is checked on the first sequence alone)."""
-    # sequence 0: 90 queries at positions 34..123 against 200 keys; in 32-row query and 64-key
-    # blocks, key block 2 (keys 128..191) visits query block 2 (positions 98..123), whose terms
-    # come from key blocks 1 and 0 only. Sequence 1: 3 queries, no keys.
-    assert (tbwd.FUSED["BLOCK_Q"], tbwd.FUSED["BLOCK_K"]) == (32, 64)
+def test_triton_attention_backward_keys_past_every_query_and_queries_without_keys(
+    kp, monkeypatch
+):  # fmt: skip
+    """Key blocks that lie past every query of a sequence get zero gradient, the key blocks
+    before them the reference's (a dK/dV program still walks a partial last query block that
+    all its keys follow), and a sequence with queries but no keys gets dq = 0 (the reference
+    takes no such sequence: it is checked on the first sequence alone)."""
+    # sequence 0: 90 queries at positions 34..123 against 200 keys; sequence 1: 3 queries, no keys
     q = _r(93, 4, 32)
     k, v = _r(200, 2, 32, seed=1), _r(200, 2, 32, seed=2)
     pos = torch.cat([torch.arange(34, 124), torch.arange(3)]).to(DEV)
     kw = dict(cu_seqlens_q=torch.tensor([0, 90, 93]), cu_seqlens_k=torch.tensor([0, 200, 200]))
-    fused, two, (o, lse, d_out) = _backward_both_ways(
-        monkeypatch, q, k, v, pos, kp, reference=False, **kw
-    )  # fmt: skip
+    o, lse = tatt.triton_attention_lse(q, k, v, pos, kp, **kw)
+    d_out = _r(*q.shape, seed=9)
+    with monkeypatch.context() as m:  # these inputs must take the kernels, not the fallback
+        m.setattr(tbwd, "reference_attention_backward", None)
+        dq, dk, dv = tbwd.triton_attention_backward(q, k, v, o, lse, d_out, pos, kp, **kw)
     f64 = [t.double() for t in (q[:90], k, v, o[:90], lse[:90], d_out[:90])]
     want = reference_attention_backward(*f64, pos[:90], kp)
-    for g, w in zip((fused[0][:90], *fused[1:]), want, strict=True):
+    for g, w in zip((dq[:90], dk, dv), want, strict=True):
         assert (g.double() - w).norm() / w.norm() < 1e-2
-    assert torch.equal(fused[0][90:], torch.zeros_like(fused[0][90:]))
-    for got in fused[1:]:  # keys 124.. see no query: zero gradient
+    assert torch.equal(dq[90:], torch.zeros_like(dq[90:]))
+    for got in (dk, dv):  # keys 124.. see no query: zero gradient
         assert torch.equal(got[124:], torch.zeros_like(got[124:]))
-    for g, w in zip(fused, two, strict=True):
-        assert not g.isnan().any() and (g.float() - w.float()).norm() <= 1e-2 * w.float().norm()
-
-
-def test_fused_backward_table_lists_each_sequence_last_block_first():
-    """Every key block of a sequence with queries and keys appears once; each sequence's come
-    last to first (the order dQ's terms are added in, so no program waits on a later one); the
-    sequences interleave, each one's last blocks first; and each row carries its sequence's
-    first query block over the pack."""
-    cu_q, cu_k = (0, 300, 300, 340, 345), (0, 300, 310, 350, 350)
-    shape = (("BLOCK_Q", 32), ("BLOCK_K", 64))
-    table, qblocks = tbwd._fused_blocks(cu_q, cu_k, shape, "cpu")
-    rows = table.tolist()
-    assert qblocks == 10 + 0 + 2 + 1  # 300, 0, 40 and 5 queries in 32-row blocks
-    # sequence 0 (300 keys: blocks 0..256), sequence 2 (40 keys: one block); 3 has no keys
-    assert [(k0, kb) for k0, kb, *_ in rows] == [(0, 256), (310, 0), (0, 192), (0, 128),
-                                                 (0, 64), (0, 0)]  # fmt: skip
-    assert {tuple(r[2:]) for r in rows} == {(300, 0, 300, 0), (40, 300, 340, 10)}
-
-
-@pytest.mark.skipif(CUDA, reason="a table out of order makes a GPU program wait forever")
-def test_fused_backward_out_of_order_table_poisons_dq(kp, monkeypatch):
-    """The interpreter runs programs one after another, so a dQ term that finds the wrong count
-    of terms before it (a table listing a sequence's key blocks first to last) is seen at once
-    and turns that dQ tile into NaN: the order the fused kernel relies on is checked in CI."""
-    q, k, v, pos, kw = _packed_backward_case()
-    ordered = tbwd._fused_blocks.__wrapped__
-    monkeypatch.setattr(tbwd, "_fused_blocks", lambda *a: (ordered(*a)[0].flip(0), ordered(*a)[1]))
-    fused, _, _ = _backward_both_ways(monkeypatch, q, k, v, pos, kp, **kw)
-    assert fused[0][5:155].isnan().any()  # the long sequence's dq: several key blocks
-    assert not fused[1].isnan().any() and not fused[2].isnan().any()
 
 
 def test_triton_attention_backward_falls_back_on_non_contiguous_positions(kp):

@@ -47,11 +47,6 @@ LOG2E = tl.constexpr(forward.LOG2E)  # read inside the kernels: a compile-time c
 # heads, 32 x 512 packed tokens, 2026-12-02 (BENCHMARKS.md).
 DKDV = {"BLOCK_Q": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
 DQ = {"BLOCK_Q": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
-# One kernel for dK, dV and dQ (``_attn_bwd_fused``): five dots a tile instead of seven, dQ's terms
-# added in a fixed order (so its bits do not depend on scheduling either). ``FUSE_DQ = False``
-# runs the two kernels above.
-FUSE_DQ = False
-FUSED = {"BLOCK_Q": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
 DELTA_ROWS = 64  # (query, head) rows per program of ``_attn_bwd_delta``
 
 
@@ -235,140 +230,6 @@ def _attn_bwd_dq(
     )
 
 
-@triton.jit
-def _wait_for(sem, count):
-    """Until ``count`` contributors have released ``sem`` (the CTA waits together); whether
-    exactly ``count`` had. Programs take their work in ticket order and wait only on earlier
-    tickets, so this always ends. The interpreter runs programs one after another: there the
-    count must already be in, and the caller poisons its term when it is not."""
-    seen = tl.atomic_add(sem, 0, sem="acquire")
-    if not INTERPRET:
-        while seen < count:
-            seen = tl.atomic_add(sem, 0, sem="acquire")
-    tl.debug_barrier()
-    return seen == count
-
-
-@triton.jit
-def _fused_tile(
-    dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, dq_ptr, acc_ptr, sem_ptr, qb, q0,
-    q1, p0, h, H, kpos, j, klen, qbase, sq, sqh, sdo, sdoh, slse, scale, scale2,
-    D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """``_dkdv_tile``'s dK and dV, and this key block's term of the query block's dQ, added to
-    the others in a fixed order: key blocks from the last one the block sees down to the first.
-    The first writes the float32 sum, the middle ones add to it, the last (key block 0) adds,
-    scales and writes dQ in the operands' dtype."""
-    offs_q = q0 + qb * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    offs_d = tl.arange(0, D)
-    qmask = offs_q < q1
-    rows = offs_q[:, None] * sq + h * sqh + offs_d[None, :]
-    q = tl.load(q_ptr + rows, mask=qmask[:, None], other=0.0)
-    do = tl.load(
-        do_ptr + offs_q[:, None] * sdo + h * sdoh + offs_d[None, :], mask=qmask[:, None], other=0.0
-    )
-    lse2 = tl.load(lse_ptr + offs_q * slse + h, mask=qmask, other=0.0) * LOG2E
-    delta = tl.load(delta_ptr + offs_q * slse + h, mask=qmask, other=0.0)
-    s_T = _dot(k, tl.trans(q))  # [BLOCK_K, BLOCK_Q], unscaled
-    pos = tl.load(pos_ptr + offs_q, mask=qmask, other=-1)
-    visible = (kpos[:, None] <= pos[None, :]) & qmask[None, :]
-    p_T = tl.where(visible, tl.exp2(tl.fma(s_T, scale2, -lse2[None, :])), 0.0)
-    dv += _dot(_round(p_T, q.dtype), do)
-    dp_T = _dot(v, tl.trans(do))
-    ds_T = _round(p_T * (dp_T - delta[None, :]), q.dtype)
-    dk += _dot(ds_T, q)
-    part = _dot(tl.trans(ds_T), k)  # [BLOCK_Q, BLOCK_K] x [BLOCK_K, D]
-    # the contributors to this query block: key blocks 0 .. its last row's, in descending order
-    last = tl.minimum(p0 + tl.minimum((qb + 1) * BLOCK_Q, q1 - q0) - 1, klen - 1) // BLOCK_K
-    sem = sem_ptr + (qbase + qb) * H + h
-    ahead = last - j  # < 0: every key of this block lies past the query block (a zero term)
-    if ahead > 0:
-        in_order = _wait_for(sem, ahead)
-        if INTERPRET:  # a term out of order (a wrong table) turns this dQ tile into NaN
-            part = tl.where(in_order, part, float("nan"))
-    if j == 0:
-        if ahead > 0:
-            part += tl.load(acc_ptr + rows, mask=qmask[:, None], other=0.0, cache_modifier=".cg")
-        tl.store(dq_ptr + rows, _round(part * scale, dq_ptr.dtype.element_ty), mask=qmask[:, None])
-    elif ahead >= 0:
-        if ahead == 0:
-            tl.store(acc_ptr + rows, part, mask=qmask[:, None])
-        else:
-            tl.atomic_add(acc_ptr + rows, part, mask=qmask[:, None], sem="relaxed")
-        tl.debug_barrier()  # every thread's part is in before the release
-        tl.atomic_add(sem, 1, sem="release")
-    return dk, dv
-
-
-@triton.jit
-def _attn_bwd_fused(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, dk_ptr, dv_ptr, dq_ptr, acc_ptr,
-    sem_ptr, blk_ptr, tickets, KVH, H,
-    sq, sqh, sk, skh, sv, svh, sdo, sdoh, slse, sdk, sdkh, sdv, sdvh, scale, scale2,
-    REP: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-    MAX_QBLOCKS: tl.constexpr,
-):  # fmt: skip
-    """``_attn_bwd_dkdv`` and dQ in one kernel: five dots per tile instead of seven. A program
-    takes the next ticket (``sem_ptr[tickets]``), so programs start in table order whatever the
-    hardware's dispatch order; the table lists a sequence's key blocks last to first, so every
-    contributor a program waits for has started before it."""
-    t = tl.atomic_add(sem_ptr + tickets, 1)
-    b = t // KVH
-    kvh = t % KVH
-    k0 = tl.load(blk_ptr + 6 * b)  # first key row of the sequence
-    kb = tl.load(blk_ptr + 6 * b + 1)  # this block's first key position
-    klen = tl.load(blk_ptr + 6 * b + 2)
-    q0 = tl.load(blk_ptr + 6 * b + 3)  # the sequence's query rows [q0, q1)
-    q1 = tl.load(blk_ptr + 6 * b + 4)
-    qbase = tl.load(blk_ptr + 6 * b + 5)  # the sequence's first query block, over the pack
-    p0 = tl.load(pos_ptr + q0)
-    j = kb // BLOCK_K
-    qb_first = tl.maximum(kb - p0, 0) // BLOCK_Q
-    qb_end = (q1 - q0 + BLOCK_Q - 1) // BLOCK_Q
-    kpos = kb + tl.arange(0, BLOCK_K)
-    offs_d = tl.arange(0, D)
-    kmask = kpos < klen
-    k = tl.load(
-        k_ptr + (k0 + kpos)[:, None] * sk + kvh * skh + offs_d[None, :],
-        mask=kmask[:, None],
-        other=0.0,
-    )
-    v = tl.load(
-        v_ptr + (k0 + kpos)[:, None] * sv + kvh * svh + offs_d[None, :],
-        mask=kmask[:, None],
-        other=0.0,
-    )
-    dk = tl.zeros((BLOCK_K, D), tl.float32)
-    dv = tl.zeros((BLOCK_K, D), tl.float32)
-    for r in range(REP):
-        h = kvh * REP + r
-        if INTERPRET:  # the interpreter loops only to compile-time bounds
-            for qb in range(MAX_QBLOCKS):
-                if qb >= qb_first and qb < qb_end:
-                    dk, dv = _fused_tile(
-                        dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, dq_ptr, acc_ptr,
-                        sem_ptr, qb, q0, q1, p0, h, H, kpos, j, klen, qbase, sq, sqh, sdo, sdoh,
-                        slse, scale, scale2, D, BLOCK_Q, BLOCK_K,
-                    )  # fmt: skip
-        else:
-            for qb in range(qb_first, qb_end):
-                dk, dv = _fused_tile(
-                    dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, pos_ptr, dq_ptr, acc_ptr,
-                    sem_ptr, qb, q0, q1, p0, h, H, kpos, j, klen, qbase, sq, sqh, sdo, sdoh,
-                    slse, scale, scale2, D, BLOCK_Q, BLOCK_K,
-                )  # fmt: skip
-    tl.store(
-        dk_ptr + (k0 + kpos)[:, None] * sdk + kvh * sdkh + offs_d[None, :],
-        _round(dk * scale, dk_ptr.dtype.element_ty),
-        mask=kmask[:, None],
-    )
-    tl.store(
-        dv_ptr + (k0 + kpos)[:, None] * sdv + kvh * sdvh + offs_d[None, :],
-        _round(dv, dv_ptr.dtype.element_ty),
-        mask=kmask[:, None],
-    )
-
-
 @functools.lru_cache(maxsize=64)
 def _sequence_starts(cu_q: tuple, device) -> torch.Tensor:
     """``[rows]`` bool, True on each sequence's first query row; kept per pack (one copy)."""
@@ -404,29 +265,6 @@ def _dkdv_blocks(cu_q, cu_k, device) -> torch.Tensor:
         for kb in range(0, cu_k[i + 1] - cu_k[i], DKDV["BLOCK_K"])
     ]
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 5)
-
-
-@functools.lru_cache(maxsize=64)
-def _fused_blocks(cu_q: tuple, cu_k: tuple, shape: tuple, device) -> tuple[torch.Tensor, int]:
-    """The fused kernel's table, kept per pack: per key block ``(first key row, block's first key
-    position, keys, q0, q1, the sequence's first query block over the pack)``, ``[num_blocks, 6]``
-    int32, and the pack's number of query blocks. Programs take the rows in order (by ticket).
-    Every sequence lists its key blocks last to first, so a query block's dQ terms, added from
-    its last key block down, come from programs that started earlier: none waits on a program
-    that has not begun. The sequences are interleaved, each one's last blocks first, so the long
-    first blocks of every sequence do not all start at the end."""
-    bq, bk = dict(shape)["BLOCK_Q"], dict(shape)["BLOCK_K"]
-    per_seq, qbase = [], 0
-    for i in range(len(cu_q) - 1):
-        nq, nk = cu_q[i + 1] - cu_q[i], cu_k[i + 1] - cu_k[i]
-        if nq > 0 and nk > 0:
-            blocks = [(cu_k[i], kb, nk, cu_q[i], cu_q[i + 1], qbase) for kb in range(0, nk, bk)]
-            per_seq.append(blocks[::-1])
-        qbase += -(-nq // bq)
-    longest = max((len(b) for b in per_seq), default=0)
-    rows = [b[rank] for rank in range(longest) for b in per_seq if rank < len(b)]
-    table = torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 6)
-    return table, qbase
 
 
 def _dq_blocks(cu_q, cu_k, device) -> torch.Tensor:
@@ -479,9 +317,6 @@ def triton_attention_backward(
     scale2 = scale * forward.LOG2E
     max_q = max(b - a for a, b in itertools.pairwise(cu_q))
     max_k = max(b - a for a, b in itertools.pairwise(cu_k))
-    if FUSE_DQ:
-        _fused_backward(q, k, v, do, lse, delta, pos, dq, dk, dv, cu_q, cu_k, scale, scale2, max_q)
-        return dq, dk, dv
     kblk, qblk = _block_tables(
         tuple(cu_q), tuple(cu_k), tuple(DKDV.items()), tuple(DQ.items()), q.device
     )
@@ -505,27 +340,3 @@ def triton_attention_backward(
             num_warps=DQ["num_warps"], num_stages=DQ["num_stages"],
         )  # fmt: skip
     return dq, dk, dv
-
-
-def _fused_backward(q, k, v, do, lse, delta, pos, dq, dk, dv, cu_q, cu_k, scale, scale2, max_q):
-    """dK, dV and dQ by ``_attn_bwd_fused``, into ``dk`` and ``dv`` (zeros) and ``dq``."""
-    L, H, D = q.shape
-    KVH = k.shape[1]
-    table, qblocks = _fused_blocks(tuple(cu_q), tuple(cu_k), tuple(FUSED.items()), q.device)
-    for a, b, ka, kb in zip(cu_q, cu_q[1:], cu_k, cu_k[1:], strict=False):
-        if b > a and kb == ka:  # queries without keys: no term reaches their dQ
-            dq[a:b] = 0
-    if not table.shape[0]:
-        return
-    # per (query block, head): how many dQ terms are in; then the ticket counter
-    sem = torch.zeros(qblocks * H + 1, dtype=torch.int32, device=q.device)
-    acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # q's strides
-    _attn_bwd_fused[(table.shape[0] * KVH,)](
-        q, k, v, do, lse, delta, pos, dk, dv, dq, acc, sem, table, qblocks * H, KVH, H,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        do.stride(0), do.stride(1), lse.stride(0), dk.stride(0), dk.stride(1),
-        dv.stride(0), dv.stride(1), scale, scale2,
-        H // KVH, D, FUSED["BLOCK_Q"], FUSED["BLOCK_K"],
-        triton.next_power_of_2(triton.cdiv(max_q, FUSED["BLOCK_Q"])),
-        num_warps=FUSED["num_warps"], num_stages=FUSED["num_stages"],
-    )  # fmt: skip
