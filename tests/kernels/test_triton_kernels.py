@@ -55,7 +55,12 @@ def _split_k(x, w, kp, tp, mm):
     return tree_sum(parts).to(x.dtype)
 
 
-@pytest.mark.parametrize("m,k,n", [(3, 640, 200), (130, 1024, 130)])
+@pytest.mark.parametrize(
+    "m,k,n",
+    [(3, 640, 200), (130, 1024, 130),
+     # on an H200 the whole batch takes the persistent launch (162 tiles), one row the per-run
+     pytest.param(520, 1024, 1100, marks=pytest.mark.skipif(not CUDA, reason="GPU-sized"))],
+)  # fmt: skip
 def test_triton_matmul_batch_and_decode_invariant(kp, m, k, n, monkeypatch):
     x, w = _r(m, k), _r(n, k, seed=1)
     full = tmm.triton_matmul(x, w, kp)
@@ -74,10 +79,14 @@ SHAPES = [
     tmm.LaunchShape(block_m=128, block_n=64, num_warps=8, num_stages=3, programs_per_sm=2),
     tmm.LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, tma=True),
     tmm.LaunchShape(block_m=128, block_n=64, num_warps=8, num_stages=2, tma=True),
-    # per-run launch: two and four adjacent runs a program (a subtree of the counter)
-    tmm.LaunchShape(block_m=64, block_n=64, num_warps=8, num_stages=3, runs_per_program=2),
-    tmm.LaunchShape(block_m=16, block_n=32, num_warps=4, num_stages=4, runs_per_program=4),
 ] + ([tmm.PERSISTENT_LARGE] if CUDA else [])  # the interpreter cannot hold its tile's product
+# per-run launch only: the shipped ones, and two and four adjacent runs a program
+SMALL_SHAPES = [
+    tmm.SMALL_M,
+    tmm.SMALL_M_WIDE,
+    tmm.LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, runs_per_program=2),
+    tmm.LaunchShape(block_m=16, block_n=32, num_warps=4, num_stages=4, runs_per_program=4),
+]
 
 
 @pytest.mark.parametrize("k", [640, 1024])  # 5 tiles: one run (persistent); 4 runs (per-run)
@@ -94,10 +103,13 @@ def test_triton_matmul_launch_shape_keeps_bits(kp, k, monkeypatch):
     for shape in SHAPES:
         y = tmm._launch(x, w, kp.matmul_k_block, run, acc, persistent=shape, small=shape)
         assert torch.equal(y.to(x.dtype), full)
-        with monkeypatch.context() as m:  # more SMs than tiles: the per-run launch
+    for shape in SHAPES + SMALL_SHAPES:
+        with monkeypatch.context() as m:  # more SMs than tiles: the per-run launch (4 runs)
             m.setattr(tmm, "_programs", lambda device: 10_000)
             small = tmm._launch(x[:3], w, kp.matmul_k_block, run, acc, small=shape)
+            wide = tmm._launch(x, w, kp.matmul_k_block, run, acc, small=shape)
         assert torch.equal(small.to(x.dtype), full[:3])
+        assert torch.equal(wide.to(x.dtype), full)
 
 
 def test_small_m_shape_and_launch(kp, monkeypatch):
