@@ -1,11 +1,13 @@
 """Launch-shape sweep of the Triton invariant matmul (H200), Qwen3-4B projection shapes.
 
-Each candidate ``LaunchShape`` (output tile, warps, stages, programs per SM, runs per program) first
-computes every case and is compared bit for bit with the shipped shape and with the per-tile
-``torch.mm`` mimic (what SGLang's kernel computes); a shape that changes a bit is reported and
-never timed as a candidate (the tile dot would have become another instruction). Then each case
-is timed against cuBLAS (``F.linear``). Large M runs the persistent launch, small M the per-run
-launch. Prints the fastest shapes per launch and a table; ``--json`` writes every row.
+Each candidate ``LaunchShape`` (output tile, warps, stages, programs per SM, runs per program)
+first computes every case and is compared bit for bit with the shipped shape and with the
+per-tile ``torch.mm`` mimic (what SGLang's kernel computes); a shape that changes a bit is
+reported and never timed as a candidate (the tile dot would have become another instruction).
+Then each case is timed against cuBLAS (``F.linear``). Large M runs the persistent launch, small
+M the per-run launch (forced, even where the library takes the persistent one, as for gate/up at
+M = 64; a K of one run has no per-run launch and takes the persistent one). Prints the fastest
+shapes per launch and a table; ``--json`` writes every row.
 
     python3 benchmarks/tune_matmul.py --json $OUT/tune_matmul.json
 """
@@ -190,8 +192,15 @@ def main() -> None:
                         print(json.dumps(row), flush=True)
                 for shape in cands:
 
-                    def call(x=x, w=w, run=run, kw={launch: shape}):  # noqa: B006
-                        return tmm._launch(x, w, kp.matmul_k_block, run, acc, **kw)
+                    def call(x=x, w=w, run=run, kw={launch: shape}, small=launch == "small"):  # noqa: B006
+                        if not small:
+                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, **kw)
+                        real = tmm._programs  # more SMs than tiles: the per-run launch
+                        tmm._programs = lambda device: 10_000
+                        try:
+                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, **kw)
+                        finally:
+                            tmm._programs = real
 
                     row = {"launch": launch, "shape": name, "M": M, "N": N, "K": K,
                            **shape.__dict__, "cublas_ms": cublas, "shipped_equals_mimic": mimic_ok}  # fmt: skip

@@ -10,20 +10,24 @@ the two rounded values, rounded again, as torch's bf16 add.
 Invariances: each output element's arithmetic (its K tiles, their dots, the order) never changes
 with M, N, the call or the launch shape, so a row's bits depend on that row and its column's
 weights only (batch and N invariance) and a rank holding a whole subtree of runs computes that
-subtree (TP). The launch shape (``LaunchShape``: output tile, warps, stages, programs per SM) is
-free for speed as long as the tile dot stays the same instruction:
-``benchmarks/tune_matmul.py`` checks every shape's bits against the shipped one before timing it.
+subtree (TP). The launch shape (``LaunchShape``: output tile, warps, stages, programs per SM,
+runs per program) is free for speed as long as the tile dot stays the same instruction and the
+compiler compiles it right: ``benchmarks/tune_matmul.py`` checks every shape's bits against the
+shipped one before timing it. One shape that is not shipped failed that check on an H200 (a
+persistent 64 x 64 tile with 8 warps and pointer loads, one run: BENCHMARKS.md, not diagnosed;
+``test_triton_matmul_eight_warp_64_tile_is_wrong_on_one_run`` pins it).
 Two launches, same arithmetic per output:
 
 * ``_mm_persistent`` (large M): ``programs_per_sm`` programs per SM, each looping over output
   tiles, every K tile of a tile in one pipelined loop; the operand tiles come through TMA
   descriptors (the shipped path, where they fit) or pointer loads, and the output tile follows
   the counter's depth (``persistent_shape``).
-* ``_mm_runs`` (small M, where output tiles alone cannot fill the GPU): one program per (output
-  tile, run) or per (output tile, a power-of-two group of adjacent runs: a subtree of the
-  counter), so each weight is read once; a program writes its sum to a workspace and the last
-  program of a tile to finish (an atomic counter per tile) combines them in the fixed order. One
-  launch: no extra kernel per tree level.
+* ``_mm_runs`` (small M: where output tiles alone cannot fill the GPU, and every call of at
+  most ``SMALL_ROWS`` rows whose K holds more than one run): one program per (output tile, run)
+  or per (output tile, a power-of-two group of adjacent runs: a subtree of the counter), so each
+  weight is read once; a program writes its sum to a workspace and the last program of a tile to
+  finish (an atomic counter per tile) combines them in the fixed order. One launch: no extra
+  kernel per tree level.
 """
 
 from __future__ import annotations
@@ -88,8 +92,8 @@ PERSISTENT_POINTER = LaunchShape(
 LARGE_MAX_RUNS = 4
 LARGE_WAVES = 3
 # Per-run launch, by M (``small_shape``): at most SMALL_ROWS rows take the 16-row tile (less
-# padding, more programs), and always take this launch: a 64-row persistent tile would waste
-# three quarters of its rows and walk all of K in one program. Wider calls take 64 x 64 tiles,
+# padding, more programs), and take this launch whenever K holds more than one run: a 64-row
+# persistent tile would waste three quarters of its rows and walk all of K in one program. Wider calls take 64 x 64 tiles,
 # and where the counter is deep (GROUP_FROM_RUNS runs or more) each program sums two adjacent
 # runs, so a tile's last program adds half as many partials. tune_matmul.py under CUDA graphs,
 # H200, 2026-12-02 (BENCHMARKS.md): o_proj (16 runs) at M = 64 1.34x cuBLAS grouped, 1.44x not,
@@ -361,42 +365,47 @@ def _mm_tile(
 
 
 @triton.jit
+def _group_sum(
+    x_ptr, w_ptr, offs_m, offs_n, r0, M, N, K, sxm, swn, RUN: tl.constexpr,
+    GROUP: tl.constexpr, ACC: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """Runs ``r0 .. r0 + GROUP - 1`` summed through the binary counter: with ``GROUP`` a power
+    of two and ``r0`` a multiple of it, a whole subtree of the counter over all runs, so the
+    same adds in the same order."""
+    c = _run(x_ptr, w_ptr, offs_m, offs_n, r0, M, N, K, sxm, swn, RUN, ACC, BK, EVEN_K)
+    if GROUP > 1:
+        s0, s1, s2, s3, s4, s5, s6 = _push(c, 1, c, c, c, c, c, c, c, GROUP, ACC)
+        for i in tl.static_range(1, GROUP):
+            c = _run(x_ptr, w_ptr, offs_m, offs_n, r0 + i, M, N, K, sxm, swn, RUN, ACC, BK, EVEN_K)
+            s0, s1, s2, s3, s4, s5, s6 = _push(c, i + 1, s0, s1, s2, s3, s4, s5, s6, GROUP, ACC)
+        c = _total(s0, s1, s2, s3, s4, s5, s6, GROUP)
+    return c
+
+
+@triton.jit
 def _mm_runs(
     x_ptr, w_ptr, ws_ptr, y_ptr, count_ptr, M, N, K, sxm, swn, swr, swm, sym,
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    GROUP: tl.constexpr = 1,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP: tl.constexpr,
 ):  # fmt: skip
     """Small M: program (output tile, r) sums the ``GROUP`` adjacent runs from ``r * GROUP``
-    through the binary counter (a whole subtree of it: ``GROUP`` is a power of two), writes
-    that partial to ``ws[r]`` and counts itself in the tile's counter; the tile's last program
-    reads the ``NUM_RUNS // GROUP`` partials back in order, combines them through the counter
-    (the upper levels of the same tree) and writes ``y``, and resets the counter to zero for the
-    next launch. A CTA barrier orders every thread's workspace store before the counter's
-    release; the combining loads bypass L1 (``.cg``), which is not coherent across SMs."""
+    (``_group_sum``), writes that partial to ``ws[r]`` and counts itself in the tile's counter;
+    the tile's last program reads the ``NUM_RUNS // GROUP`` partials back in order, combines them
+    through the counter (the upper levels of the same tree) and writes ``y``, and resets the
+    counter to zero for the next launch. A CTA barrier orders every thread's workspace store
+    before the counter's release; the combining loads bypass L1 (``.cg``), which is not coherent
+    across SMs."""
+    tl.static_assert(NUM_RUNS % GROUP == 0, "GROUP must divide NUM_RUNS (both powers of two)")
+    PARTS: tl.constexpr = NUM_RUNS // GROUP
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
     pid_m = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c = _run(x_ptr, w_ptr, offs_m, offs_n, r * GROUP, M, N, K, sxm, swn, RUN, ACC, BLOCK_K, EVEN_K)
-    if GROUP > 1:
-        g0 = c
-        g1 = c
-        g2 = c
-        g3 = c
-        g4 = c
-        g5 = c
-        g6 = c
-        g0, g1, g2, g3, g4, g5, g6 = _push(c, 1, g0, g1, g2, g3, g4, g5, g6, GROUP, ACC)
-        for i in tl.static_range(1, GROUP):
-            c = _run(
-                x_ptr, w_ptr, offs_m, offs_n, r * GROUP + i, M, N, K, sxm, swn, RUN, ACC,
-                BLOCK_K, EVEN_K,
-            )  # fmt: skip
-            g0, g1, g2, g3, g4, g5, g6 = _push(c, i + 1, g0, g1, g2, g3, g4, g5, g6, GROUP, ACC)
-        c = _total(g0, g1, g2, g3, g4, g5, g6, GROUP)
-    PARTS: tl.constexpr = NUM_RUNS // GROUP
+    c = _group_sum(
+        x_ptr, w_ptr, offs_m, offs_n, r * GROUP, M, N, K, sxm, swn, RUN, GROUP, ACC, BLOCK_K,
+        EVEN_K,
+    )  # fmt: skip
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     rows = offs_m.to(tl.int64)[:, None] * swm + offs_n[None, :]
     if PARTS == 1:
@@ -414,8 +423,11 @@ def _mm_runs(
             s4 = s0
             s5 = s0
             s6 = s0
+            part_stride = swr.to(tl.int64)
             for q in tl.static_range(PARTS):  # unrolled: every load issued up front
-                part = tl.load(ws_ptr + q * swr + rows, mask=mask, other=0.0, cache_modifier=".cg")
+                part = tl.load(
+                    ws_ptr + q * part_stride + rows, mask=mask, other=0.0, cache_modifier=".cg"
+                )  # fmt: skip
                 s0, s1, s2, s3, s4, s5, s6 = _push(
                     part, q + 1, s0, s1, s2, s3, s4, s5, s6, PARTS, ACC
                 )  # fmt: skip
@@ -438,16 +450,23 @@ def _programs(device: torch.device) -> int:
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
+_RETIRED_COUNTERS: list[torch.Tensor] = []
+# Tile counters first allocated: one per 16 x 64 output tile of a 4M-column decode call (an LM
+# head of 151,936 columns needs 2,374), so the buffer is not replaced in practice.
+COUNTERS = 1 << 16
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
     """``n`` zeroed int32 tile counters for ``_mm_runs``, kept per (device, stream): each launch
     leaves them at zero, and launches on one stream run one after another, so they never share
-    a counter while running."""
+    a counter while running. A buffer outgrown by a larger call is kept alive, never freed: a
+    CUDA graph captured earlier (SGLang's decode) still holds its address."""
     key = stream_key(device)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        if buf is not None:
+            _RETIRED_COUNTERS.append(buf)
+        buf = torch.zeros(max(n, COUNTERS), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
     return buf
 
@@ -473,9 +492,16 @@ def _launch(
         return y_MN
     if runs > 1 and (grid_m * grid_n < progs or M <= SMALL_ROWS):
         gm, gn = triton.cdiv(M, small.block_m), triton.cdiv(N, small.block_n)
-        group = min(small.runs_per_program, runs)  # both powers of two
-        ws_RMN = torch.empty((runs // group, M, N), dtype=acc, device=x_MK.device)
-        _mm_runs[(gn, runs // group, gm)](
+        group = min(small.runs_per_program, runs)
+        if runs % group:  # ``supports`` admits powers of two only; a direct call may not
+            raise ValueError(f"{runs} runs cannot be cut into groups of {group}: use powers of two")
+        parts = runs // group
+        # one part: the program writes y itself, and the workspace is never read
+        ws_RMN = (
+            y_MN.unsqueeze(0) if parts == 1
+            else torch.empty((parts, M, N), dtype=acc, device=x_MK.device)
+        )  # fmt: skip
+        _mm_runs[(gn, parts, gm)](
             x_MK, w_NK, ws_RMN, y_MN, _counters(x_MK.device, gm * gn), M, N, K, x_MK.stride(0),
             w_NK.stride(0), ws_RMN.stride(0), ws_RMN.stride(1), y_MN.stride(0), run, runs,
             _TL[acc], small.block_m, small.block_n, k_block, K % k_block == 0, group,
