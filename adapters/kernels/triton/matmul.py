@@ -93,12 +93,13 @@ LARGE_MAX_RUNS = 4
 LARGE_WAVES = 3
 # Per-run launch, by M (``small_shape``): at most SMALL_ROWS rows take the 16-row tile (less
 # padding, more programs), and take this launch whenever K holds more than one run: a 64-row
-# persistent tile would waste three quarters of its rows and walk all of K in one program.
-# Wider calls take 64 x 64 tiles, and where the counter is deep (GROUP_FROM_RUNS runs or more)
-# each program sums two adjacent runs, so a tile's last program adds half as many partials. tune_matmul.py under CUDA graphs,
-# H200, 2026-12-02 (BENCHMARKS.md): o_proj (16 runs) at M = 64 1.34x cuBLAS grouped, 1.44x not,
-# 1.64x with the 8 warps shipped before; the 4-run shapes were slower grouped. At M = 1 and 16,
-# 16 x 64 tiles: 0.92-1.27x on gate/up, q_proj and o_proj, where 16 x 32 took 0.99-1.62x.
+# persistent tile would waste three quarters of its rows and walk all of K in one program. Wider
+# calls take 64 x 64 tiles, and where the counter is deep (GROUP_FROM_RUNS runs or more) each
+# program sums two adjacent runs, so a tile's last program adds half as many partials.
+# tune_matmul.py under CUDA graphs, H200, 2026-12-02 (BENCHMARKS.md): o_proj (16 runs) at M = 64
+# 1.34x cuBLAS grouped, 1.44x not, 1.64x with the 8 warps shipped before; the 4-run shapes were
+# slower grouped. At M = 1 and 16, 16 x 64 tiles: 0.92-1.27x on gate/up, q_proj and o_proj,
+# where 16 x 32 took 0.99-1.62x.
 SMALL_ROWS = 16
 SMALL_M = LaunchShape(block_m=16, block_n=64, num_warps=4, num_stages=3)
 SMALL_M_WIDE = LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3)
