@@ -80,6 +80,7 @@ def cases():
             dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
         )  # fmt: skip
     for tma, run, runs in ((matmul.PERSISTENT, 2, 16),
+                           (matmul.PERSISTENT_DEEP, 2, 32),
                            (matmul.PERSISTENT_LARGE, 5, matmul.LARGE_MAX_RUNS)):  # fmt: skip
         yield (
             f"_mm_persistent tma {tma.block_m}x{tma.block_n} runs={runs}", matmul._mm_persistent,

@@ -79,6 +79,7 @@ SHAPES = [
     tmm.LaunchShape(block_m=128, block_n=64, num_warps=8, num_stages=3, programs_per_sm=2),
     tmm.LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, tma=True),
     tmm.LaunchShape(block_m=128, block_n=64, num_warps=8, num_stages=2, tma=True),
+    tmm.PERSISTENT_DEEP,
 ] + ([tmm.PERSISTENT_LARGE] if CUDA else [])  # the interpreter cannot hold its tile's product
 # per-run launch only: the shipped ones, and two and four adjacent runs a program
 SMALL_SHAPES = [
@@ -188,6 +189,28 @@ def test_small_m_shape_and_launch(kp, monkeypatch):
     launched.clear()  # K = 4096: 16 runs of 2 tiles, two a program at 64 x 64
     tmm.triton_matmul(_r(20, 4096), _r(64, 4096, seed=1), kp)
     assert launched == [(1, 8, 1)]
+
+
+def test_persistent_shape_follows_the_counter_depth(kp, monkeypatch):
+    """The persistent tile: 128 x 128 where the counter is shallow (compiled code only), 64 x 128
+    where it is DEEP_FROM_RUNS runs deep, 64 x 64 otherwise and wherever a larger tile would leave
+    programs idle; pointer loads where no TMA descriptor fits. And the deep shape, as the library
+    picks it for a K of 16 runs, gives the bits of the 64 x 64 one."""
+    monkeypatch.setattr(tmm, "_programs", lambda device: 2)  # 6 tiles make LARGE_WAVES waves
+    x, w = _r(192, 4096), _r(256, 4096, seed=1)  # 3 x 4 tiles of 64 x 64, 3 x 2 of 64 x 128
+    assert tmm.persistent_shape(x, w, 16) == tmm.PERSISTENT_DEEP
+    assert tmm.persistent_shape(x, w, 32) == tmm.PERSISTENT_DEEP
+    assert tmm.persistent_shape(x, w, 8) == tmm.PERSISTENT
+    assert tmm.persistent_shape(x[:128], w, 16) == tmm.PERSISTENT  # 4 deep tiles: too few
+    assert tmm.persistent_shape(x, w[:, 1:], 16) == tmm.PERSISTENT_POINTER  # base off 16 B
+    shallow = tmm.persistent_shape(torch.empty(256, 640, dtype=BF, device=DEV), w[:, :640], 4)
+    assert shallow == (tmm.PERSISTENT_LARGE if CUDA else tmm.PERSISTENT)
+    acc = getattr(torch, kp.matmul_accumulation_dtype)
+    run = tmm._run_length(kp.matmul_tile_order, 4096 // kp.matmul_k_block)
+    assert 4096 // kp.matmul_k_block // run == tmm.DEEP_FROM_RUNS
+    deep = tmm.triton_matmul(x, w, kp)
+    y = tmm._launch(x, w, kp.matmul_k_block, run, acc, persistent=tmm.PERSISTENT)
+    assert torch.equal(deep, y.to(x.dtype))
 
 
 @pytest.mark.parametrize("k", [200, 640])  # a zero-filled K tail; five whole tiles

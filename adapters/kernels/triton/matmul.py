@@ -80,12 +80,21 @@ class LaunchShape:
 # 128 x 128 one for a quarter of the FLOPs, and the tile's state (its float32 dot, the run and the
 # counter's levels in bf16) must fit in registers. So 128 x 128 where the counter is shallow
 # (at most LARGE_MAX_RUNS runs: 236 registers, no spill) and there are enough tiles to fill
-# LARGE_WAVES waves of SMs; otherwise two programs of 64 x 64 per SM (while one rounds and adds
-# its partial, the other's dot runs). Both through TMA; pointer loads where no descriptor fits.
+# LARGE_WAVES waves of SMs; one 64 x 128 program where it is deep (PERSISTENT_DEEP); otherwise two
+# programs of 64 x 64 per SM (while one rounds and adds its partial, the other's dot runs). All
+# through TMA; pointer loads where no descriptor fits.
 PERSISTENT = LaunchShape(
     block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, tma=True
 )
 PERSISTENT_LARGE = LaunchShape(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=True)
+# Where the counter is deep (DEEP_FROM_RUNS runs or more: o_proj at K = 4096 has 16), one program
+# of 64 x 128 with 8 warps per SM (147 KiB of shared memory; 180 registers at 16 runs, 212 at 32,
+# no spill): half the shared-memory traffic per FLOP of two 64 x 64 programs, and a register file
+# that still holds the counter. tune_matmul.py on an H200, 16 runs (o_proj, N x K = 2560 x 4096):
+# 2.06x / 2.06x / 2.00x cuBLAS time at M = 4096 / 8192 / 16384, against 2.15x / 2.31x / 2.43x for
+# PERSISTENT; at 8 runs the two were even (1.98-2.11x), so shallower counters keep PERSISTENT.
+PERSISTENT_DEEP = LaunchShape(block_m=64, block_n=128, num_warps=8, num_stages=3, tma=True)
+DEEP_FROM_RUNS = 16
 PERSISTENT_POINTER = LaunchShape(
     block_m=64, block_n=64, num_warps=4, num_stages=3, programs_per_sm=2
 )
@@ -542,11 +551,16 @@ def persistent_shape(x_MK: torch.Tensor, w_NK: torch.Tensor, runs: int) -> Launc
     if not tma_fits(x_MK, w_NK):
         return PERSISTENT_POINTER
     M, N = x_MK.shape[0], w_NK.shape[0]
-    large = PERSISTENT_LARGE
-    tiles = triton.cdiv(M, large.block_m) * triton.cdiv(N, large.block_n)
+    waves = LARGE_WAVES * _programs(x_MK.device)
+
+    def fills(shape: LaunchShape) -> bool:  # enough tiles for LARGE_WAVES waves of programs
+        return triton.cdiv(M, shape.block_m) * triton.cdiv(N, shape.block_n) >= waves
+
     # the interpreter (CI) cannot hold a 128 x 128 x 128 float64 product: it runs the 64 x 64 tile
-    if not INTERPRET and runs <= LARGE_MAX_RUNS and tiles >= LARGE_WAVES * _programs(x_MK.device):
-        return large
+    if not INTERPRET and runs <= LARGE_MAX_RUNS and fills(PERSISTENT_LARGE):
+        return PERSISTENT_LARGE
+    if runs >= DEEP_FROM_RUNS and fills(PERSISTENT_DEEP):
+        return PERSISTENT_DEEP
     return PERSISTENT
 
 
