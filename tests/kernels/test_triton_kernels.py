@@ -203,7 +203,8 @@ def test_persistent_shape_follows_the_counter_depth(kp, monkeypatch):
     assert tmm.persistent_shape(x, w, 8) == tmm.PERSISTENT
     assert tmm.persistent_shape(x[:128], w, 16) == tmm.PERSISTENT  # 4 deep tiles: too few
     assert tmm.persistent_shape(x, w[:, 1:], 16) == tmm.PERSISTENT_POINTER  # base off 16 B
-    shallow = tmm.persistent_shape(torch.empty(256, 640, dtype=BF, device=DEV), w[:, :640], 4)
+    x3 = torch.empty(384, 640, dtype=BF, device=DEV)  # 3 x 2 tiles of 128 x 128
+    shallow = tmm.persistent_shape(x3, w[:, :640], 4)
     assert shallow == (tmm.PERSISTENT_LARGE if CUDA else tmm.PERSISTENT)
     acc = getattr(torch, kp.matmul_accumulation_dtype)
     run = tmm._run_length(kp.matmul_tile_order, 4096 // kp.matmul_k_block)
