@@ -62,7 +62,7 @@ class NormSpec(_Model):
 
 
 class RopeScaling(_Model):
-    type: Literal["linear", "dynamic", "yarn", "llama3"]
+    type: Literal["linear", "yarn", "llama3"]
     factor: Annotated[float, Field(gt=0)]
     original_max_position_embeddings: PositiveInt | None = None
     low_freq_factor: float | None = None

@@ -65,6 +65,9 @@ class Family:
     config_keys: Mapping[str, str]  # ModelDims field -> HF config.json key
     default_rms_norm_eps: float = 1e-6
     moe: MoE | None = None  # the mixture-of-experts block, for families that have one
+    # config.json ``model_type``s of the family: transformers builds the model from this key, so
+    # a config whose model_type names another family is another model whatever its architecture
+    hf_model_types: tuple[str, ...] = ()
 
     def blocks(self, *, qk_norm: bool, tied: bool) -> frozenset[str]:
         """The optional blocks present in one model."""

@@ -38,6 +38,11 @@ DIM_FIELDS = (
 )
 
 
+# rope scaling kinds the kernels implement (``kernels.rope.ROPE_TYPES`` less "default"; the schema's
+# ``RopeScaling.type``): a test keeps the three equal
+ROPE_SCALING_TYPES = ("linear", "llama3", "yarn")
+
+
 def dim_fields(family: Family) -> tuple[str, ...]:
     """The checkpoint dims an HF config gives for ``family``: the dense ones, then its MoE
     block's (``num_experts`` …) when it has one."""
@@ -123,17 +128,43 @@ def hf_config_fields(family: Family, cfg: Mapping) -> dict:
         }
     except KeyError as exc:
         raise HFConfigError(f"config.json has no {exc.args[0]!r}") from None
+    except (TypeError, ZeroDivisionError):  # head_dim from hidden_size // heads
+        raise HFConfigError(
+            f"config.json: {keys['num_attention_heads']} = {heads!r} must be a positive integer"
+        ) from None
     if family.moe is not None:
         dims |= moe_fields(family, cfg)
+    for key, value in dims.items():  # 4.0 equals 4, but transformers refuses a float count
+        if not isinstance(value, (bool, tuple)) and not _is_int(value):
+            raise HFConfigError(f"{keys.get(key, key)} = {value!r} is not an integer")
     act = cfg.get("hidden_act", "silu")
     return {
         "hf_architecture": (cfg.get("architectures") or [None])[0],
+        "model_type": cfg.get("model_type"),
         "activation": family.activations.get(act, act),
         "attention_bias": bool(cfg.get("attention_bias", False)),
+        "mlp_bias": bool(cfg.get("mlp_bias", False)),
+        "sliding_window_layers": sliding_window_layers(cfg, dims["num_layers"]),
         "norm_eps": float(cfg.get("rms_norm_eps", family.default_rms_norm_eps)),
         "rope": rope_from_hf_config(cfg),
         **dims,
     }
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def sliding_window_layers(cfg: Mapping, num_layers: int) -> int:
+    """How many layers attend through a sliding window: transformers 5's ``layer_types``, else
+    (4.x dialect) ``use_sliding_window`` from layer ``max_window_layers`` on."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        return sum(t == "sliding_attention" for t in types)
+    if not cfg.get("use_sliding_window") or not cfg.get("sliding_window"):
+        return 0
+    first = cfg.get("max_window_layers", num_layers)
+    return max(0, num_layers - int(first)) if _is_int(first) else num_layers
 
 
 def unsupported(family: Family, fields: Mapping) -> list[str]:
@@ -146,8 +177,33 @@ def unsupported(family: Family, fields: Mapping) -> list[str]:
         )
     if fields["activation"] not in family.activations.values():
         problems.append(f"hidden_act {fields['activation']!r} is not supported")
+    return problems + unrunnable(family, fields)
+
+
+def unrunnable(family: Family, fields: Mapping) -> list[str]:
+    """What else in an HF config would make transformers compute another model than the
+    contract's, which no profile field names (the checkpoint coverage check adds these to its
+    own comparison with the profile)."""
+    problems = []
+    if family.hf_model_types and fields["model_type"] not in (None, *family.hf_model_types):
+        problems.append(
+            f"model_type {fields['model_type']!r} is not {family.name}'s "
+            f"({', '.join(family.hf_model_types)}): transformers builds another model from it"
+        )
     if fields["attention_bias"] and not family.attention_bias:
         problems.append(f"attention_bias=true: {family.name} has no attention bias")
+    if fields["mlp_bias"]:
+        problems.append(f"mlp_bias=true: {family.name}'s MLP has no bias")
+    if fields["sliding_window_layers"]:
+        problems.append(
+            f"sliding-window attention in {fields['sliding_window_layers']} layer(s) "
+            "(use_sliding_window / layer_types): the contract's attention sees every earlier token"
+        )
+    kind = (fields["rope"]["scaling"] or {}).get("type")
+    if kind is not None and kind not in ROPE_SCALING_TYPES:
+        problems.append(
+            f"rope scaling {kind!r} is not supported (supported: {', '.join(ROPE_SCALING_TYPES)})"
+        )
     if fields["tie_word_embeddings"] and not family.tied_head:
         problems.append(f"tie_word_embeddings=true: {family.name} has no tied head")
     if family.moe is not None and fields["num_experts_per_tok"] > fields["num_experts"]:

@@ -6,6 +6,7 @@ from . import Family, _dense
 FAMILY = Family(
     name="llama3_dense",
     hf_architectures=("LlamaForCausalLM",),
+    hf_model_types=("llama",),
     qk_norm=False,
     attention_bias=False,
     tied_head=True,

@@ -6,6 +6,7 @@ from . import Family, _dense
 FAMILY = Family(
     name="qwen3_dense",
     hf_architectures=("Qwen3ForCausalLM",),
+    hf_model_types=("qwen3",),
     qk_norm=True,
     attention_bias=False,
     tied_head=True,

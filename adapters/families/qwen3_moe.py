@@ -58,6 +58,7 @@ LAYER_WEIGHTS = {
 FAMILY = Family(
     name="qwen3_moe",
     hf_architectures=("Qwen3MoeForCausalLM",),
+    hf_model_types=("qwen3_moe",),
     qk_norm=True,
     attention_bias=False,
     tied_head=True,

@@ -130,7 +130,8 @@ def moe_config_fields(arch: ModelArch, kp: Any) -> dict[str, Any]:
     """megatron's MoE fields for ``arch``: ``moe_layer_freq`` as the family's per-layer pattern
     (1 where ``Family.layer_blocks`` has ``"moe"``), and, when some layer is MoE, the experts'
     dims. ``norm_topk_prob`` is megatron's ``moe_router_pre_softmax=False`` (select on the
-    scores, then renormalise the top k); no auxiliary loss, no grouped GEMM, no shared experts;
+    scores, then renormalise the top k), except at top-1, where megatron requires pre-softmax:
+    the router reads ``true_on_policy_moe_norm_topk_prob`` instead; no auxiliary loss, no grouped GEMM, no shared experts;
     EP and expert TP come from the layout (``make_config``). A dense model gets an all-zero pattern and nothing else."""
     pattern = [int("moe" in arch.spec.layer_blocks(arch, i)) for i in range(arch.num_layers)]
     if not any(pattern):
@@ -140,7 +141,8 @@ def moe_config_fields(arch: ModelArch, kp: Any) -> dict[str, Any]:
         "num_moe_experts": arch.num_experts,
         "moe_router_topk": arch.num_experts_per_tok,
         "moe_ffn_hidden_size": arch.moe_intermediate_size,
-        "moe_router_pre_softmax": not arch.norm_topk_prob,
+        "moe_router_pre_softmax": not arch.norm_topk_prob or arch.num_experts_per_tok == 1,
+        "true_on_policy_moe_norm_topk_prob": arch.norm_topk_prob,
         "moe_router_score_function": "softmax",
         "moe_router_dtype": MOE_ROUTER_DTYPE[kp.moe_router_logits_dtype],
         "moe_router_load_balancing_type": "none",

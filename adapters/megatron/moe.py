@@ -61,14 +61,15 @@ def _moe_kernels():
 
 class SGLangTopKRouter(TopKRouter):
     """megatron's ``TopKRouter`` (its ``weight`` parameter, ``[experts, hidden]``, replicated over
-    TP) routing with the rollout's kernels. ``config.moe_router_topk`` is k;
-    ``config.moe_router_pre_softmax=False`` means the checkpoint's ``norm_topk_prob`` (top-k
-    weights renormalised, as ``kp.moe_topk_normalisation`` says)."""
+    TP) routing with the rollout's kernels. ``config.moe_router_topk`` is k; the checkpoint's
+    ``norm_topk_prob`` (top-k weights renormalised, as ``kp.moe_topk_normalisation`` says) is
+    ``config.true_on_policy_moe_norm_topk_prob``, else ``moe_router_pre_softmax=False``."""
 
     def __init__(self, config: Any, pg_collection: Any = None) -> None:
         super().__init__(config=config, pg_collection=pg_collection or get_default_pg_collection())
         self.kernel_policy = kernel_policy_for(config)
-        self.normalize = not config.moe_router_pre_softmax
+        norm = getattr(config, "true_on_policy_moe_norm_topk_prob", None)
+        self.normalize = not config.moe_router_pre_softmax if norm is None else norm
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         """``[tokens, experts]`` logits: the kernel's value (megatron's ``gating`` would move the

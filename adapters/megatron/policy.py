@@ -53,6 +53,11 @@ class TrueOnPolicyTransformerConfig(TransformerConfig):
     true_on_policy_kernel_policy_override: Any = None
     """Fault injection / diagnostics: a replaced ``KernelPolicy``."""
 
+    true_on_policy_moe_norm_topk_prob: bool | None = None
+    """The checkpoint's ``norm_topk_prob`` (top-k weights renormalised), where megatron's
+    ``moe_router_pre_softmax`` cannot say it: at top-1 megatron requires pre-softmax, while a
+    renormalised single weight is 1. ``None``: ``not moe_router_pre_softmax``."""
+
 
 def policy_for(config: Any) -> Any:
     """The runtime policy this config runs under (``DEFAULT_RUNTIME_POLICY`` without a contract)."""

@@ -17,13 +17,16 @@ DEFAULT_LAYOUTS = "tp1,tp2,pp2,cp2"
 
 
 def _check_checkpoint(checkpoint: Path, profile) -> None:
-    """Exit 2 with one line when the checkpoint's config.json is unreadable or its model is not
-    one the contract's profile covers (before any worker starts; no weights are read)."""
-    from ..adapters.sglang.checkpoint import check_checkpoint
+    """Exit 2 with one line when the checkpoint's config.json is unreadable, its model is not one
+    the contract's profile covers or not one it can run, or its safetensors files do not hold
+    exactly that model's tensors (before any worker starts; headers only, no weights read)."""
+    from ..adapters.sglang.checkpoint import check_checkpoint, check_weight_files
+    from ..adapters.sglang.model import ModelArch
 
     where = checkpoint / "config.json"
     try:
-        check_checkpoint(checkpoint, profile)
+        dims = check_checkpoint(checkpoint, profile)
+        check_weight_files(checkpoint, ModelArch.from_profile(profile, dims))
     except KeyError as exc:
         fail(f"error: {where}: missing key {exc.args[0]!r} (expected a Hugging Face config.json)")
     except ValueError as exc:  # CheckpointError / HFConfigError: already one line
@@ -216,14 +219,8 @@ def command(
         arch = ModelArch.from_profile(schema.model_profile_for(contract_id))
         weights = random_weights(arch, seed=0)
     else:
-        from ..adapters.sglang.checkpoint import CheckpointError, check_checkpoint
-
-        try:  # a checkpoint the profile does not cover: one line, exit 2
-            check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
-        except CheckpointError as exc:
-            fail(f"error: {exc}")
-        weights = str(checkpoint)
         _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
+        weights = str(checkpoint)
     from ..adapters.kernels.planted import BUGS
 
     if unknown := sorted(set(plant_bugs) - set(BUGS)):
@@ -289,7 +286,12 @@ def command(
         fail(f"error: {exc}")
     if train_steps:
         config = _training_config(config, train_steps, train_fault, train_lr, requests, sizes)
-    report = run_gate(config)
+    from ..parity.reference import ReferenceUnavailable
+
+    try:
+        report = run_gate(config)
+    except ReferenceUnavailable as exc:  # before any layout ran: invalid input, exit 2
+        fail(f"error: {exc}")
     to_stdout = json_path is not None and str(json_path) == "-"
     click.echo(table(report), err=to_stdout)  # with --json -, stdout is the JSON alone
     if json_path is not None:

@@ -70,12 +70,28 @@ def _moe_config(arch: Any) -> dict:
     return {**values, "experts_implementation": "eager"}
 
 
+class ReferenceUnavailable(RuntimeError):
+    """transformers cannot build the reference model of a checkpoint (its config or files in a
+    form transformers refuses): invalid input for the gate, not a parity failure."""
+
+
 def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
     """transformers' model of a checkpoint directory or of an HF-named state dict."""
     import transformers
 
     if isinstance(weights, (str, Path)):
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(weights), dtype=dtype)
+        # the eager experts loop, as ``_moe_config`` sets for a state dict (grouped_mm refuses
+        # float64 and expert widths whose rows are not 16-byte multiples)
+        eager = {"experts_implementation": "eager"} if arch.spec.moe is not None else {}
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(weights), dtype=dtype, **eager
+            )
+        except Exception as exc:  # transformers' own reading of the config or the files
+            raise ReferenceUnavailable(
+                f"transformers {transformers.__version__} cannot load {weights} for the reference "
+                f"comparison ({type(exc).__name__}: {exc}); --no-reference skips that comparison"
+            ) from exc
         return model.eval()
     cls = getattr(transformers, hf_architecture)
     model = cls(hf_config(arch, hf_architecture)).to(dtype)
@@ -192,4 +208,5 @@ def _to_checkpoint_layout(tensors: dict[str, torch.Tensor]) -> dict[str, torch.T
 
 
 def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b, strict=True))
+    pairs = zip(a, b, strict=True)
+    return max(float((x.detach().double() - y.detach().double()).abs().max()) for x, y in pairs)

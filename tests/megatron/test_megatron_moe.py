@@ -250,3 +250,21 @@ def test_checkpoint_names_round_trip_through_megatron(arch, tp):
     back = hf_state_from_stage(full, arch, layers, tp_size=tp)
     assert set(back) == set(hf)
     assert all(torch.equal(back[name], hf[name]) for name in hf)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_top1_router_keeps_the_checkpoints_normalisation(arch, normalize):
+    """Top-1: megatron-core refuses a router without pre-softmax, so the config says
+    ``moe_router_pre_softmax=True`` and carries ``norm_topk_prob`` on its own. The trainer's
+    layer still equals the rollout's block both ways (a renormalised single weight is 1, an
+    unnormalised one its probability), and the two differ from each other."""
+    top1 = dataclasses.replace(arch, num_experts_per_tok=1, norm_topk_prob=normalize)
+    kp = float32_kernel_policy(_kp())
+    config = make_config(MOE, top1, Layout(), kernel_policy=kp)
+    assert config.moe_router_pre_softmax and config.true_on_policy_moe_norm_topk_prob is normalize
+    router, experts = _weights(top1)
+    x = _rand(24, top1.hidden_size, seed=99, scale=1.0).float()
+    got = _run(trainer_moe_layer(top1, kp, router, experts), x)
+    assert torch.equal(got, rollout_moe_block(top1, kp, x, router, experts))
+    other = dataclasses.replace(top1, norm_topk_prob=not normalize)
+    assert not torch.equal(got, rollout_moe_block(other, kp, x, router, experts))
