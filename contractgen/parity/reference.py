@@ -137,11 +137,13 @@ def hf_name(weights: Any) -> str:
     return f"transformers {transformers.__version__} float32 forward ({what})"
 
 
-@torch.no_grad()
 def _topk_lowest_index_first(input, k, dim=-1, largest=True, sorted=True, *, out=None):
+    """``torch.topk`` with ties to the lowest index. The values are gathered under autograd, as
+    topk's are: the router's gradient flows through them (the float64 ``--grads`` reference)."""
     if out is not None:
         raise TypeError("the reference's torch.topk does not take out=")
-    order = torch.sort(input, dim=dim, descending=largest, stable=True).indices
+    with torch.no_grad():
+        order = torch.sort(input, dim=dim, descending=largest, stable=True).indices
     indices = order.narrow(dim, 0, k)
     return torch.return_types.topk((input.gather(dim, indices), indices))
 

@@ -185,3 +185,33 @@ def test_every_moe_field_fault_is_detected_or_explained_by_the_contract():
     for (field, side), outcome in outcomes.items():
         explained = f"kernel_policy.{field}" in notes
         assert outcome == ("undetected" if explained else "detected"), (field, side, outcome)
+
+
+def test_gradients_of_a_checkpoint_directory_against_float64(tmp_path):
+    """``--grads`` on a Qwen3-MoE checkpoint directory (``save_pretrained``, no experts
+    implementation in its config.json): transformers' float64 reference loads it with its eager
+    experts loop (its default grouped_mm refuses float64: this exited 1 with a traceback), and
+    the trainer's gradients agree with it."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    from conftest import run_parity
+
+    from contractgen.adapters.sglang.model import ModelArch
+    from contractgen.codegen.vendored import load_target
+    from contractgen.parity.reference import hf_config
+
+    arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(MOE_V2))
+    torch.manual_seed(0)
+    ckpt = tmp_path / "ckpt"
+    transformers.Qwen3MoeForCausalLM(hf_config(arch, "Qwen3MoeForCausalLM")).save_pretrained(ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.pop("experts_implementation", None)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    code, report, out = run_parity(
+        "--contract", MOE_V2, "--checkpoint", str(ckpt), "--layouts", "tp1", "--rollout-tps", "1",
+        "--grads", tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 0, out
+    (grads,) = report["grads"]["per_layout"]
+    assert grads["supported"] and grads["within_tolerance"], grads
