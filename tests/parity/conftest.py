@@ -48,6 +48,24 @@ def run_parity_in_process(*args: str, tmp_path: Path) -> tuple[int, dict | None,
     return result.exit_code, data, out
 
 
+def reference_qwen3_config(contract_id: str = V1):
+    """transformers' ``Qwen3Config`` of the contract's reference model (for ``save_pretrained``)."""
+    import transformers
+
+    from contractgen.codegen.vendored import load_target
+
+    profile = load_target("sglang").schema.model_profile_for(contract_id)
+    dims = profile.reference_model
+    return transformers.Qwen3Config(
+        vocab_size=dims.vocab_size, hidden_size=dims.hidden_size,
+        intermediate_size=dims.intermediate_size, num_hidden_layers=dims.num_layers,
+        num_attention_heads=dims.num_attention_heads, num_key_value_heads=dims.num_kv_heads,
+        head_dim=dims.head_dim, max_position_embeddings=dims.max_position_embeddings,
+        rms_norm_eps=profile.norm_eps, rope_theta=profile.rope_theta,
+        tie_word_embeddings=dims.tie_word_embeddings,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def reference_weights():
     """The v1 reference model's seeded random weights (what `parity` builds by default)."""

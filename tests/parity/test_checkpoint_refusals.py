@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import V1, run_parity, run_parity_in_process
+from conftest import V1, reference_qwen3_config, run_parity, run_parity_in_process
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -25,21 +25,9 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
     """V1's reference model, random weights, written by ``save_pretrained``."""
-    from contractgen.codegen.vendored import load_target
-
-    profile = load_target("sglang").schema.model_profile_for(V1)
-    dims = profile.reference_model
-    config = transformers.Qwen3Config(
-        vocab_size=dims.vocab_size, hidden_size=dims.hidden_size,
-        intermediate_size=dims.intermediate_size, num_hidden_layers=dims.num_layers,
-        num_attention_heads=dims.num_attention_heads, num_key_value_heads=dims.num_kv_heads,
-        head_dim=dims.head_dim, max_position_embeddings=dims.max_position_embeddings,
-        rms_norm_eps=profile.norm_eps, rope_theta=profile.rope_theta,
-        tie_word_embeddings=dims.tie_word_embeddings,
-    )  # fmt: skip
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("ckpt") / "qwen3"
-    transformers.Qwen3ForCausalLM(config).save_pretrained(path)
+    transformers.Qwen3ForCausalLM(reference_qwen3_config(V1)).save_pretrained(path)
     return path
 
 

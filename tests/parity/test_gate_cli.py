@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import V1, run_parity, run_parity_in_process
+from conftest import V1, reference_qwen3_config, run_parity, run_parity_in_process
 
 REPORT_KEYS = {
     "contract",
@@ -70,20 +70,9 @@ def test_checkpoint_gate_reports_transformers_reference(tmp_path):
     the report compares the scored logprobs with transformers' own float32 forward."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from contractgen.codegen.vendored import load_target
 
-    dims = load_target("sglang").schema.model_profile_for(V1).reference_model
-    profile = load_target("sglang").schema.model_profile_for(V1)
-    config = transformers.Qwen3Config(
-        vocab_size=dims.vocab_size, hidden_size=dims.hidden_size,
-        intermediate_size=dims.intermediate_size, num_hidden_layers=dims.num_layers,
-        num_attention_heads=dims.num_attention_heads, num_key_value_heads=dims.num_kv_heads,
-        head_dim=dims.head_dim, max_position_embeddings=dims.max_position_embeddings,
-        rms_norm_eps=profile.norm_eps, rope_theta=profile.rope_theta,
-        tie_word_embeddings=dims.tie_word_embeddings,
-    )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(config)
+    model = transformers.Qwen3ForCausalLM(reference_qwen3_config())
     ckpt = tmp_path / "ckpt"
     model.save_pretrained(ckpt)
     code, report, out = run_parity(
