@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import run_parity_in_process
+from conftest import run_parity, run_parity_in_process
 
 from contractgen.parity.faults import Fault
 from contractgen.parity.harness import GateConfig, GateRun, _try_fault, run_layouts
@@ -195,8 +195,6 @@ def test_gradients_of_a_checkpoint_directory_against_float64(tmp_path):
     import json
 
     transformers = pytest.importorskip("transformers")
-    from conftest import run_parity
-
     from contractgen.adapters.sglang.model import ModelArch
     from contractgen.codegen.vendored import load_target
     from contractgen.parity.reference import hf_config
