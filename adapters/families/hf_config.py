@@ -128,9 +128,10 @@ def hf_config_fields(family: Family, cfg: Mapping) -> dict:
         }
     except KeyError as exc:
         raise HFConfigError(f"config.json has no {exc.args[0]!r}") from None
-    except (TypeError, ZeroDivisionError):  # head_dim from hidden_size // heads
+    except (TypeError, ZeroDivisionError):  # no head_dim: hidden_size // heads
         raise HFConfigError(
-            f"config.json: {keys['num_attention_heads']} = {heads!r} must be a positive integer"
+            f"no {keys['head_dim']}, and {keys['hidden_size']} = {cfg[keys['hidden_size']]!r} // "
+            f"{keys['num_attention_heads']} = {heads!r} is not a head size: give positive integers"
         ) from None
     if family.moe is not None:
         dims |= moe_fields(family, cfg)
@@ -164,7 +165,7 @@ def sliding_window_layers(cfg: Mapping, num_layers: int) -> int:
     if not cfg.get("use_sliding_window") or not cfg.get("sliding_window"):
         return 0
     first = cfg.get("max_window_layers", num_layers)
-    return max(0, num_layers - int(first)) if _is_int(first) else num_layers
+    return max(0, num_layers - first) if _is_int(first) else num_layers
 
 
 def unsupported(family: Family, fields: Mapping) -> list[str]:

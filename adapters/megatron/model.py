@@ -131,8 +131,8 @@ def moe_config_fields(arch: ModelArch, kp: Any) -> dict[str, Any]:
     (1 where ``Family.layer_blocks`` has ``"moe"``), and, when some layer is MoE, the experts'
     dims. ``norm_topk_prob`` is megatron's ``moe_router_pre_softmax=False`` (select on the
     scores, then renormalise the top k), except at top-1, where megatron requires pre-softmax:
-    the router reads ``true_on_policy_moe_norm_topk_prob`` instead; no auxiliary loss, no grouped GEMM, no shared experts;
-    EP and expert TP come from the layout (``make_config``). A dense model gets an all-zero pattern and nothing else."""
+    the router reads ``true_on_policy_moe_norm_topk_prob`` instead. No auxiliary loss, no
+    grouped GEMM, no shared experts; EP and expert TP come from the layout (``make_config``). A dense model gets an all-zero pattern and nothing else."""
     pattern = [int("moe" in arch.spec.layer_blocks(arch, i)) for i in range(arch.num_layers)]
     if not any(pattern):
         return {"moe_layer_freq": pattern}

@@ -56,6 +56,12 @@ def hf_config(arch: Any, hf_architecture: str):
     )  # fmt: skip
 
 
+# transformers 5's default experts kernel (torch grouped_mm) refuses float64 (the gradient
+# reference) and expert rows that are not 16-byte multiples; its eager per-expert loop computes
+# the same function in any dtype and width
+EAGER_EXPERTS = {"experts_implementation": "eager"}
+
+
 def _moe_config(arch: Any) -> dict:
     """The family's mixture-of-experts keys (``Family.moe.config_keys``, first HF name of each)
     with ``arch``'s values (tuples as the JSON lists config.json holds), and the eager experts
@@ -65,9 +71,7 @@ def _moe_config(arch: Any) -> dict:
         return {}
     values = {keys[0]: getattr(arch, field) for field, keys in moe.config_keys.items()}
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
-    # transformers 5's default experts kernel (torch grouped_mm) refuses float64 (the gradient
-    # reference); its eager per-expert loop computes the same function in any dtype
-    return {**values, "experts_implementation": "eager"}
+    return {**values, **EAGER_EXPERTS}
 
 
 class ReferenceUnavailable(RuntimeError):
@@ -80,9 +84,7 @@ def hf_model(weights: Any, arch: Any, hf_architecture: str, dtype: torch.dtype):
     import transformers
 
     if isinstance(weights, (str, Path)):
-        # the eager experts loop, as ``_moe_config`` sets for a state dict (grouped_mm refuses
-        # float64 and expert widths whose rows are not 16-byte multiples)
-        eager = {"experts_implementation": "eager"} if arch.spec.moe is not None else {}
+        eager = EAGER_EXPERTS if arch.spec.moe is not None else {}
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 str(weights), dtype=dtype, **eager
