@@ -694,3 +694,42 @@ def test_tile_dot_row_does_not_depend_on_its_place_in_the_tile():
     _dot_kernel[(1,)](a, b, out[0], 64, 128, 64)
     _dot_kernel[(1,)](a.roll(7, 0).contiguous(), b, out[1], 64, 128, 64)
     assert torch.equal(out[0].roll(7, 0), out[1])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The bit pattern of a float tensor (``torch.equal`` calls +0.0 and -0.0 equal)."""
+    return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
+
+
+def test_triton_backend_runs_the_reference_on_float32_operands(kp):
+    """Every registry entry of the Triton backend gives the torch reference's bits on float32
+    operands (the trainer's float32 runs and the transformers check use them). A float32
+    ``tl.dot`` would run as TF32: until 2026-12-03 ``triton_attention_lse`` (the trainer's
+    forward; the rollout's ``triton_attention`` already checked) launched the kernel on float32
+    q/k/v, so on CUDA the trainer's float32 logprobs were 1.8e-3 to 4.7e-2 off transformers."""
+    from contractgen.adapters.kernels.matmul import reference_matmul
+
+    q, k, v = (t.float() for t in _qkv(150))
+    pos = torch.arange(150, device=DEV)
+    o, lse = tatt.triton_attention_lse(q, k, v, pos, kp)
+    ro, rlse = reference_attention_lse(q, k, v, pos, kp)
+    assert torch.equal(_bits(o), _bits(ro)) and torch.equal(_bits(lse), _bits(rlse))
+    assert torch.equal(_bits(tatt.triton_attention(q, k, v, pos, kp)), _bits(ro))
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(DEV)
+    got = tbwd.triton_attention_backward(q, k, v, o, lse, d_out, pos, kp)
+    want = reference_attention_backward(q, k, v, ro, rlse, d_out, pos, kp)
+    assert all(torch.equal(_bits(g), _bits(w)) for g, w in zip(got, want, strict=True))
+    x, w = _r(9, 640).float(), _r(64, 640, seed=1).float()
+    assert torch.equal(_bits(tmm.triton_matmul(x, w, kp)), _bits(reference_matmul(x, w, kp)))
+
+
+def test_twin_the_attention_kernel_on_float32_operands_is_not_the_reference(kp):
+    """Why the routing above matters: the kernel launched on float32 q/k/v (TF32 dots on a GPU,
+    ``interpreter_dot``'s float64 sums under the interpreter) gives other bits than the float32
+    reference."""
+    q, k, v = (t.float() for t in _qkv(150))
+    pos = torch.arange(150, device=DEV)
+    kw = dict(cu_seqlens_q=None, cu_seqlens_k=None, scale=None, kv_chunk=None, k_starts=None)
+    o, _ = tatt._attention_lse(q, k, v, pos, kp, **kw)
+    ro, _ = reference_attention_lse(q, k, v, pos, kp)
+    assert not torch.equal(_bits(o), _bits(ro))
