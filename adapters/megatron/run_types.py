@@ -54,6 +54,10 @@ class TrainerRun:
     planted_bugs: tuple[str, ...] = ()
     """Shared-kernel bugs switched on for this run (``kernels.planted``: the parity gate's
     self-test; the rollout side gets the same ones)."""
+    sampling: tuple[Any, ...] | None = None
+    """Per sequence, the ``sglang.sampling.SamplingParams`` its tokens were drawn with: its
+    logprobs are of that processed distribution (temperature, top-k, top-p), as the sampler's.
+    None: of the logits (temperature 1). The forward only (not ``grads``)."""
 
 
 def with_fault(policy: Any, changes: Mapping[str, Any]) -> Any:
@@ -106,6 +110,9 @@ class TrainBatch:
     old_logprobs: tuple[torch.Tensor, ...]
     advantages: tuple[float, ...]
     clip_eps: float = 0.2
+    sampling: tuple[Any, ...] | None = None
+    """Per sequence, its ``SamplingParams``: the loss scores that processed distribution (see
+    ``TrainerRun.sampling``). None: temperature 1."""
 
 
 @dataclass

@@ -217,11 +217,14 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
     lp_fn = kernel_module("logsoftmax").vocab_parallel_token_logprobs
     logprobs = []
-    for path in pack.paths:
+    for k, path in enumerate(pack.paths):
         rows, targets = path[:-1].to(job.device), token_ids[path[1:].to(job.device)]
-        logprobs.append(
-            lp_fn(_rows_of(logits, rows), targets, vocab_start, vocab, kp, tp_group).cpu()
-        )
+        x = _rows_of(logits, rows)
+        if run.sampling is not None:  # the processed distribution the sampler drew from
+            from ..sglang.sampling import process_shard
+
+            x = process_shard(x, run.sampling[share[k]], kp, vocab_start, vocab, tp_group)
+        logprobs.append(lp_fn(x, targets, vocab_start, vocab, kp, tp_group).cpu())
     if not first:
         return None, per_seq
     if not whole:

@@ -175,6 +175,8 @@ class _Scored:
     old: torch.Tensor
     advantages: torch.Tensor
     counts: list[int]
+    seq: torch.Tensor
+    """The sequence each row scores (non-decreasing)."""
 
 
 def _scored(pack: Any, batch: TrainBatch) -> _Scored:
@@ -192,7 +194,8 @@ def _scored(pack: Any, batch: TrainBatch) -> _Scored:
         old.append(lp.float())
         adv.append(torch.full((r.numel(),), float(a)))
         counts.append(r.numel())
-    return _Scored(torch.cat(rows), torch.cat(targets), torch.cat(old), torch.cat(adv), counts)
+    seq = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    return _Scored(torch.cat(rows), torch.cat(targets), torch.cat(old), torch.cat(adv), counts, seq)
 
 
 def _merge_cp(values: torch.Tensor, owned: torch.Tensor, group: Any) -> torch.Tensor:
@@ -231,13 +234,15 @@ def train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResul
         vocab = LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT[bool(policy.apply_logits_contract)](
             config.true_on_policy_vocab_size, state.padded_vocab
         )
+        vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
+        x = logits[(scored.rows[mine] - lo).to(device)]
+        if batch.sampling is not None:  # the processed distribution the sampler drew from
+            from ..sglang.sampling import process_rows
+
+            x = process_rows(x, scored.seq[mine], batch.sampling, kp_head, vocab_start, vocab,
+                             tp_group)  # fmt: skip
         lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
-            logits[(scored.rows[mine] - lo).to(device)],
-            scored.targets[mine].to(device),
-            ps.get_tensor_model_parallel_rank() * logits.shape[-1],
-            vocab,
-            kp_head,
-            tp_group,
+            x, scored.targets[mine].to(device), vocab_start, vocab, kp_head, tp_group
         )
         new = lp.float()
         old = scored.old[mine].to(device)

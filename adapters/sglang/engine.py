@@ -2,9 +2,11 @@
 
 Every step runs ONE packed forward holding the prompts of requests joining at that step (prefill)
 and the last token of every running request (decode); requests finish at different steps. Greedy
-or seeded sampling (Gumbel-max with a per-request generator, so a request's draws never depend on
-its neighbours). Each sampled token comes with its logprob (``token_logprobs``, the contract's dtype).
-``rescore`` is one prefill pass over a finished sequence: the public ``sglang_prefill`` contract.
+or seeded sampling (``sampling``: temperature, top-k, top-p; Gumbel-max with a per-request
+generator, so a request's draws never depend on its neighbours). Each sampled token comes with its
+logprob as the sampler saw it (the processed distribution it was drawn from, the contract's dtype).
+``rescore`` is one prefill pass over a finished sequence: the public ``sglang_prefill`` contract;
+given the requests' sampling params it scores the same processed distribution.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kernels.logsoftmax import full_logprobs, token_logprobs
+from .kernels.logsoftmax import token_logprobs
 from .model import KVCache, ReferenceModel
+from .sampling import SamplingParams, process, sample
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,12 @@ class Request:
     seed: int = 0
     arrival_step: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    top_k: int = -1  # <= 0: off
+    top_p: float = 1.0  # 1: off
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
 
 
 @dataclass
@@ -60,15 +69,6 @@ class _Progress:
         if self.enabled and now - self.t0 >= self.after and now - self.last >= self.every:
             self.last = now
             print(f"{self.label}: {msg} ({now - self.t0:.1f} s)", file=sys.stderr, flush=True)
-
-
-def _sample(lp_V: torch.Tensor, req: Request, gen: torch.Generator | None) -> int:
-    lp_V = lp_V.cpu()
-    if req.temperature <= 0:
-        return int(torch.argmax(lp_V))
-    u = torch.rand(lp_V.shape, generator=gen, dtype=torch.float64)
-    gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
-    return int(torch.argmax(lp_V.to(torch.float64) / req.temperature + gumbel))
 
 
 class RolloutEngine:
@@ -105,16 +105,11 @@ class RolloutEngine:
                 ids.extend(new)
                 lens.append(len(new))
             logits = self.model.forward(torch.tensor(ids), [x[2] for x in running], lens)
-            lp = full_logprobs(logits, self.kp, V)
             still = []
             for row, (r, c, cache, gen) in enumerate(running):
-                tok = _sample(lp[row], r, gen)
+                tok, lp = sample(logits[row], r.sampling, self.kp, V, gen)
                 c.tokens.append(tok)
-                c.logprobs.append(
-                    token_logprobs(
-                        logits[row : row + 1], torch.tensor([tok], device=logits.device), self.kp, V
-                    )[0]
-                )
+                c.logprobs.append(lp)
                 if len(c.tokens) >= r.max_new_tokens or tok in r.stop_token_ids:
                     c.finish_step = step
                     done[r.rid] = c
@@ -138,6 +133,10 @@ class RolloutEngine:
                 raise ValueError(
                     f"request {r.rid!r}: needs a non-empty prompt and max_new_tokens >= 1"
                 )
+            try:
+                r.sampling  # noqa: B018 (validates the params)
+            except ValueError as exc:
+                raise ValueError(f"request {r.rid!r}: {exc}") from None
             if bad := [t for t in r.prompt if not 0 <= t < arch.vocab_size]:
                 raise ValueError(
                     f"request {r.rid!r}: token ids {bad[:3]} outside [0, {arch.vocab_size})"
@@ -149,17 +148,33 @@ class RolloutEngine:
                     f"exceeds max_position_embeddings={arch.max_position_embeddings} of {arch.name}"
                 )
 
+    def _scored(self, logits_TV, ids_T, params: SamplingParams | None) -> torch.Tensor:
+        """Logprobs of ``ids`` under ``params``' processed distribution (none: the logits')."""
+        V = self.model.arch.vocab_size
+        if params is not None and not params.identity:
+            logits_TV = process(logits_TV[:, :V], params, self.kp)
+        return token_logprobs(logits_TV, ids_T, self.kp, V)
+
     def rescore(
-        self, sequence: Sequence[int], *, layer_outputs: list | None = None
+        self,
+        sequence: Sequence[int],
+        *,
+        layer_outputs: list | None = None,
+        params: SamplingParams | None = None,
     ) -> torch.Tensor:
-        """Logprob of ``sequence[t+1]`` given ``sequence[:t+1]`` for every t, from ONE prefill."""
+        """Logprob of ``sequence[t+1]`` given ``sequence[:t+1]`` for every t, from ONE prefill
+        (of ``params``' processed distribution: the one the sequence's tokens were drawn from)."""
         ids = torch.tensor(list(sequence), device=self.model.embed.device)
         logits = self.model.forward(
             ids, [KVCache()], [len(ids)], all_logits=True, layer_outputs=layer_outputs
         )
-        return token_logprobs(logits[:-1], ids[1:], self.kp, self.model.arch.vocab_size)
+        return self._scored(logits[:-1], ids[1:], params)
 
-    def rescore_many(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    def rescore_many(
+        self,
+        sequences: Sequence[Sequence[int]],
+        params: Sequence[SamplingParams | None] | None = None,
+    ) -> list[torch.Tensor]:
         """``rescore`` of every sequence from ONE packed prefill (each its own segment, so its
         own positions and attention span). The kernels are batch invariant, so each sequence's
         bits equal its own ``rescore``'s (``tests/sglang`` checks it)."""
@@ -168,11 +183,11 @@ class RolloutEngine:
         dev = self.model.embed.device
         ids = [torch.tensor(list(s), device=dev) for s in sequences]
         lens = [len(s) for s in sequences]
+        per_seq = list(params) if params is not None else [None] * len(ids)
         logits = self.model.forward(torch.cat(ids), [KVCache() for _ in ids], lens, all_logits=True)
         out, lo = [], 0
-        for seq_ids, n in zip(ids, lens, strict=True):
-            rows = logits[lo : lo + n - 1]
-            out.append(token_logprobs(rows, seq_ids[1:], self.kp, self.model.arch.vocab_size))
+        for seq_ids, n, p in zip(ids, lens, per_seq, strict=True):
+            out.append(self._scored(logits[lo : lo + n - 1], seq_ids[1:], p))
             lo += n
         return out
 

@@ -179,7 +179,7 @@ class GateRun:
         base = self.rollout(1) if default else rollout
         run = TrainerRun(
             dtype_override=self.config.dtype_override, fault=fault, dump_layers=dump_layers,
-            planted_bugs=self.config.planted_bugs,
+            planted_bugs=self.config.planted_bugs, sampling=tuple(base.sampling) or None,
         )  # fmt: skip
         result = self._trainer_session(layout).logprobs(base.sequences, run)
         scored = [lp[p - 1 :] for lp, p in zip(result.logprobs, base.prompt_lens, strict=True)]

@@ -8,6 +8,7 @@ target only.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import socket
 import time
@@ -36,6 +37,9 @@ class RolloutResult:
     rescore_seconds: float
     layer_dumps: list[list[torch.Tensor]] | None = None  # per request: residual after each layer
     extra: dict = field(default_factory=dict)
+    sampling: list = field(default_factory=list)
+    """Per request: its ``sampling.SamplingParams`` (the processed distribution every side
+    scores; empty for ``rescore_only`` runs, scored as the logits are)."""
 
 
 @dataclass(frozen=True)
@@ -91,11 +95,27 @@ def _synced_weights(job: RolloutJob, rank: int, tp: int) -> dict[str, torch.Tens
     return dict(_HELD)
 
 
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    """A digest of every tensor's name, dtype, shape and bytes (a weights version)."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def sync_report(model, pushed: dict[str, torch.Tensor]) -> dict:
     """Every tensor the rollout's ranks loaded, gathered back, vs what was pushed (bitwise, by
-    value: the rollout may hold a tensor in a wider dtype than it was sent in)."""
+    value: the rollout may hold a tensor in a wider dtype than it was sent in). ``digest``: the
+    ``weights_digest`` of what the rollout holds, each tensor in the dtype it was pushed in (the
+    pushed weights' digest when every tensor arrived)."""
     gathered, problems = model.gathered_weights()
     gathered = {name: value.cpu() for name, value in gathered.items()}
+    held = {
+        name: gathered[name].to(value.dtype) if name in gathered else torch.zeros(0)
+        for name, value in pushed.items()
+    }
     mismatched = sorted(
         name
         for name, value in pushed.items()
@@ -104,7 +124,7 @@ def sync_report(model, pushed: dict[str, torch.Tensor]) -> dict:
         or not torch.equal(gathered[name].double(), value.double())
     )
     return {"synced": not mismatched and not problems, "mismatched": mismatched,
-            "problems": problems}  # fmt: skip
+            "problems": problems, "digest": weights_digest(held)}  # fmt: skip
 
 
 def policies(
@@ -196,19 +216,29 @@ def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> Ro
         return _rescore_only(engine, job.rescore_only)
     prompts = _prompts(job.workload, arch.vocab_size)
     requests = [
-        Request(w.rid, tuple(p), w.max_new_tokens, w.temperature, w.seed, w.arrival_step)
+        Request(
+            w.rid,
+            tuple(p),
+            w.max_new_tokens,
+            w.temperature,
+            w.seed,
+            w.arrival_step,
+            top_k=w.top_k,
+            top_p=w.top_p,
+        )  # fmt: skip
         for w, p in zip(job.workload, prompts, strict=True)
     ]
+    params = [r.sampling for r in requests]
     t0 = time.perf_counter()
     done = engine.generate(requests)
     t1 = time.perf_counter()
     sequences, prompt_lens, decode_lp, prefill_lp, dumps = [], [], [], [], []
     # one packed prefill re-scores every finished sequence (per sequence when dumping layers)
-    packed = None if job.dump_layers else engine.rescore_many([done[w.rid].sequence for w in job.workload])  # fmt: skip
+    packed = None if job.dump_layers else engine.rescore_many([done[w.rid].sequence for w in job.workload], params)  # fmt: skip
     for i, w in enumerate(job.workload):
         c = done[w.rid]
         outputs: list | None = [] if job.dump_layers else None
-        rescored = packed[i] if packed is not None else engine.rescore(c.sequence, layer_outputs=outputs)  # fmt: skip
+        rescored = packed[i] if packed is not None else engine.rescore(c.sequence, layer_outputs=outputs, params=params[i])  # fmt: skip
         sequences.append(c.sequence)
         prompt_lens.append(len(c.prompt))
         decode_lp.append(c.logprob_tensor().cpu())
@@ -219,6 +249,7 @@ def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> Ro
     return RolloutResult(
         sequences, prompt_lens, decode_lp, prefill_lp, t1 - t0, t2 - t1,
         dumps if job.dump_layers else None, {} if sync is None else {"weight_sync": sync},
+        sampling=params,
     )  # fmt: skip
 
 

@@ -23,7 +23,6 @@ rank keep its old copy of one tensor from the first update on (step 1 differs).
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ import torch
 from ..adapters.families import LAYER_PREFIX
 from .harness import GateRun, compare, fault_change, pair_name, same_tokens
 from .layouts import Layout
+from .rollout import weights_digest
 from .workload import PromptSpec
 
 STALE_SHARD = "sync.stale_shard"
@@ -186,16 +186,6 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
 
 def _worst(values) -> float:
     return max((abs(v) for v in values), default=0.0)
-
-
-def weights_digest(weights: dict[str, torch.Tensor]) -> str:
-    """A digest of every tensor's name, dtype, shape and bytes."""
-    h = hashlib.sha256()
-    for name in sorted(weights):
-        t = weights[name].detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, cache: dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 
@@ -17,10 +18,24 @@ class PromptSpec:
     arrival_step: int
     prompt_ids: tuple[int, ...] | None = None
     """The prompt's token ids (``prompt_len`` of them); default: drawn by the rollout."""
+    top_k: int = -1
+    """Top-k truncation of the sampled distribution (<= 0: off); scored truncated too."""
+    top_p: float = 1.0
+    """Top-p truncation (1: off); scored truncated too."""
 
 
-# Greedy and seeded sampling alternate; requests join at staggered decode steps.
+def sample_seed(base_seed: int, step: int, prompt: int, sample: int) -> int:
+    """The seed of one sample: a 63-bit digest of (base seed, RL step, prompt, sample index), so
+    the samples of a prompt draw independently while a re-run draws the same ones."""
+    key = f"contractgen-sample|{base_seed}|{step}|{prompt}|{sample}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1
+
+
+# Greedy and seeded sampling alternate; requests join at staggered decode steps. The sampled
+# requests cover temperature != 1, top-k and top-p (every side scores the processed distribution).
 TEMPERATURES = (0.0, 0.8, 0.0, 1.0)
+TOP_K = (-1, 40, -1, -1)
+TOP_P = (1.0, 1.0, 1.0, 0.9)
 
 
 def make_workload(
@@ -38,8 +53,10 @@ def make_workload(
             prompt_len=max(1, prompt_tokens * ((i + requests - 1) % requests + 1) // requests),
             max_new_tokens=new_tokens,
             temperature=TEMPERATURES[i % len(TEMPERATURES)],
-            seed=i,
+            seed=sample_seed(0, 0, i, 0),
             arrival_step=i % 3,
+            top_k=TOP_K[i % len(TOP_K)],
+            top_p=TOP_P[i % len(TOP_P)],
         )
         for i in range(requests)
     )

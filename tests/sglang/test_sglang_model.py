@@ -188,7 +188,8 @@ def test_decode_logprobs_equal_prefill_rescore(ref_model, kp_dtype, runtime_poli
     for r in MIX:
         c = out[r.rid]
         assert _lp(c).dtype == getattr(torch, kp.logsoftmax_dtype)
-        assert torch.equal(eng.rescore(c.sequence)[len(c.prompt) - 1 :], _lp(c)), r.rid
+        rescored = eng.rescore(c.sequence, params=r.sampling)  # the distribution it sampled
+        assert torch.equal(rescored[len(c.prompt) - 1 :], _lp(c)), r.rid
 
 
 def test_packed_rescore_equals_one_prefill_per_sequence(ref_model, kp_dtype, runtime_policy):
