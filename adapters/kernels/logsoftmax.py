@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ._dtypes import dtype_of
 from .all_reduce import all_gather_exact, world_size
+from .audit import contract_op
 from .reduce import fixed_sum
 
 
@@ -45,6 +46,7 @@ def _pairwise_over_chunks(s_TC: torch.Tensor) -> torch.Tensor:
     return s_TC[:, 0]
 
 
+@contract_op("full_logprobs")
 def full_logprobs(logits_TV: torch.Tensor, kp, vocab_size: int) -> torch.Tensor:
     """The whole log-softmax ``[T, vocab_size]`` (same per-element formula as ``token_logprobs``)."""
     ld = dtype_of(kp.logsoftmax_dtype)
@@ -68,6 +70,7 @@ def _token_logprobs_rows(x_TV: torch.Tensor, ids_T: torch.Tensor, kp, vocab_size
     return ((tok - m) - torch.log(s)).to(ld)
 
 
+@contract_op("token_logprobs")
 def token_logprobs(
     logits_TV: torch.Tensor, token_ids_T: torch.Tensor, kp, vocab_size: int
 ) -> torch.Tensor:
@@ -142,6 +145,7 @@ class _VocabParallelLogprob(torch.autograd.Function):
         return grad, None, None, None, None, None, None
 
 
+@contract_op("vocab_parallel_token_logprobs")
 def vocab_parallel_token_logprobs(
     local_logits_TVl: torch.Tensor,
     token_ids_T: torch.Tensor,

@@ -9,6 +9,10 @@ reference in both (a Triton kernel in fixed_sum's halving-tree order took 0.9 ms
 made the 16k-token no-grad forward slower, 0.204 -> 0.252 s: taken out). Ops not listed (RoPE, SiLU-GLU, residual,
 log-softmax, all-reduce) are device-generic PyTorch, shared by both backends.
 
+While a run records (``audit.recording``: the parity gate's ``kernel_calls`` and ``--strict``),
+``kernel`` hands out the backend wrapped to count its calls as the op; otherwise the backend
+itself.
+
 ``CONTRACTGEN_KERNEL_BACKEND=torch|triton`` overrides the device default (benchmarks; the Triton
 interpreter on CPU with ``TRITON_INTERPRET=1``). A process must not change it between the rollout
 and the trainer.
@@ -22,6 +26,8 @@ from collections.abc import Callable
 from functools import cache
 
 import torch
+
+from . import audit
 
 ENV = "CONTRACTGEN_KERNEL_BACKEND"
 
@@ -78,6 +84,14 @@ def _resolve(backend: str, op: str) -> Callable:
     return getattr(importlib.import_module(module), attr)
 
 
+@cache
+def _counted(backend: str, op: str) -> Callable:
+    return audit.counted(op, _resolve(backend, op))
+
+
 def kernel(op: str, device: torch.device | str) -> Callable:
-    """The implementation of ``op`` for tensors on ``device``."""
+    """The implementation of ``op`` for tensors on ``device`` (counting its calls while the
+    process records: ``audit.recording``)."""
+    if audit.recording_on():
+        return _counted(backend_for(device), op)
     return _resolve(backend_for(device), op)

@@ -35,6 +35,8 @@ class TrainerResult:
     """Global rank 0's parameter gradients (megatron names: first stage, TP/CP rank 0)."""
     hf_grads: dict[str, torch.Tensor] | None = None
     """Every parameter's gradient, gathered from every TP shard and PP stage, under HF names."""
+    kernel_calls: Any = None
+    """With ``TrainerRun.kernel_audit``: every rank's ``kernels.audit.KernelCalls``, merged."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class TrainerRun:
     ``vocab_parallel_cross_entropy``) of each rank's tokens (with ``prompt_lens``: response
     tokens only), backward through every stage, ``grads.finalize_grads``; the result's ``grads``
     and ``hf_grads`` hold the gradients (see ``TrainerResult``)."""
+    kernel_audit: str | None = None
+    """``"count"`` / ``"strict"``: every rank records its contract-kernel calls (and stock ops)
+    for ``TrainerResult.kernel_calls`` (``kernels.audit``); None: nothing recorded."""
     planted_bugs: tuple[str, ...] = ()
     """Shared-kernel bugs switched on for this run (``kernels.planted``: the parity gate's
     self-test; the rollout side gets the same ones)."""

@@ -199,6 +199,10 @@ class TrainerSession:
                     for a, b in zip(merged, dumps, strict=True):
                         a.update(b)
             result.layer_dumps = merged
+        if run.kernel_audit is not None:  # every rank's calls (most ranks return no result)
+            from ..kernels.audit import merge
+
+            result.kernel_calls = merge({r: p[4] for r, p in replies.items()})
         return result
 
     def train(self, command: TrainInit | TrainBatch) -> TrainStepResult:
@@ -253,9 +257,11 @@ def _session_worker(rank: int, commands: Any, results: Any, job: _Job) -> None:
                 from contractgen.adapters.kernels.planted import planted
 
                 step = runtime.stage_grads if run.grads else runtime.stage_logprobs
-                with planted(run.planted_bugs):
+                from contractgen.adapters.kernels.audit import maybe_recording
+
+                with planted(run.planted_bugs), maybe_recording(run.kernel_audit) as calls:
                     result, dumps = step(dataclasses.replace(job, sequences=sequences), run)
-                results.put((rank, "ok", result, dumps, runtime.pp_rank()))
+                results.put((rank, "ok", result, dumps, runtime.pp_rank(), calls))
             except Exception:
                 results.put((rank, "err", traceback.format_exc(), None, None))
     finally:

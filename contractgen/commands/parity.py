@@ -154,6 +154,13 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "--train-lr", type=click.FloatRange(min=0, min_open=True), default=None,
     help="With --train-steps: the optimizer's learning rate (default 1e-2).",
 )  # fmt: skip
+@click.option(
+    "--strict", is_flag=True,
+    help="Also fail (exit 1) when an op the contract replaces ran as the stock op on the scored "
+    "path (F.linear / torch.matmul, SDPA, log_softmax, rms_norm / layer_norm outside every "
+    "contract kernel, seen by a torch function mode), or when a run called no contract kernel "
+    "of a kind (matmul, attention, norm, log-softmax). The report's kernel_calls says which.",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.pass_context
 @handle_errors
@@ -163,7 +170,7 @@ def command(
     json_path: Path | None, inject_faults: bool, rollout_tps: str | None, workload: str,
     requests: int | None, prompt_tokens: int | None, new_tokens: int | None, grads: bool,
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
-    train_lr: float | None, quiet: bool,
+    train_lr: float | None, strict: bool, quiet: bool,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
 
@@ -228,7 +235,7 @@ def command(
     if train_steps:
         given = [
             flag for flag, on in (("--inject-faults", inject_faults), ("--grads", grads),
-                                  ("--plant-bug", bool(plant_bugs))) if on
+                                  ("--plant-bug", bool(plant_bugs)), ("--strict", strict)) if on
         ]  # fmt: skip
         if given:
             fail(f"error: {given[0]} cannot be combined with --train-steps (use --train-fault)")
@@ -280,6 +287,7 @@ def command(
             contract_id, weights, chosen, None if dtype == "contract" else dtype, device,
             inject_faults, not quiet, rollout_tps=tps, workload=make_workload(*sizes),
             hf_reference=not no_reference, grads=grads, planted_bugs=tuple(plant_bugs),
+            strict=strict,
         )  # fmt: skip
         check_layouts(config)
     except LayoutError as exc:

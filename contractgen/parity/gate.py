@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from . import ROLLOUT
+from . import ROLLOUT, kernel_audit
 from .correctness import GRAD_TOLERANCE
 from .harness import GateConfig, GateRun, run_faults, run_layouts, run_rollouts
 from .layouts import LayoutError, layout_problems
@@ -127,6 +127,7 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
         ),
         "reference_note": reference_note,
         "grads": grads,
+        "kernel_calls": kernel_audit.section(run),
         "rollout_timing": {
             "generate_seconds": round(base.generate_seconds, 4),
             "rescore_seconds": round(base.rescore_seconds, 4),
@@ -161,6 +162,7 @@ def failures(report: dict) -> list[str]:
     out += [f"fault undetected: {n}" for n in faults["undetected"]]
     out += [f"fault error: {n}" for n in faults.get("errors", {})]
     out += [f"fault listed unobservable but detected: {n}" for n in faults.get("contradicted", [])]
+    out += kernel_audit.failures(report)
     return out
 
 
@@ -287,6 +289,7 @@ def table(report: dict) -> str:
             lines.append(f"          {g['name']:<10} {how}")
     if report.get("planted_bugs"):
         lines.append(f"planted   {', '.join(report['planted_bugs'])} (on both sides: must FAIL)")
+    lines += kernel_audit.table(report)
     timing = report["rollout_timing"]
     lines.append(
         f"rollout   generate {timing['generate_seconds']} s, prefill re-score {timing['rescore_seconds']} s"

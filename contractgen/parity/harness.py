@@ -82,6 +82,9 @@ class GateConfig:
     """Shared-kernel bugs switched on on BOTH sides for the whole run (the gate's self-test)."""
     training: Any = None
     """A ``training.TrainingConfig``: run the gate over RL steps instead (``--train-steps``)."""
+    strict: bool = False
+    """``--strict``: the scored runs also watch for stock ops the contract replaces
+    (``kernel_audit``); any seen fails the gate."""
 
 
 @dataclass
@@ -93,6 +96,13 @@ class GateRun:
     trainers: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     _rollout_sessions: dict[int, RolloutSession] = field(default_factory=dict)
     _trainer_sessions: dict[str, Any] = field(default_factory=dict)
+    kernel_calls: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """(side, rollout ``tpN`` or layout name) -> the scored run's ``KernelCalls``."""
+
+    @property
+    def kernel_audit(self) -> str:
+        """What the scored (baseline) runs record: ``kernels.audit`` mode."""
+        return "strict" if self.config.strict else "count"
 
     def __enter__(self) -> GateRun:
         return self
@@ -140,6 +150,7 @@ class GateRun:
             "dtype_override": self.config.dtype_override,
             "planted_bugs": self.config.planted_bugs,
             **changes,
+            **({"kernel_audit": self.kernel_audit} if baseline else {}),
         }
         job = RolloutJob(
             self.config.contract_id, self.config.weights, tp, workload=self.config.workload,
@@ -148,6 +159,7 @@ class GateRun:
         result = self.rollout_session(tp).run(job)
         if baseline:
             self.rollouts[tp] = result
+            self.kernel_calls["rollout", f"tp{tp}"] = result.extra.get("kernel_calls")
         return result
 
     def _trainer_session(self, layout: Layout):
@@ -181,10 +193,15 @@ class GateRun:
             dtype_override=self.config.dtype_override, fault=fault, dump_layers=dump_layers,
             planted_bugs=self.config.planted_bugs, sampling=tuple(base.sampling) or None,
         )  # fmt: skip
+        if default and fault is None and not dump_layers:  # the scored run: audited
+            import dataclasses
+
+            run = dataclasses.replace(run, kernel_audit=self.kernel_audit)
         result = self._trainer_session(layout).logprobs(base.sequences, run)
         scored = [lp[p - 1 :] for lp, p in zip(result.logprobs, base.prompt_lens, strict=True)]
         if default and fault is None and not dump_layers:
             self.trainers[layout.name] = scored
+            self.kernel_calls["trainer", layout.name] = result.kernel_calls
         return scored, result.layer_dumps
 
     def trainer_run(self, layout: Layout, sequences: list[list[int]], run):

@@ -59,6 +59,9 @@ class RolloutJob:
     """Score these sequences with one prefill each instead of generating (every position)."""
     planted_bugs: tuple[str, ...] = ()
     """Shared-kernel bugs switched on for this run (``kernels.planted``; the gate's self-test)."""
+    kernel_audit: str | None = None
+    """``"count"`` / ``"strict"``: record the run's contract-kernel calls (and stock ops) into
+    ``extra["kernel_calls"]`` (``kernels.audit``, every rank's merged); None: nothing recorded."""
     arch: Any = None
     """The model's ``ModelArch`` when ``weights`` is a state dict of a checkpoint's model (default:
     the contract's reference model)."""
@@ -183,10 +186,14 @@ def _prompts(workload: Sequence[PromptSpec], vocab_size: int) -> list[list[int]]
 
 
 def _run(job: RolloutJob, group=None, device: str | None = None) -> RolloutResult:
+    from ..adapters.kernels.audit import maybe_recording
     from ..adapters.kernels.planted import planted
 
-    with planted(job.planted_bugs):
-        return _run_unplanted(job, group, device)
+    with planted(job.planted_bugs), maybe_recording(job.kernel_audit) as calls:
+        result = _run_unplanted(job, group, device)
+    if calls is not None:
+        result.extra["kernel_calls"] = calls
+    return result
 
 
 def _rescore_only(engine, sequences) -> RolloutResult:
@@ -280,7 +287,8 @@ def _worker(rank: int, commands, results, tp: int, device: str, port: int) -> No
         while (job := commands.get()) is not None:
             try:
                 result = _run(job, group=dist.group.WORLD, device=rank_device(rank))
-                results.put((rank, "ok", result if rank == 0 else None))
+                calls = result.extra.get("kernel_calls")
+                results.put((rank, "ok", result if rank == 0 else None, calls))
             except Exception:
                 results.put((rank, "err", traceback.format_exc()))
     finally:
@@ -314,7 +322,13 @@ class RolloutSession:
                 return _run(job)
             finally:
                 release_free_memory()
-        return self._pool.send(job, "rollout")[0][1]
+        replies = self._pool.send(job, "rollout")
+        result = replies[0][1]
+        if job.kernel_audit is not None:  # every rank's calls, not rank 0's alone
+            from ..adapters.kernels.audit import merge
+
+            result.extra["kernel_calls"] = merge({r: p[2] for r, p in replies.items()})
+        return result
 
     def close(self) -> None:
         self._pool.close()

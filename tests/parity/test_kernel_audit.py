@@ -1,0 +1,91 @@
+"""`parity --strict` and the report's `kernel_calls`: evidence that the contract's kernels ran.
+
+The one-layout gate runs in this process (its TP=1 rollout too), so a monkeypatch here swaps one
+contract op for the stock op on the rollout side only; the trainer's ranks are untouched.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_parity_in_process
+
+CHEAP = ("--layouts", "tp1", "--rollout-tps", "1", "--no-reference")
+KINDS = {  # each kind of op the contract replaces: a contract op of it ran on each side
+    "rollout": {
+        "invariant_matmul",
+        "chunked_attention",
+        "rms_norm",
+        "token_logprobs",
+        "full_logprobs",
+    },
+    "trainer": {
+        "invariant_matmul",
+        "chunked_attention_lse",
+        "rms_norm",
+        "vocab_parallel_token_logprobs",
+    },
+}
+
+
+def _stock_log_softmax(monkeypatch) -> None:
+    """The rollout's scored logprobs by ``torch.log_softmax`` (the stock twin, in the contract's
+    dtype) instead of the contract's ``token_logprobs``."""
+    from contractgen.adapters.kernels import stock
+    from contractgen.adapters.sglang import engine
+
+    def stock_token_logprobs(logits_TV, ids_T, kp, vocab_size):
+        return stock.stock_token_logprobs(
+            logits_TV, ids_T, kp, vocab_size, dtype=kp.logsoftmax_dtype
+        )
+
+    monkeypatch.setattr(engine, "token_logprobs", stock_token_logprobs)
+
+
+@pytest.mark.slow
+def test_strict_gate_passes_and_every_kind_of_op_ran_its_kernel(tmp_path):
+    """The honest gate with --strict exits 0: no stock op on the scored path, and on each side
+    every kind of op the contract replaces ran through a contract kernel."""
+    code, report, out = run_parity_in_process(*CHEAP, "--strict", tmp_path=tmp_path)
+    assert code == 0, out
+    kc = report["kernel_calls"]
+    assert kc["strict"] is True and kc["stock_ops"] == [] and kc["missing"] == []
+    assert set(kc["rollout"]) == {"tp1"} and set(kc["trainer"]) == {"tp1"}
+    for side, ops in KINDS.items():
+        calls = kc[side]["tp1"]
+        assert ops <= set(calls), (side, calls)
+        assert all(calls[op] > 0 for op in ops), (side, calls)
+    # one scored re-score per request (the packed prefill scores them one by one)
+    assert kc["rollout"]["tp1"]["token_logprobs"] == report["workload"]["requests"]
+    assert "--strict: no stock op on the scored path" in out
+
+
+@pytest.mark.slow
+def test_strict_fails_when_the_rollout_scores_with_stock_log_softmax(tmp_path, monkeypatch):
+    """One contract op swapped for the stock op on one side: --strict exits 1 naming the op, the
+    side and the layout; without --strict the report's count of that op on that side drops from
+    the honest run's to 0, and the other side's counts do not move."""
+    code, honest, out = run_parity_in_process(*CHEAP, tmp_path=tmp_path)
+    assert code == 0, out
+    before = honest["kernel_calls"]
+    assert before["strict"] is False and before["stock_ops"] is None
+    assert before["rollout"]["tp1"]["token_logprobs"] == honest["workload"]["requests"]
+
+    _stock_log_softmax(monkeypatch)
+    code, report, out = run_parity_in_process(*CHEAP, "--strict", tmp_path=tmp_path)
+    assert code == 1, out
+    stock = report["kernel_calls"]["stock_ops"]
+    assert {(e["side"], e["layout"], e["op"], e["stock"]) for e in stock} == {
+        ("rollout", "tp1", "token_logprobs", "torch.log_softmax")
+    }, stock
+    assert stock[0]["calls"] == honest["workload"]["requests"]
+    assert (
+        "--strict: rollout tp1 rank 0: stock torch.log_softmax ran 4 time(s) outside every "
+        "contract kernel (the contract's op: token_logprobs)" in out
+    )
+
+    code, report, out = run_parity_in_process(*CHEAP, tmp_path=tmp_path)
+    after = report["kernel_calls"]
+    assert after["stock_ops"] is None and "--strict" not in out
+    assert "token_logprobs" not in after["rollout"]["tp1"], after["rollout"]
+    assert after["rollout"]["tp1"]["full_logprobs"] > 0  # the sampler's log-softmax still ran
+    assert after["trainer"] == before["trainer"]  # the other side: the same calls
