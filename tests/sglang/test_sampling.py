@@ -1,0 +1,179 @@
+"""The sampler: draws against the processed distribution (chi-square), the logprob it reports,
+the kept sets of top-k / top-p, and per-sample seeds on the reference model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from contractgen.adapters.kernels.logsoftmax import full_logprobs, token_logprobs
+from contractgen.adapters.sglang.engine import Request, RolloutEngine
+from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
+from contractgen.adapters.sglang.sampling import (
+    SamplingParams,
+    draw,
+    keep_mask,
+    process,
+    process_shard,
+    sample,
+    scale,
+)
+from contractgen.parity.workload import sample_seed
+
+V = 12
+DRAWS = 6_000
+# z for a one-sided 1e-6 tail: the chi-square bound below is its Wilson-Hilferty quantile, so an
+# honest sampler exceeds it with probability ~1e-6 (and the draws are seeded: it never flakes).
+Z_1E6 = 4.753
+
+
+def chi2_bound(df: int) -> float:
+    """The chi-square quantile at 1 - 1e-6 (Wilson-Hilferty), for ``df`` degrees of freedom."""
+    a = 2 / (9 * df)
+    return df * (1 - a + Z_1E6 * math.sqrt(a)) ** 3
+
+
+def expected(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The processed distribution, written independently: softmax(x / T) in float64, the top-k
+    most likely (ties: lower id), renormalised, then the smallest prefix reaching top_p."""
+    probs = torch.softmax(logits.double() / p.temperature, -1)
+    order = sorted(range(V), key=lambda i: (-float(probs[i]), i))
+    kept = order[: p.top_k] if p.top_k > 0 else order
+    mass = sum(float(probs[i]) for i in kept)
+    prefix, acc = [], 0.0
+    for i in kept:
+        if acc >= p.top_p:
+            break
+        prefix.append(i)
+        acc += float(probs[i]) / mass
+    out = torch.zeros(V, dtype=torch.float64)
+    out[prefix] = probs[prefix]
+    return out / out.sum()
+
+
+def chi2(counts: torch.Tensor, want: torch.Tensor) -> float:
+    support = want > 0
+    n = float(counts.sum())
+    e = want[support] * n
+    return float(((counts[support].double() - e) ** 2 / e).sum())
+
+
+LOGITS = torch.tensor([2.1, -0.3, 0.9, 1.7, 0.9, -1.2, 0.2, 1.1, -0.6, 0.4, 1.4, -2.0])
+CASES = [
+    SamplingParams(temperature=0.5),
+    SamplingParams(temperature=1.3),
+    SamplingParams(temperature=0.9, top_k=4),
+    SamplingParams(temperature=1.0, top_p=0.7),
+    SamplingParams(temperature=0.8, top_k=8, top_p=0.85),
+]
+
+
+def _counts(kp, p: SamplingParams, seed: int = 0, wrong_temperature: bool = False):
+    """``DRAWS`` draws from ``p``'s processed logprobs of ``LOGITS``."""
+    lp_params = SamplingParams(1.0, p.top_k, p.top_p) if wrong_temperature else p
+    lp = full_logprobs(process(LOGITS[None], lp_params, kp), kp, V)[0]
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(V, dtype=torch.int64)
+    for _ in range(DRAWS):
+        counts[draw(lp, p, gen)] += 1
+    return counts
+
+
+@pytest.mark.parametrize("p", CASES, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+def test_draws_follow_the_processed_distribution(kp32, p):
+    want = expected(LOGITS, p)
+    counts = _counts(kp32, p)
+    assert int(counts[want == 0].sum()) == 0, "a token outside the kept set was drawn"
+    df = int((want > 0).sum()) - 1
+    assert df >= 2
+    assert chi2(counts, want) < chi2_bound(df)
+
+
+@pytest.mark.parametrize("p", [CASES[0], CASES[3]], ids=["T0.5", "top_p0.7"])
+def test_a_sampler_that_ignores_the_temperature_fails_the_chi_square(kp32, p):
+    """The same bound rejects draws at temperature 1 where ``p`` says otherwise (the test has
+    the power to see the planted bug the gate must also catch)."""
+    want = expected(LOGITS, SamplingParams(0.7, p.top_k, p.top_p))
+    counts = _counts(kp32, SamplingParams(0.7, p.top_k, p.top_p), wrong_temperature=True)
+    df = int((want > 0).sum()) - 1
+    assert chi2(counts, want) > chi2_bound(df)
+
+
+def test_kept_sets_of_top_k_and_top_p(kp32):
+    x = scale(LOGITS[None], SamplingParams(1.0), kp32)
+    ranked = [0, 3, 10, 7, 2, 4, 9, 6, 1, 8, 5, 11]  # LOGITS by value; the tie 2/4: lower id first
+    top3 = keep_mask(x, SamplingParams(1.0, top_k=3))[0]
+    assert top3.nonzero()[:, 0].tolist() == sorted(ranked[:3])
+    tie = keep_mask(x, SamplingParams(1.0, top_k=5))[0]
+    assert bool(tie[2]) and not bool(tie[4])
+    assert keep_mask(x, SamplingParams(1.0, top_p=1e-9))[0].nonzero()[:, 0].tolist() == [0]
+    assert bool(keep_mask(x, SamplingParams(1.0))[0].all())
+    assert keep_mask(x, SamplingParams(0.0, top_k=1))[0].all(), "greedy never truncates"
+
+
+def test_reported_logprob_is_the_drawn_tensors_entry(kp):
+    """``sample``'s logprob is the processed distribution's entry for the drawn token, bitwise the
+    contract kernel's ``token_logprobs`` of the processed logits (what re-score and trainer run);
+    temperature 1 leaves the logits' bits unchanged."""
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    for p in CASES:
+        tok, lp = sample(logits, p, kp, V, torch.Generator().manual_seed(5))
+        again = token_logprobs(process(logits[None], p, kp), torch.tensor([tok]), kp, V)[0]
+        assert lp.dtype == again.dtype and torch.equal(
+            lp.view(torch.int16), again.view(torch.int16)
+        )
+    plain = scale(logits[None], SamplingParams(1.0), kp)
+    assert torch.equal(plain.view(torch.int16), logits[None].to(plain.dtype).view(torch.int16))
+    hot = token_logprobs(process(logits[None], CASES[0], kp), torch.tensor([0]), kp, V)
+    assert not torch.equal(hot, token_logprobs(logits[None], torch.tensor([0]), kp, V))
+
+
+def test_a_vocab_shard_is_processed_as_its_columns_of_the_whole_row(kp):
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(4))
+    """Temperature is elementwise (a shard's columns equal the whole row's); a truncating shard
+    needs the whole row (gathered over TP in the trainer; here TP=1, one shard)."""
+    for p in CASES:
+        whole = process(logits, p, kp)
+        assert torch.equal(process_shard(logits, p, kp, 0, V), whole)
+        if not p.truncates:
+            for lo in (0, 4, 8):
+                shard = process_shard(logits[:, lo : lo + 4], p, kp, lo, V)
+                assert torch.equal(shard, whole[:, lo : lo + 4])
+
+
+def test_sampling_params_are_checked():
+    with pytest.raises(ValueError, match="top_p in"):
+        SamplingParams(1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="finite"):
+        SamplingParams(float("nan"))
+
+
+# ---- per-sample seeds on the reference model ----------------------------------------------------
+@pytest.fixture(scope="module")
+def engine(profile, kp, runtime_policy):
+    arch = ModelArch.from_profile(profile)
+    model = ReferenceModel(arch, random_weights(arch, seed=0), kp, runtime_policy(1))
+    return RolloutEngine(model, progress=False)
+
+
+def _samples(engine, seeds, temperature=1.0):
+    prompt = tuple(range(40, 70))
+    reqs = [Request(f"s{j}", prompt, 6, temperature, seed) for j, seed in enumerate(seeds)]
+    out = engine.generate(reqs)
+    return [(out[r.rid].tokens, out[r.rid].logprob_tensor().view(torch.int16)) for r in reqs]
+
+
+def test_per_sample_seeds_differ_and_reproduce(engine):
+    """The n samples of a prompt get seeds from (base, step, prompt, sample): they differ, and
+    a re-run (a fresh engine's generators) reproduces them bit for bit, logprobs included."""
+    seeds = [sample_seed(7, 2, 0, j) for j in range(4)]
+    assert len(set(seeds)) == 4
+    assert sample_seed(7, 2, 0, 1) != sample_seed(7, 3, 0, 1) != sample_seed(8, 2, 0, 1)
+    first, again = _samples(engine, seeds), _samples(engine, seeds)
+    assert len({tuple(tokens) for tokens, _ in first}) == 4, "samples of one prompt must differ"
+    for (t1, lp1), (t2, lp2) in zip(first, again, strict=True):
+        assert t1 == t2 and torch.equal(lp1, lp2)
+    one_seed = _samples(engine, [seeds[0]] * 4)  # an engine falling back to one seed
+    assert len({tuple(tokens) for tokens, _ in one_seed}) == 1
