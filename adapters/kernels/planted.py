@@ -4,16 +4,28 @@ Both sides compute with these kernels, so a bug here is shared and rollout-vs-tr
 cannot see it; the gate must catch it another way (rollout TP=1 vs TP>1, or agreement with
 transformers). Every switch is off unless ``contractgen parity --plant-bug NAME`` or
 ``--inject-faults`` turns it on, inside one process, for one run (``planted``).
+
+``BUGS`` change the forward (the kernels test ``active(name)`` where the bug sits);
+``BACKWARD_BUGS`` change only a gradient, so no logprob moves and only a gradient check against
+float64 autograd can see them (``--grads``, and ``--train-steps``'s step-0 check). These are
+monkeypatches of the kernel library, applied for the body of ``planted`` in the process that
+enters it (a spawned rank enters it for its job), and kept out of ``BUGS``, the list
+``--inject-faults`` plants and expects a forward check to catch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 BUGS: dict[str, str] = {
     "silu_glu_sign_flip": "silu_glu negates silu(gate) (same bits on every layout)",
     "tp_reduce_skipped": "the TP all-reduce returns this rank's partial (no sum over ranks)",
+}
+
+BACKWARD_BUGS: dict[str, str] = {
+    "attention_dk_scale_dropped": "the attention backward's dK misses the softmax scale "
+    "(dK = dS^T Q instead of dS^T Q * scale; the PyTorch reference backend, so CPU)",
 }
 
 _ACTIVE: set[str] = set()
@@ -25,16 +37,45 @@ def active(name: str) -> bool:
 
 
 @contextmanager
+def _dk_scale_dropped() -> Iterator[None]:
+    """``attention._backward_one`` (one sequence's dq, dk, dv, called by
+    ``reference_attention_backward`` at every call) with dK returned unscaled."""
+    from . import attention
+
+    original = attention._backward_one
+
+    def backward_one(q, k, v, o, lse, do, pos, scale, md):
+        dq, dk, dv = original(q, k, v, o, lse, do, pos, scale, md)
+        return dq, dk / scale, dv
+
+    attention._backward_one = backward_one
+    try:
+        yield
+    finally:
+        attention._backward_one = original
+
+
+# backward bug -> the monkeypatch that plants it
+_PATCHES: dict[str, Callable[[], AbstractContextManager[None]]] = {
+    "attention_dk_scale_dropped": _dk_scale_dropped,
+}
+
+
+@contextmanager
 def planted(names: Iterable[str]) -> Iterator[None]:
     """Switch the named bugs on for the body of the ``with`` (restored in ``finally``)."""
     names = set(names)
-    unknown = sorted(names - set(BUGS))
+    unknown = sorted(names - set(BUGS) - set(BACKWARD_BUGS))
     if unknown:
-        raise ValueError(f"unknown planted bug(s) {unknown}; known: {sorted(BUGS)}")
+        known = sorted({*BUGS, *BACKWARD_BUGS})
+        raise ValueError(f"unknown planted bug(s) {unknown}; known: {known}")
     before = set(_ACTIVE)
     _ACTIVE.update(names)
     try:
-        yield
+        with ExitStack() as patches:
+            for name in sorted((names - before) & set(_PATCHES)):  # nested: patched once
+                patches.enter_context(_PATCHES[name]())
+            yield
     finally:
         _ACTIVE.clear()
         _ACTIVE.update(before)

@@ -98,6 +98,9 @@ class TrainInit:
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     fault: TrainerFault | None = None
     """Flipped on the trainer side for the whole run (training fault injection)."""
+    planted_bugs: tuple[str, ...] = ()
+    """Shared-kernel bugs switched on in every training step (``kernels.planted``: the gate's
+    self-test; the rollout gets the same ones)."""
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,17 @@ class TrainStepResult:
     logprobs: list[torch.Tensor] | None = None
     """Per sequence, the response tokens' logprobs of the training forward (before the update)."""
     loss: float | None = None
+    loss_if_ratio_one: float | None = None
+    """``-sum(advantage) / tokens`` over the same tokens, reduced as ``loss`` is: the loss at a
+    ratio of exactly 1 (``min(1 * A, clip(1) * A) = A`` bitwise), so equal to ``loss`` bit for
+    bit when every ratio is 1."""
     ratio_max_abs_dev: float | None = None
     """``max |exp(logp - old) - 1|`` over the response tokens, as the loss saw it."""
     kl: float | None = None
     """Mean over response tokens of ``exp(old - logp) - (old - logp) - 1`` (k3 estimator)."""
     weights: dict[str, torch.Tensor] | None = None
     """HF-named weights after the step, gathered from every TP/PP shard (storage dtype)."""
+    time_s: dict[str, float] | None = None
+    """Global rank 0's wall seconds: ``forward_backward`` (the pipeline's forward, loss and
+    backward), ``optimizer`` (gradient finalisation and the optimizer step), ``sync`` (the
+    weights gathered to rank 0 under HF names)."""

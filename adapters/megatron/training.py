@@ -13,6 +13,7 @@ PP shard on global rank 0, for the rollout to load.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,8 @@ class TrainState:
     config: Any
     padded_vocab: int
     optimizer: MegatronOptimizer
+    planted_bugs: tuple[str, ...] = ()
+    """``TrainInit.planted_bugs``: switched on for every step (``kernels.planted``)."""
 
 
 def init_state(job: Any, init: TrainInit) -> TrainState:
@@ -121,7 +124,8 @@ def init_state(job: Any, init: TrainInit) -> TrainState:
         )
     model, config, padded = build_stage(job, TrainerRun(fault=init.fault))
     model.train()
-    return TrainState(model, config, padded, make_optimizer(model, init.optimizer, job.device))
+    optimizer = make_optimizer(model, init.optimizer, job.device)
+    return TrainState(model, config, padded, optimizer, tuple(init.planted_bugs))
 
 
 def _gather_tp(param: torch.Tensor, t: torch.Tensor, group: Any) -> torch.Tensor:
@@ -215,7 +219,22 @@ def _merge_cp(values: torch.Tensor, owned: torch.Tensor, group: Any) -> torch.Te
 
 
 def train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResult:
-    """One PPO-clip step (see ``TrainBatch``); every rank returns its part of the result."""
+    """One PPO-clip step (see ``TrainBatch``); every rank returns its part of the result. The
+    run's planted bugs (the gate's self-test) are on for the whole step."""
+    from ..kernels.planted import planted
+
+    with planted(state.planted_bugs):
+        return _train_step(state, job, batch)
+
+
+def _sync_clock(device: str) -> float:
+    """``time.perf_counter()`` once the device's queued work is done."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResult:
     model, config, device = state.model, state.config, job.device
     policy = policy_for(config)
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
@@ -251,17 +270,22 @@ def train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResul
         eps = batch.clip_eps
         surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
         loss = -surrogate.sum() / total
+        # the loss at a ratio of exactly 1: min(1 * A, clip(1) * A) is A bit for bit, so this
+        # equals ``loss`` bitwise exactly when every ratio is 1 (``loss_if_ratio_one``)
+        loss_if_ratio_one = -adv.sum() / total
         d = (old - new).detach()
         stats = torch.stack(
             [
                 loss.detach(),
                 (torch.exp(d) - d - 1).sum() / total,
+                loss_if_ratio_one,
                 (ratio.detach() - 1).abs().max() if mine.numel() else ratio.new_zeros(()),
             ]
         )
         return loss, (lp.detach(), stats)
 
     state.optimizer.zero_grad()
+    t0 = _sync_clock(device)
     result = pipeline_forward_backward(
         model,
         loss_fn,
@@ -270,6 +294,7 @@ def train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResul
         attention_mask=None,
         packed_seq_params=pack.seq_params().to(device),
     )
+    t1 = _sync_clock(device)
     finalize_grads(
         model,
         policy,
@@ -283,25 +308,37 @@ def train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResul
         if p.dtype == torch.float32 and p.grad is not None:
             p.main_grad = p.grad
     state.optimizer.step()
+    t2 = _sync_clock(device)
     out = TrainStepResult()
     if result is not None:
         lp_local, stats = result
         values = torch.zeros(total, dtype=lp_local.dtype, device=lp_local.device)
         values[mine.to(values.device)] = lp_local
         logprobs = _merge_cp(values, owned.to(values.device), cp_group).cpu()
-        loss_kl = stats[:2].clone()
-        dev = stats[2:].clone()
-        if cp > 1:
-            dist.all_reduce(loss_kl, group=cp_group)
+        sums = stats[:3].clone()  # loss, kl, loss_if_ratio_one: each rank's share of the sum
+        dev = stats[3:].clone()
+        if cp > 1:  # summed in rank order, the same for all three (no all-reduce order)
+            parts = [torch.empty_like(sums) for _ in range(cp)]
+            dist.all_gather(parts, sums, group=cp_group)
+            sums = parts[0]
+            for part in parts[1:]:
+                sums = sums + part
             dist.all_reduce(dev, op=dist.ReduceOp.MAX, group=cp_group)
         if ps.get_tensor_model_parallel_rank() == 0 and cp_rank == 0:
             out.logprobs = list(torch.split(logprobs, scored.counts))
             out.loss, out.kl, out.ratio_max_abs_dev = (
-                float(loss_kl[0]),
-                float(loss_kl[1]),
+                float(sums[0]),
+                float(sums[1]),
                 float(dev[0]),
             )
+            out.loss_if_ratio_one = float(sums[2])
+    t3 = _sync_clock(device)
     out.weights = gather_weights(state, job)
+    out.time_s = {
+        "forward_backward": t1 - t0,
+        "optimizer": t2 - t1,
+        "sync": _sync_clock(device) - t3,
+    }
     return out
 
 

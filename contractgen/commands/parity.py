@@ -134,7 +134,8 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
 @click.option(
     "--plant-bug", "plant_bugs", multiple=True, metavar="NAME",
     help="Self-test: plant this bug (silu_glu_sign_flip, tp_reduce_skipped) in the shared kernel library, so on BOTH sides; the gate "
-    "must then FAIL (exit 1). Repeatable.",
+    "must then FAIL (exit 1). Repeatable. attention_dk_scale_dropped changes only gradients: "
+    "with --grads, or with --train-steps (its step-0 gradient check).",
 )  # fmt: skip
 @click.option(
     "--train-steps", type=click.IntRange(min=0), default=0, show_default=True,
@@ -155,6 +156,11 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     help="With --train-steps: the optimizer's learning rate (default 1e-2).",
 )  # fmt: skip
 @click.option(
+    "--no-grad-check", is_flag=True,
+    help="With --train-steps: skip the step-0 gradient check (each layout's float32 gradient "
+    "on the step's samples vs float64 autograd through transformers, as --grads).",
+)  # fmt: skip
+@click.option(
     "--strict", is_flag=True,
     help="Also fail (exit 1) when an op the contract replaces ran as the stock op on the scored "
     "path (F.linear / torch.matmul, SDPA, log_softmax, rms_norm / layer_norm outside every "
@@ -170,7 +176,7 @@ def command(
     json_path: Path | None, inject_faults: bool, rollout_tps: str | None, workload: str,
     requests: int | None, prompt_tokens: int | None, new_tokens: int | None, grads: bool,
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
-    train_lr: float | None, strict: bool, quiet: bool,
+    train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
 
@@ -183,7 +189,7 @@ def command(
     explained; 1 otherwise; 2 for invalid input.
 
     With --train-steps N, the same comparison at every step of an RL run (see --train-steps);
-    the transformers check, --grads, --inject-faults and --plant-bug belong to the one-shot gate.
+    the transformers check, --grads and --inject-faults belong to the one-shot gate.
     """
     # Worker processes inherit this: megatron-core warns at import that Apex and Transformer
     # Engine are absent, which is expected here (the contract's layers replace their kernels).
@@ -228,19 +234,26 @@ def command(
     else:
         _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
         weights = str(checkpoint)
-    from ..adapters.kernels.planted import BUGS
+    from ..adapters.kernels.planted import BACKWARD_BUGS, BUGS
 
-    if unknown := sorted(set(plant_bugs) - set(BUGS)):
-        fail(f"error: --plant-bug {unknown[0]!r}: unknown; known: {', '.join(sorted(BUGS))}")
+    if unknown := sorted(set(plant_bugs) - set(BUGS) - set(BACKWARD_BUGS)):
+        known = ", ".join(sorted({*BUGS, *BACKWARD_BUGS}))
+        fail(f"error: --plant-bug {unknown[0]!r}: unknown; known: {known}")
+    grad_checked = (not no_grad_check) if train_steps else grads
+    if not grad_checked and (backward := sorted(set(plant_bugs) & set(BACKWARD_BUGS))):
+        fail(
+            f"error: --plant-bug {backward[0]}: a gradient-only bug, which only a gradient "
+            "check can catch; add --grads, or with --train-steps drop --no-grad-check"
+        )
     if train_steps:
         given = [
             flag for flag, on in (("--inject-faults", inject_faults), ("--grads", grads),
-                                  ("--plant-bug", bool(plant_bugs)), ("--strict", strict)) if on
+                                  ("--strict", strict)) if on
         ]  # fmt: skip
         if given:
             fail(f"error: {given[0]} cannot be combined with --train-steps (use --train-fault)")
-    elif train_fault is not None or train_lr is not None:
-        fail("error: --train-fault and --train-lr need --train-steps N (N >= 1)")
+    elif train_fault is not None or train_lr is not None or no_grad_check:
+        fail("error: --train-fault, --train-lr and --no-grad-check need --train-steps N (N >= 1)")
     preset = WORKLOADS[workload]
     sizes = (requests or preset[0], prompt_tokens or preset[1], new_tokens or preset[2])
     arch = arch_of(contract_id, weights)
@@ -294,6 +307,10 @@ def command(
         fail(f"error: {exc}")
     if train_steps:
         config = _training_config(config, train_steps, train_fault, train_lr, requests, sizes)
+        import dataclasses
+
+        training = dataclasses.replace(config.training, grad_check=not no_grad_check)
+        config = dataclasses.replace(config, training=training)
     from ..parity.reference import ReferenceUnavailable
 
     try:

@@ -123,25 +123,30 @@ class GradReference:
 
 
 def grad_reference(run: Any) -> tuple[GradReference | None, str | None]:
-    from .rollout import arch_of
-
     reason = transformers_reason()
     if reason is not None:
         return None, reason
-    config = run.config
+    base = run.rollout(1)
+    return grad_reference_of(run.config, base.sequences, base.prompt_lens), None
+
+
+def grad_reference_of(
+    config: Any, sequences: list[list[int]], prompt_lens: list[int]
+) -> GradReference:
+    """float64 autograd through transformers of the gate's weights on ``sequences`` (the one-shot
+    gate's rollout, or an RL step's samples); transformers must import (``transformers_reason``)."""
+    from .rollout import arch_of
+
     arch = arch_of(config.contract_id, config.weights)
     hf_arch = _profile(config.contract_id).hf_architecture
     model = hf_model(config.weights, arch, hf_arch, torch.float64)
-    base = run.rollout(1)
-    grads = hf_grads(model, base.sequences, base.prompt_lens)
-    return GradReference(arch, base.sequences, base.prompt_lens, grads), None
+    grads = hf_grads(model, sequences, prompt_lens)
+    return GradReference(arch, sequences, prompt_lens, grads)
 
 
 def layout_grads(run: Any, ref: GradReference, layout: Layout) -> dict:
     """The trainer's gradients at ``layout`` (trainer in float32; every TP shard and PP stage,
     gathered under HF names) vs float64 autograd, parameter by parameter."""
-    from ..adapters.megatron.trainer import TrainerRun
-
     entry: dict[str, Any] = {"name": layout.name, **layout.sizes}
     if layout.ep > 1:
         return {
@@ -150,8 +155,22 @@ def layout_grads(run: Any, ref: GradReference, layout: Layout) -> dict:
             "note": "not supported: expert parallelism runs the forward only (the EP token "
             "exchange has no backward yet)",
         }
-    run_ = TrainerRun(dtype_override="float32", grads=True, prompt_lens=tuple(ref.prompt_lens))
-    got = run.trainer_run(layout, ref.sequences, run_).hf_grads
+    got = run.trainer_run(layout, ref.sequences, grads_run(ref)).hf_grads
+    return compare_grads(ref, layout, got)
+
+
+def grads_run(ref: GradReference, **changes: Any) -> Any:
+    """The ``TrainerRun`` whose ``hf_grads`` ``compare_grads`` takes: float32, ``ref``'s loss."""
+    from ..adapters.megatron.trainer import TrainerRun
+
+    return TrainerRun(
+        dtype_override="float32", grads=True, prompt_lens=tuple(ref.prompt_lens), **changes
+    )
+
+
+def compare_grads(ref: GradReference, layout: Layout, got: dict[str, torch.Tensor]) -> dict:
+    """A layout's gathered HF-named gradients ``got`` vs ``ref``, parameter by parameter."""
+    entry: dict[str, Any] = {"name": layout.name, **layout.sizes}
     if set(got) != set(ref.grads):
         raise ValueError(
             f"trainer gradients at {layout.name} cover {sorted(set(got) ^ set(ref.grads))[:4]} "

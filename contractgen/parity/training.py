@@ -24,9 +24,10 @@ rank keep its old copy of one tensor from the first update on (step 1 differs).
 from __future__ import annotations
 
 import statistics
+import struct
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,6 +58,57 @@ class TrainingConfig:
     lr: float = 1e-2
     clip_eps: float = 0.2
     fault: str | None = None
+    grad_check: bool = True
+    """Check each layout's step-0 gradient against float64 autograd (``_GradCheck``)."""
+
+
+GRAD_CHECK_LOSS = "minus the sum of the step's response-token logprobs (the --grads loss)"
+
+
+@dataclass
+class _GradCheck:
+    """Step 0's gradient check, ``--grads``'s on the step's samples: each layout's trainer, in
+    the processes it trains in, takes a float32 backward of ``GRAD_CHECK_LOSS`` at the step-0
+    weights (a stage built for it; the training stage is untouched), compared parameter by
+    parameter with float64 autograd through transformers. The reference is computed once per set
+    of samples (every layout samples the same at step 0 unless a fault moves them)."""
+
+    run: GateRun
+    note: str | None
+    """Why no layout is checked (transformers unavailable), else None."""
+    refs: dict = field(default_factory=dict)
+
+    def layout(self, trainer: Any, layout: Layout, base: Any, fault: Any) -> dict | None:
+        from .correctness import compare_grads, grad_reference_of, grads_run
+
+        if self.note is not None:
+            return None
+        key = tuple(tuple(s) for s in base.sequences)
+        if key not in self.refs:
+            seqs = [list(s) for s in base.sequences]
+            self.refs[key] = grad_reference_of(self.run.config, seqs, list(base.prompt_lens))
+        ref = self.refs[key]
+        run = grads_run(ref, fault=fault, planted_bugs=self.run.config.planted_bugs)
+        return compare_grads(ref, layout, trainer.logprobs(ref.sequences, run).hf_grads)
+
+    def report(self, entries: list[dict]) -> dict:
+        """A step's ``grads``: the settings and each layout's comparison."""
+        from .correctness import GRAD_TOLERANCE
+
+        return {
+            "dtype": "float32 trainer vs float64 transformers autograd",
+            "loss": GRAD_CHECK_LOSS,
+            "tolerance": GRAD_TOLERANCE,
+            "tolerance_meaning": "max |grad - float64 grad| / max |float64 grad|, per parameter",
+            "note": self.note,
+            "per_layout": [e["grads"] for e in entries if e.get("grads") is not None],
+        }
+
+
+def _grad_check(run: GateRun, cfg: TrainingConfig) -> _GradCheck | None:
+    from .reference import transformers_reason
+
+    return _GradCheck(run, transformers_reason()) if cfg.grad_check else None
 
 
 def _say(message: str) -> None:
@@ -143,8 +195,9 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
     per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
     pairs: list[list[dict]] = [[] for _ in range(cfg.steps)]
     cache: dict = {}
+    grads = _grad_check(run, cfg)
     for layout in run.config.layouts:
-        for entry, step_pairs, step in _run_layout(run, cfg, layout, arch, cache):
+        for entry, step_pairs, step in _run_layout(run, cfg, layout, arch, cache, grads):
             per_step[step].append(entry)
             pairs[step].extend(step_pairs)
     steps = []
@@ -161,6 +214,8 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
                 "reward_mean": statistics.fmean(e["reward_mean"] for e in entries),
                 "weights_synced": all(e["weights_synced"] for e in entries),
                 "rollout_tokens_identical": all(e["rollout_tokens_identical"] for e in entries),
+                "grads": grads.report(entries) if grads is not None and step == 0 else None,
+                "time_s": _summed_times(entries),
                 "per_layout": entries,
             }
         )
@@ -177,6 +232,8 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
             f"lr {cfg.lr}, no weight decay, no grad clipping",
             "fault": cfg.fault,
             "stale_tensor": stale_tensor(arch) if cfg.fault == STALE_SHARD else None,
+            "grad_check": cfg.grad_check,
+            "planted_bugs": list(run.config.planted_bugs),
             "aggregates": "per step: ratio_max_abs_dev and kl the worst over trainer layouts, "
             "loss and reward_mean their mean (each layout trains its own copy; per_layout has each)",
         },
@@ -188,9 +245,23 @@ def _worst(values) -> float:
     return max((abs(v) for v in values), default=0.0)
 
 
-def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, cache: dict):
+def _summed_times(entries: list[dict]) -> dict[str, float]:
+    """A step's ``time_s``: each phase summed over the trainer layouts (run one after another)."""
+    out: dict[str, float] = {}
+    for e in entries:
+        for phase, seconds in e["time_s"].items():
+            if seconds is not None:
+                out[phase] = round(out.get(phase, 0.0) + seconds, 4)
+    return out
+
+
+def _run_layout(
+    run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, cache: dict,
+    grads: _GradCheck | None = None,
+):  # fmt: skip
     """Yield ``(per-layout entry, pairs, step)`` for each step of one trainer layout's run;
-    ``cache`` holds rollout results by (TP, pushed weights, workload, faults) across layouts."""
+    ``cache`` holds rollout results by (TP, pushed weights, workload, faults) across layouts;
+    ``grads`` checks the step-0 gradient."""
     from ..adapters.megatron.run_types import OptimizerSettings, TrainBatch, TrainInit
     from ..adapters.megatron.trainer import TrainerSession
     from .rollout import RolloutJob, WeightSync
@@ -206,16 +277,22 @@ def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, ca
     trainer.start()
     try:
         weights = trainer.train(
-            TrainInit(OptimizerSettings(lr=cfg.lr), fault=trainer_fault)
+            TrainInit(
+                OptimizerSettings(lr=cfg.lr),
+                fault=trainer_fault,
+                planted_bugs=config.planted_bugs,
+            )
         ).weights
         for step in range(cfg.steps):
+            clock = time.perf_counter()
             workload = step_workload(step, cfg, arch.vocab_size)
             rollouts, digest, reused = {}, weights_digest(weights), []
             for tp in sorted({1, *config.rollout_tps}):  # TP=1 first: the reference
                 sync = WeightSync(reset=step == 0, stale=stale if step > 0 else None)
                 job = RolloutJob(
                     config.contract_id, weights, tp, workload=workload, device=config.device,
-                    arch=arch, weight_sync=sync, **rollout_changes,
+                    arch=arch, weight_sync=sync, planted_bugs=config.planted_bugs,
+                    **rollout_changes,
                 )  # fmt: skip
                 # A full push replaces everything the ranks held, so the run is a function of the
                 # pushed weights: another layout that pushed the same bits reuses it.
@@ -228,17 +305,25 @@ def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, ca
                 if key is not None:
                     cache[key] = rollouts[tp]
             base = rollouts[1]
+            times = {"rollout": _lap(clock)}
+            clock = time.perf_counter()
             rewards = [reward(s[p:], arch.vocab_size) for s, p in zip(base.sequences, base.prompt_lens, strict=True)]  # fmt: skip
+            advantages = grpo_advantages(rewards, cfg.group_size)
             old = run.scored_rollout(base)
+            times["score"] = _lap(clock)
+            clock = time.perf_counter()
             result = trainer.train(
                 TrainBatch(
                     tuple(tuple(s) for s in base.sequences),
                     tuple(base.prompt_lens),
                     tuple(old),
-                    tuple(grpo_advantages(rewards, cfg.group_size)),
+                    tuple(advantages),
                     cfg.clip_eps,
                 )  # fmt: skip
             )
+            times["trainer_step"] = _lap(clock)
+            times |= {phase: round(t, 4) for phase, t in (result.time_s or {}).items()}
+            clock = time.perf_counter()
             step_pairs = []
             for tp, r in rollouts.items():
                 same = same_tokens(r, base)
@@ -255,13 +340,22 @@ def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, ca
                     }
                 )
             syncs = {tp: r.extra["weight_sync"] for tp, r in rollouts.items()}
+            times["compare"] = _lap(clock)
+            clock = time.perf_counter()
+            checked = None
+            if grads is not None and step == 0:
+                checked = grads.layout(trainer, layout, base, trainer_fault)
+            times["grad_check"] = _lap(clock) if checked is not None else None
             entry = {
                 "name": layout.name,
                 **layout.sizes,
                 "loss": result.loss,
+                "loss_if_ratio_one": result.loss_if_ratio_one,
                 "kl": result.kl,
                 "ratio_max_abs_dev": result.ratio_max_abs_dev,
                 "reward_mean": statistics.fmean(rewards),
+                "rewards": rewards,
+                "advantages": advantages,
                 "weights_synced": all(s["synced"] for s in syncs.values()),
                 "stale": {
                     f"tp{tp}": s["mismatched"] + s["problems"]
@@ -270,6 +364,8 @@ def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, ca
                 },
                 "rollout_tokens_identical": all(same_tokens(r, base) for r in rollouts.values()),
                 "rollouts_reused": reused,
+                "grads": checked,
+                "time_s": times,
             }
             if config.progress:
                 exact = all(p["exact"] for p in step_pairs)
@@ -286,6 +382,15 @@ def _run_layout(run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, ca
         trainer.close()
 
 
+def _bits(x: float) -> bytes:
+    """A float's bit pattern (``-0.0 == 0.0`` as values)."""
+    return struct.pack("<d", x)
+
+
+def _lap(start: float) -> float:
+    return round(time.perf_counter() - start, 4)
+
+
 def failures(report: dict) -> list[str]:
     """Why a training run fails (empty: it passes)."""
     out = []
@@ -293,6 +398,20 @@ def failures(report: dict) -> list[str]:
         out += [f"step {s['step']}: {p['name']} not exact" for p in s["pairs"] if not p["exact"]]
         if s["ratio_max_abs_dev"] != 0.0:
             out.append(f"step {s['step']}: importance ratio off 1 by {s['ratio_max_abs_dev']:.3g}")
+        out += [
+            f"step {s['step']}: {e['name']}: loss {e['loss']!r} is not its value at ratio 1, "
+            f"{e['loss_if_ratio_one']!r}"
+            for e in s["per_layout"]
+            if _bits(e["loss"]) != _bits(e["loss_if_ratio_one"])
+        ]
+        grads = s.get("grads")
+        if grads is not None:
+            out += [
+                f"step {s['step']}: gradients at {g['name']} off float64 "
+                f"({g['max_rel_diff']:.3g} > {grads['tolerance']})"
+                for g in grads["per_layout"]
+                if not g["within_tolerance"]
+            ]
         out += [
             f"step {s['step']}: {e['name']}: rollout weights differ from the trainer's: "
             + "; ".join(f"{tp} {', '.join(names[:3])}" for tp, names in e["stale"].items())
@@ -313,6 +432,8 @@ def table(report: dict) -> list[str]:
     ]
     if t["fault"]:
         lines.append(f"fault     {t['fault']} (one side only: must FAIL)")
+    if t.get("planted_bugs"):
+        lines.append(f"planted   {', '.join(t['planted_bugs'])} (on both sides: must FAIL)")
     lines += [
         "",
         f"{'step':<6}{'pairs exact':>12}  {'max|ratio-1|':>12}  {'kl':>9}  {'loss':>9}  "
@@ -325,4 +446,22 @@ def table(report: dict) -> list[str]:
             f"{s['kl']:>9.3g}  {s['loss']:>9.4f}  {s['reward_mean']:>7.3f}  "
             f"{'synced' if s['weights_synced'] else 'NOT synced'}"
         )
+    lines += _grads_lines(report)
     return lines
+
+
+def _grads_lines(report: dict) -> list[str]:
+    """The step-0 gradient check's lines (none with ``--no-grad-check``)."""
+    out = []
+    for s in report["steps"]:
+        grads = s.get("grads")
+        if grads is None:
+            continue
+        out += ["", f"grads     step {s['step']}: {grads['dtype']}, {grads['loss']}, "
+                f"tolerance {grads['tolerance']} (relative)"]  # fmt: skip
+        if grads["note"]:
+            out.append(f"          none: {grads['note']}")
+        for g in grads["per_layout"]:
+            verdict = "ok" if g["within_tolerance"] else "OFF"
+            out.append(f"          {g['name']:<10} max rel {g['max_rel_diff']:.3g}  {verdict}")
+    return out

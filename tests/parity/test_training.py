@@ -1,12 +1,19 @@
 """``parity --train-steps``: bitwise rollout/trainer agreement at every step of an RL run.
 
-The run (slow) proves the loop: every step's pairs exact, the importance ratio exactly 1, the
-weights the rollout loaded equal to the trainer's gathered shards, the toy reward rising. The
-two fault runs prove the gate sees what it claims: a trainer-only log-softmax dtype moves the
-ratio at step 0, and one stale rollout shard breaks step 1 (and only step 1 onwards).
+The run (slow) proves the loop with what is deterministic in it: every step's pairs exact, the
+importance ratio exactly 1, the loss bit for bit its value at ratio 1 (minus the token mean of
+the advantages), the advantages those of the rewards, the weights the rollout loaded equal to the
+trainer's gathered shards, and each layout's step-0 gradient within tolerance of float64
+autograd (the reward's trend is a fixed-seed coin flip, so nothing asserts it). The fault runs
+prove the gate sees what it claims: a trainer-only log-softmax dtype moves the ratio (and the
+loss off its ratio-1 value) at step 0, one stale rollout shard breaks step 1 (and only step 1
+onwards), and the attention backward without the softmax scale in dK, invisible to every pair,
+fails the step-0 gradient check (``test_training_grads.py``).
 """
 
 from __future__ import annotations
+
+import struct
 
 import pytest
 import torch
@@ -110,6 +117,12 @@ def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
         (["--train-steps", "1", "--inject-faults"], "--inject-faults cannot be combined"),
         (["--train-steps", "1", "--grads"], "--grads cannot be combined"),
         (["--train-steps", "1", "--train-fault", "nope"], "--train-fault 'nope': unknown"),
+        (["--no-grad-check"], "need --train-steps"),
+        (["--plant-bug", "attention_dk_scale_dropped"], "a gradient-only bug"),
+        (
+            ["--train-steps", "1", "--no-grad-check", "--plant-bug", "attention_dk_scale_dropped"],
+            "drop --no-grad-check",
+        ),
     ],
 )
 def test_training_options_are_checked_before_anything_runs(tmp_path, args, message):
@@ -126,12 +139,30 @@ def test_training_options_are_checked_before_anything_runs(tmp_path, args, messa
         assert STALE_SHARD in out and "kernel.logsoftmax_dtype@trainer" in out
 
 
+def _bits(x: float) -> bytes:
+    """A float's bit pattern (``-0.0 == 0.0`` in Python; their bits differ)."""
+    return struct.pack("<d", x)
+
+
+def _grpo(rewards: list[float], group: int) -> list[float]:
+    """GRPO advantages written out again: (r - group mean) / (population std + 1e-6)."""
+    out = []
+    for lo in range(0, len(rewards), group):
+        g = rewards[lo : lo + group]
+        mean = sum(g) / len(g)
+        std = (sum((r - mean) ** 2 for r in g) / len(g)) ** 0.5
+        out += [(r - mean) / (std + 1e-6) for r in g]
+    return out
+
+
+RL_RUN = ("--layouts", "tp1,tp2,pp2,cp2", "--rollout-tps", "1,2", "--new-tokens", "6")
+"""The suite's RL workload: every layout kind, rollout TP 1 and 2, 2 prompts x 4 samples x 6
+tokens (48 scored per pair)."""
+
+
 @pytest.mark.slow
 def test_three_rl_steps_stay_bit_identical_at_every_layout(tmp_path):
-    code, report, out = run_parity(
-        "--train-steps", "3", "--layouts", "tp1,tp2,pp2,cp2", "--rollout-tps", "1,2",
-        "--new-tokens", "6", tmp_path=tmp_path, timeout=1800,
-    )  # fmt: skip
+    code, report, out = run_parity("--train-steps", "3", *RL_RUN, tmp_path=tmp_path, timeout=1800)
     assert code == 0, out
     steps = report["steps"]
     assert [s["step"] for s in steps] == [0, 1, 2]
@@ -141,8 +172,38 @@ def test_three_rl_steps_stay_bit_identical_at_every_layout(tmp_path):
         assert s["ratio_max_abs_dev"] == 0.0 and s["kl"] == 0.0
         assert s["weights_synced"] and s["rollout_tokens_identical"]
         assert {e["name"] for e in s["per_layout"]} == {"tp1", "tp2", "pp2", "cp2"}
-    rewards = [s["reward_mean"] for s in steps]
-    assert rewards[-1] > rewards[0], f"the toy reward did not improve: {rewards}"
+        for e in s["per_layout"]:
+            # the loss/ratio identity: at a ratio of exactly 1, min(r A, clip(r) A) is A bit for
+            # bit, so the PPO loss is minus the token mean of the advantages, to the bit
+            assert _bits(e["loss"]) == _bits(e["loss_if_ratio_one"]), e
+            # and the advantages are the rewards' (each response has 6 tokens of 48)
+            assert all(abs(6 * r - round(6 * r)) < 1e-9 for r in e["rewards"]), e["rewards"]
+            assert e["advantages"] == pytest.approx(_grpo(e["rewards"], 4), abs=1e-12)
+            want = -sum(6 * a for a in e["advantages"]) / 48
+            assert abs(e["loss_if_ratio_one"] - want) <= 1e-6, (e["loss_if_ratio_one"], want)
+    # step 0: every layout starts from the same weights, so samples the same (one rollout,
+    # reused by the later layouts) and gets the same rewards
+    first = steps[0]["per_layout"]
+    assert all(e["rewards"] == first[0]["rewards"] for e in first)
+    assert [e["rollouts_reused"] for e in first] == [[], [1, 2], [1, 2], [1, 2]]
+    # each layout's step-0 gradient vs float64 autograd (the check --grads makes); later steps
+    # carry none
+    grads = steps[0]["grads"]
+    assert grads["note"] is None and [g["name"] for g in grads["per_layout"]] == [
+        "tp1", "tp2", "pp2", "cp2",
+    ]  # fmt: skip
+    for g in grads["per_layout"]:
+        assert g["within_tolerance"] and 0 < g["max_rel_diff"] <= grads["tolerance"], g
+        assert g["parameters_compared"] == grads["per_layout"][0]["parameters_compared"] > 0
+    assert all(s["grads"] is None for s in steps[1:])
+    # where the time went, per layout and summed over layouts
+    phases = {"rollout", "score", "trainer_step", "forward_backward", "optimizer", "sync"}
+    for s in steps:
+        assert phases <= set(s["time_s"]) and all(t >= 0 for t in s["time_s"].values())
+        assert s["time_s"]["rollout"] == pytest.approx(
+            sum(e["time_s"]["rollout"] for e in s["per_layout"]), abs=1e-3
+        )
+    assert "grad_check" in steps[0]["time_s"] and "grad_check" not in steps[1]["time_s"]
     assert out.count("8/8") == 3  # the table: one line per step, every pair exact
 
 
@@ -150,20 +211,24 @@ def test_three_rl_steps_stay_bit_identical_at_every_layout(tmp_path):
 def test_a_trainer_only_logsoftmax_dtype_moves_the_ratio_at_step_zero(tmp_path):
     code, report, out = run_parity(
         "--train-steps", "1", "--layouts", "tp1", "--rollout-tps", "1", "--new-tokens", "4",
-        "--train-fault", "kernel.logsoftmax_dtype@trainer", tmp_path=tmp_path,
+        "--train-fault", "kernel.logsoftmax_dtype@trainer", "--no-grad-check", tmp_path=tmp_path,
     )  # fmt: skip
     assert code == 1, out
     (step,) = report["steps"]
     assert not step["exact"] and step["ratio_max_abs_dev"] > 0.0
     assert step["weights_synced"], "the fault is in the scoring, not in the weights"
     assert "importance ratio off 1" in out
+    (entry,) = step["per_layout"]  # the ratio off 1: the loss leaves its ratio-1 value
+    assert _bits(entry["loss"]) != _bits(entry["loss_if_ratio_one"])
+    assert "is not its value at ratio 1" in out
+    assert step["grads"] is None and report["training"]["grad_check"] is False
 
 
 @pytest.mark.slow
 def test_one_stale_rollout_shard_breaks_step_one(tmp_path):
     code, report, out = run_parity(
         "--train-steps", "2", "--layouts", "tp1", "--rollout-tps", "1,2", "--new-tokens", "4",
-        "--train-fault", STALE_SHARD, tmp_path=tmp_path,
+        "--train-fault", STALE_SHARD, "--no-grad-check", tmp_path=tmp_path,
     )  # fmt: skip
     assert code == 1, out
     first, second = report["steps"]
