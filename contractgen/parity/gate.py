@@ -78,6 +78,7 @@ def _run_training(run: GateRun, schema, t0: float) -> dict:
 
 def _run_gate(run: GateRun, schema, t0: float) -> dict:
     from .correctness import grad_reference, reference_for, reference_report, rollout_reference
+    from .sampling_check import sampling_report
 
     config = run.config
     ref, reference_note = reference_for(config)
@@ -90,6 +91,7 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
             run.release_rollout(tp)  # results are cached; memory for the trainer's processes
     grad_ref, grads_note = grad_reference(run) if config.grads else (None, None)
     checked = run_layouts(run, ref, grad_ref)
+    sampling, three_way = sampling_report(run)
     faults = run_faults(run, ref) if config.inject_faults else NO_FAULTS
     base = run.rollouts[1]
     total = base.generate_seconds + base.rescore_seconds
@@ -121,6 +123,8 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
         "rollouts": rollouts["rollouts"],
         "layouts": checked["layouts"],
         "pairs": checked["pairs"],
+        "sampling": sampling,
+        "three_way": three_way,
         "faults": faults,
         "reference": (
             reference_report(ref, ref_rollouts + checked["reference"]) if ref is not None else None
@@ -158,6 +162,9 @@ def failures(report: dict) -> list[str]:
         out += [f"gradients at {g['name']} off float64 ({g['max_rel_diff']:.3g} > "
                 f"{grads['tolerance']})" for g in grads["per_layout"]
                 if g["supported"] and not g["within_tolerance"]]  # fmt: skip
+    from .sampling_check import failures as sampling_failures
+
+    out += sampling_failures(report)
     faults = report["faults"]
     out += [f"fault undetected: {n}" for n in faults["undetected"]]
     out += [f"fault error: {n}" for n in faults.get("errors", {})]
@@ -260,6 +267,9 @@ def table(report: dict) -> str:
         "(every rollout TP x every trainer layout)"
     )
     lines += [f"          NOT exact: {p['name']} (max |diff| {p['max_abs_diff']:.3g})" for p in bad]
+    from .sampling_check import table as sampling_table
+
+    lines += sampling_table(report)
     ref = report["reference"]
     lines.append("")
     if ref:
