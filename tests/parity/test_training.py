@@ -62,7 +62,7 @@ def test_rollout_gathers_back_what_it_loaded(reference_weights):
     """The inverse of the rollout's sharding at TP=1, and a pushed tensor that was not loaded
     is reported by name."""
     from contractgen.adapters.sglang.model import ReferenceModel
-    from contractgen.parity.rollout import policies, sync_report
+    from contractgen.parity.rollout import policies, sync_report, weights_digest
 
     arch, weights = reference_weights
     pushed = _bf16(weights)
@@ -71,16 +71,20 @@ def test_rollout_gathers_back_what_it_loaded(reference_weights):
     gathered, problems = model.gathered_weights()
     assert problems == [] and set(gathered) == set(pushed)
     assert all(torch.equal(gathered[k].double(), pushed[k].double()) for k in pushed)
-    assert sync_report(model, pushed) == {"synced": True, "mismatched": [], "problems": []}
+    report = sync_report(model, pushed)  # the digest of what it holds: the pushed weights'
+    assert report == {"synced": True, "mismatched": [], "problems": [],
+                      "digest": weights_digest(pushed)}  # fmt: skip
     name = stale_tensor(arch)
     newer = dict(pushed, **{name: pushed[name] + 1})
-    assert sync_report(model, newer) == {"synced": False, "mismatched": [name], "problems": []}
+    report = sync_report(model, newer)  # it still holds (and digests) the older tensor
+    assert report == {"synced": False, "mismatched": [name], "problems": [],
+                      "digest": weights_digest(pushed)}  # fmt: skip
 
 
 def test_rollout_gathers_back_every_expert_of_an_moe_model():
     from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
     from contractgen.codegen.vendored import load_target
-    from contractgen.parity.rollout import policies, sync_report
+    from contractgen.parity.rollout import policies, sync_report, weights_digest
 
     moe = "qwen3_moe_true_on_policy_v1"
     arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(moe))
@@ -88,7 +92,8 @@ def test_rollout_gathers_back_every_expert_of_an_moe_model():
     assert any(".mlp.experts.7." in name for name in pushed)
     _, kp, rp = policies(moe, 1, None, {}, {})
     report = sync_report(ReferenceModel(arch, pushed, kp, rp), pushed)
-    assert report == {"synced": True, "mismatched": [], "problems": []}
+    assert report == {"synced": True, "mismatched": [], "problems": [],
+                      "digest": weights_digest(pushed)}  # fmt: skip
 
 
 def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
