@@ -134,3 +134,59 @@ def table(report: dict) -> list[str]:
     ]
     lines += [f"          OFF: {e['rid']} max |diff| {e['max_abs_diff']:.3g}" for e in bad]
     return lines
+
+
+# ---- the RL loop (``--train-steps``): steps[].three_way ------------------------------------------
+def step_three_way(
+    contract: str, base: Any, trainer_logprobs: list, trainer_digest: str, syncs: dict, step: int
+) -> dict:
+    """One layout's step: the sampler's logprobs (``base``, the TP=1 rollout), the re-score and
+    the trainer's first forward of the step (the training forward, before the update), in float32
+    bits; and the weights each side used: the trainer's (``trainer_digest``, what it held at that
+    forward) and each rollout TP's (the digest of what its ranks hold, gathered back)."""
+    counts = three_way_counts(base.decode_logprobs, base.prefill_logprobs, trainer_logprobs)
+    diffs = [_absdiff(d, t) for d, t in zip(base.decode_logprobs, trainer_logprobs, strict=True)]
+    worst = max((float(d.max()) for d in diffs if d.numel()), default=0.0)
+    bound = SAMPLING_BOUND[contract]
+    rollout = {f"tp{tp}": {"version": step, "digest": s["digest"]} for tp, s in syncs.items()}
+    return {
+        **counts,
+        "sampler_vs_trainer_max_abs_diff": worst,
+        "bound": bound,
+        "within_bound": counts["decode_vs_trainer"] == 0 or (bound > 0 and worst <= bound),
+        "trainer_weights": {"version": step, "digest": trainer_digest},
+        "rollout_weights": rollout,
+        "same_weights": all(r["digest"] == trainer_digest for r in rollout.values()),
+    }
+
+
+def steps_three_way(entries: list[dict]) -> dict:
+    """A step's ``three_way``: the worst layout's ``mismatch_count`` and every layout's."""
+    per_layout = [{"name": e["name"], **e["three_way"]} for e in entries if "three_way" in e]
+    return {
+        "bits": "float32",
+        "sides": "sampler (decode-time, processed) logprob, prefill re-score, trainer's first "
+        "forward of the step",
+        "mismatch_count": max((e["mismatch_count"] for e in per_layout), default=0),
+        "per_layout": per_layout,
+    }
+
+
+def three_way_failures(step: dict) -> list[str]:
+    """A step whose rollout ran on other weights than the trainer scored, or whose sampler
+    logprobs are off the trainer's beyond the bound."""
+    out = []
+    for e in (step.get("three_way") or {}).get("per_layout", []):
+        if not e["same_weights"]:
+            off = [tp for tp, r in e["rollout_weights"].items()
+                   if r["digest"] != e["trainer_weights"]["digest"]]  # fmt: skip
+            out.append(
+                f"step {step['step']}: {e['name']}: rollout {', '.join(off)} sampled on other "
+                "weights than the trainer scored (weights digests differ)"
+            )
+        if not e["within_bound"]:
+            out.append(
+                f"step {step['step']}: {e['name']}: sampler logprobs off the trainer's by "
+                f"{e['sampler_vs_trainer_max_abs_diff']:.3g} (bound {e['bound']})"
+            )
+    return out

@@ -6,7 +6,8 @@ Per trainer layout, a run of its own (each layout trains its own copy of the wei
    TP/PP shard into HF names) to the rollout at every rollout TP, which loads them as an engine
    takes an update (each rank keeps what it holds; the shards it loaded are gathered back and
    compared bitwise with what was pushed: ``weights_synced``);
-2. the rollout samples the step's prompts, ``group_size`` samples each (temperature 1, seeded);
+2. the rollout samples the step's prompts, ``group_size`` samples each (at ``temperature``, 1 by
+   default; each sample's seed from (step, prompt, sample index): ``workload.sample_seed``);
 3. a toy verifiable reward (no data set: the share of response tokens whose id is below
    ``vocab_size / 8``) gives GRPO advantages (reward minus its group's mean, over the group's
    standard deviation);
@@ -36,7 +37,8 @@ from ..adapters.families import LAYER_PREFIX
 from .harness import GateRun, compare, fault_change, pair_name, same_tokens
 from .layouts import Layout
 from .rollout import weights_digest
-from .workload import PromptSpec
+from .sampling_check import step_three_way, steps_three_way, three_way_failures
+from .workload import PromptSpec, sample_seed
 
 STALE_SHARD = "sync.stale_shard"
 
@@ -58,6 +60,8 @@ class TrainingConfig:
     lr: float = 1e-2
     clip_eps: float = 0.2
     fault: str | None = None
+    temperature: float = 1.0
+    """The rollout's sampling temperature; the trainer scores the same processed distribution."""
     grad_check: bool = True
     """Check each layout's step-0 gradient against float64 autograd (``_GradCheck``)."""
 
@@ -117,8 +121,8 @@ def _say(message: str) -> None:
 
 def step_workload(step: int, cfg: TrainingConfig, vocab_size: int) -> tuple[PromptSpec, ...]:
     """The step's requests: ``cfg.prompts`` fresh prompts (the longest ``prompt_tokens`` long,
-    the others spread below), each sampled ``group_size`` times at temperature 1 with its own
-    seed, joining the batch at staggered decode steps."""
+    the others spread below), each sampled ``group_size`` times at ``cfg.temperature`` with a
+    seed of its own (``sample_seed``), joining the batch at staggered decode steps."""
     g = torch.Generator().manual_seed(10_000 + step)
     specs = []
     for i in range(cfg.prompts):
@@ -131,8 +135,8 @@ def step_workload(step: int, cfg: TrainingConfig, vocab_size: int) -> tuple[Prom
                     rid=f"s{step}p{i}g{j}",
                     prompt_len=n,
                     max_new_tokens=cfg.new_tokens,
-                    temperature=1.0,
-                    seed=1_000 * step + k,
+                    temperature=cfg.temperature,
+                    seed=sample_seed(0, step, i, j),
                     arrival_step=k % 3,
                     prompt_ids=prompt,
                 )  # fmt: skip
@@ -214,6 +218,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
                 "reward_mean": statistics.fmean(e["reward_mean"] for e in entries),
                 "weights_synced": all(e["weights_synced"] for e in entries),
                 "rollout_tokens_identical": all(e["rollout_tokens_identical"] for e in entries),
+                "three_way": steps_three_way(entries),
                 "grads": grads.report(entries) if grads is not None and step == 0 else None,
                 "time_s": _summed_times(entries),
                 "per_layout": entries,
@@ -319,6 +324,7 @@ def _run_layout(
                     tuple(old),
                     tuple(advantages),
                     cfg.clip_eps,
+                    sampling=tuple(base.sampling),
                 )  # fmt: skip
             )
             times["trainer_step"] = _lap(clock)
@@ -364,6 +370,9 @@ def _run_layout(
                 },
                 "rollout_tokens_identical": all(same_tokens(r, base) for r in rollouts.values()),
                 "rollouts_reused": reused,
+                "three_way": step_three_way(
+                    run.logprob_contract, base, result.logprobs, digest, syncs, step
+                ),
                 "grads": checked,
                 "time_s": times,
             }
@@ -396,6 +405,7 @@ def failures(report: dict) -> list[str]:
     out = []
     for s in report["steps"]:
         out += [f"step {s['step']}: {p['name']} not exact" for p in s["pairs"] if not p["exact"]]
+        out += three_way_failures(s)
         if s["ratio_max_abs_dev"] != 0.0:
             out.append(f"step {s['step']}: importance ratio off 1 by {s['ratio_max_abs_dev']:.3g}")
         out += [

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import V1, V2, run_parity_in_process
+from conftest import V1, V2, run_parity, run_parity_in_process
 
 import contractgen.adapters.sglang.engine as engine_mod
 import contractgen.adapters.sglang.model as model_mod
@@ -105,20 +105,82 @@ def test_trainer_scores_the_processed_distribution(reference_weights):
     """At T != 1, top-k and top-p the trainer (TP=2: the truncated rows gathered over the vocab
     shards) scores each sequence's processed distribution bit for bit as the rollout's re-score
     does, and not the logits' distribution."""
+    from contractgen.adapters.megatron.run_types import TrainBatch, TrainInit
     from contractgen.adapters.megatron.trainer import TrainerRun, TrainerSession
-    from contractgen.adapters.sglang.engine import RolloutEngine
+    from contractgen.adapters.sglang.engine import Request, RolloutEngine
     from contractgen.adapters.sglang.model import ReferenceModel
     from contractgen.parity.rollout import policies
 
     arch, weights = reference_weights
     _, kp, rp = policies(V1, 1, None, {}, {})
     engine = RolloutEngine(ReferenceModel(arch, weights, kp, rp), progress=False)
-    seqs = [list(range(5, 45)), list(range(300, 333))]
     params = (SamplingParams(0.7, top_k=30), SamplingParams(1.3, top_p=0.8))
+    prompts = (tuple(range(5, 25)), tuple(range(300, 313)))
+    requests = [
+        Request(f"q{i}", prompt, 12, p.temperature, seed=i, top_k=p.top_k, top_p=p.top_p)
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))
+    ]
+    done = engine.generate(requests)
+    seqs = [done[r.rid].sequence for r in requests]  # sampled: every token in its kept set
     want = [engine.rescore(s, params=p) for s, p in zip(seqs, params, strict=True)]
     plain = [engine.rescore(s) for s in seqs]
+    prompt_lens = tuple(len(p) for p in prompts)
+    assert all(
+        bool(torch.isfinite(w[n - 1 :]).all()) for w, n in zip(want, prompt_lens, strict=True)
+    )
     with TrainerSession(V1, weights, (2, 1, 1)) as session:
         got = session.logprobs(seqs, TrainerRun(sampling=params)).logprobs
+        session.train(TrainInit())
+        step = session.train(
+            TrainBatch(
+                tuple(map(tuple, seqs)),
+                prompt_lens,
+                tuple(w[n - 1 :] for w, n in zip(want, prompt_lens, strict=True)),
+                (1.0, -1.0),
+                sampling=params,
+            )  # fmt: skip
+        )
     for g, w, p in zip(got, want, plain, strict=True):
         assert g.dtype == w.dtype and torch.equal(g.view(torch.int16), w.view(torch.int16))
         assert not torch.equal(g, p)
+    # the training forward (the loss's logprobs, before the update) scores the same bits
+    for g, w, n in zip(step.logprobs, want, prompt_lens, strict=True):
+        assert torch.equal(g.view(torch.int16), w[n - 1 :].view(torch.int16))
+    assert step.ratio_max_abs_dev == 0.0
+
+
+def test_rl_loop_at_temperature_is_exact(reference_weights):
+    """``--train-steps`` at T = 0.7: the rollout samples and every side scores at 0.7, so the
+    pairs are exact, the ratio is 1 and the three-way check sees no mismatch."""
+    from contractgen.parity.gate import failures, run_gate
+    from contractgen.parity.harness import GateConfig
+    from contractgen.parity.layouts import parse_layouts
+    from contractgen.parity.training import TrainingConfig
+
+    _, weights = reference_weights
+    training = TrainingConfig(steps=1, temperature=0.7, grad_check=False)
+    config = GateConfig(
+        V1, weights, parse_layouts("tp1"), progress=False, hf_reference=False, training=training
+    )
+    report = run_gate(config)
+    assert failures(report) == []
+    (step,) = report["steps"]
+    assert step["exact"] and step["ratio_max_abs_dev"] == 0.0
+    tw = step["three_way"]["per_layout"][0]
+    assert tw["tokens"] == 80 and tw["mismatch_count"] == 0 and tw["same_weights"]
+
+
+def test_rl_step_on_other_weights_fails_the_three_way(tmp_path):
+    """A rollout rank that keeps an old shard samples on other weights than the trainer scores:
+    step 0 (a full first push) agrees, step 1's weights digests differ and the step fails."""
+    code, report, out = run_parity(
+        "--train-steps", "2", *CHEAP[:4], "--no-grad-check", "--train-fault", "sync.stale_shard",
+        tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 1, out
+    first, second = (s["three_way"]["per_layout"][0] for s in report["steps"])
+    assert first["same_weights"] and first["rollout_weights"]["tp1"]["version"] == 0
+    assert first["trainer_weights"]["digest"] == first["rollout_weights"]["tp1"]["digest"]
+    assert not second["same_weights"] and second["trainer_weights"]["version"] == 1
+    assert second["trainer_weights"]["digest"] != first["trainer_weights"]["digest"]
+    assert "sampled on other weights than the trainer scored" in out
