@@ -1,13 +1,15 @@
 """`parity --strict` and the report's `kernel_calls`: evidence that the contract's kernels ran.
 
 The one-layout gate runs in this process (its TP=1 rollout too), so a monkeypatch here swaps one
-contract op for the stock op on the rollout side only; the trainer's ranks are untouched.
+contract op for the stock op on the rollout side only; the trainer's ranks are untouched. To
+reach spawned ranks, a ``sitecustomize`` on the gate process's PYTHONPATH makes the swap in
+every interpreter (the fork server the ranks come from included).
 """
 
 from __future__ import annotations
 
 import pytest
-from conftest import run_parity_in_process
+from conftest import run_parity, run_parity_in_process
 
 CHEAP = ("--layouts", "tp1", "--rollout-tps", "1", "--no-reference")
 KINDS = {  # each kind of op the contract replaces: a contract op of it ran on each side
@@ -89,3 +91,39 @@ def test_strict_fails_when_the_rollout_scores_with_stock_log_softmax(tmp_path, m
     assert "token_logprobs" not in after["rollout"]["tp1"], after["rollout"]
     assert after["rollout"]["tp1"]["full_logprobs"] > 0  # the sampler's log-softmax still ran
     assert after["trainer"] == before["trainer"]  # the other side: the same calls
+
+
+# Imported by every interpreter of the gate's process tree: the trainer's dense linears become
+# megatron's own ``torch.matmul`` (the stock op ``batch_invariant_mode`` selects when off).
+TRAINER_STOCK_MATMUL = """
+from contractgen.adapters.megatron import layers
+
+layers.MATMUL_BY_BATCH_INVARIANT_MODE[True] = layers._stock_matmul
+"""
+
+
+@pytest.mark.slow
+def test_strict_sees_stock_ops_in_spawned_ranks_and_counts_every_rank(tmp_path, monkeypatch):
+    """Across processes: the trainer's TP=2 ranks (spawned) report the stock matmul each, by
+    rank; the rollout's TP=2 ranks' counts are all in the report (twice the TP=1 run's)."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(TRAINER_STOCK_MATMUL)
+    monkeypatch.setenv("PYTHONPATH", str(inject))
+    code, report, out = run_parity(
+        "--layouts", "tp2", "--rollout-tps", "1,2", "--no-reference", "--strict",
+        tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 1, out
+    kc = report["kernel_calls"]
+    seen = {(e["side"], e["layout"], e["rank"], e["op"], e["stock"]) for e in kc["stock_ops"]}
+    assert seen == {("trainer", "tp2", r, "invariant_matmul", "torch.matmul") for r in (0, 1)}
+    assert "--strict: trainer tp2 rank 1: stock torch.matmul ran" in out
+    one, two = kc["rollout"]["tp1"], kc["rollout"]["tp2"]
+    assert set(one) == set(two) and all(two[op] == 2 * one[op] for op in one), (one, two)
+
+
+def test_strict_is_refused_with_train_steps(tmp_path):
+    code, _, out = run_parity_in_process("--train-steps", "1", "--strict", tmp_path=tmp_path)
+    assert code == 2, out
+    assert "--strict cannot be combined with --train-steps" in out
