@@ -17,6 +17,11 @@ Per trainer layout, a run of its own (each layout trains its own copy of the wei
    bitwise, and the step's pairs are compared with ``torch.equal``;
 5. the updated weights are pushed for the next step (back to 1).
 
+Step 0 also checks each layout's gradient against float64 autograd (``_GradCheck``;
+``--no-grad-check`` skips it), and every step checks the loss against its value at a ratio of
+exactly 1 (``loss_if_ratio_one``, minus the token mean of the advantages: bit for bit the loss
+only when every ratio is 1). ``time_s`` says where each step's time went.
+
 Training faults (``--train-fault``): any ``--inject-faults`` name flips that field on one side
 for the whole run (the ratio moves off 1 at step 0); ``sync.stale_shard`` makes the last rollout
 rank keep its old copy of one tensor from the first update on (step 1 differs).
