@@ -124,3 +124,49 @@ def test_a_dk_without_the_softmax_scale_fails_the_rl_run_at_every_layout(tmp_pat
     assert all(".self_attn.k_" in g["worst_parameter"] for g in checked), checked
     assert report["training"]["planted_bugs"] == [DK_BUG]
     assert "gradients at tp1 off float64" in out and "gradients at cp2 off float64" in out
+
+
+def test_the_step_zero_check_computes_one_float64_reference_for_every_layout(monkeypatch):
+    """The check reuses what it can: the float64 reference once per set of samples (every
+    layout samples the same at step 0), the layout's live trainer processes for its backward
+    (float32, the reference's loss, the run's planted bugs and the layout's trainer fault)."""
+    from contractgen.parity import correctness
+    from contractgen.parity.layouts import Layout
+    from contractgen.parity.training import _GradCheck
+
+    made = []
+
+    def reference_of(config, sequences, prompt_lens):
+        made.append((sequences, prompt_lens))
+        grads = {"w": torch.tensor([1.0, -2.0]), "b": torch.tensor([0.5])}
+        return correctness.GradReference(sequences, prompt_lens, grads)
+
+    monkeypatch.setattr(correctness, "grad_reference_of", reference_of)
+
+    class Trainer:  # a layout's live session: what it was asked to run, and a gradient
+        def __init__(self, off: float) -> None:
+            self.off, self.runs = off, []
+
+        def logprobs(self, sequences, run):
+            self.runs.append((sequences, run))
+            grads = {"w": torch.tensor([1.0, -2.0 + self.off]), "b": torch.tensor([0.5])}
+            return SimpleNamespace(hf_grads=grads)
+
+    config = SimpleNamespace(planted_bugs=(DK_BUG,))
+    check = _GradCheck(SimpleNamespace(config=config), note=None)
+    base = SimpleNamespace(sequences=[[1, 2, 3], [4, 5, 6, 7]], prompt_lens=[2, 3])
+    near, far = Trainer(2e-5), Trainer(0.5)
+    ok = check.layout(near, Layout(1, 1, 1), base, fault="trainer fault")
+    off = check.layout(far, Layout(2, 1, 1), base, fault=None)
+    assert len(made) == 1, "one float64 reference for both layouts"
+    assert ok["within_tolerance"] and ok["max_rel_diff"] == pytest.approx(1e-5, rel=1e-2)
+    assert not off["within_tolerance"] and off["worst_parameter"] == "w"
+    ((seqs, run),) = near.runs
+    assert seqs == [[1, 2, 3], [4, 5, 6, 7]] and run.grads and run.dtype_override == "float32"
+    assert run.prompt_lens == (2, 3) and run.planted_bugs == (DK_BUG,)
+    assert run.fault == "trainer fault" and far.runs[0][1].fault is None
+    report = check.report([{"grads": ok}, {"grads": off}, {"grads": None}])
+    assert report["per_layout"] == [ok, off] and report["note"] is None
+    # without transformers: no layout checked, the note says why
+    none = _GradCheck(SimpleNamespace(config=config), note="transformers is not installed")
+    assert none.layout(near, Layout(1, 1, 1), base, fault=None) is None and len(near.runs) == 1
