@@ -112,14 +112,15 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
 )  # fmt: skip
 @click.option(
     "--workload", type=click.Choice(sorted(WORKLOADS)), default="default", show_default=True,
-    help="Workload preset: 'default' (4 requests, 70-token longest prompt, 10 new tokens: 40 "
-    "scored) or 'large' (16 requests, 128-token longest prompt, 16 new tokens: 256 scored); "
+    help="Workload preset: 'default' (4 requests, 176-token longest prompt, 10 new tokens: 40 "
+    "scored, two requests scored past two 64-position KV chunks) or 'large' (16 requests, 128-token longest prompt, 16 new tokens: 256 scored); "
     "--requests/--prompt-tokens/--new-tokens override its parts.",
 )  # fmt: skip
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="Concurrent requests (default 4).")  # fmt: skip
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
-              help="Longest prompt; the others spread below it (default 70).")  # fmt: skip
+              help="Longest prompt; the others spread below it (default 176; with "
+              "--train-steps 70).")  # fmt: skip
 @click.option("--new-tokens", type=click.IntRange(min=1), default=None,
               help="Tokens generated per request (default 10).")  # fmt: skip
 @click.option(
@@ -281,6 +282,8 @@ def command(
                     "token exchange has no backward yet); --train-steps needs EP 1 layouts"
                 )
         gpus = _cuda_device_count() if device == "cuda" else None
+        if gpus is not None:
+            chosen = _fit_gpus(chosen, gpus, given=layouts is not None)
         if rollout_tps is None:
             tps = allowed_rollout_tps(contract_id, arch.name)
             if gpus is not None:  # one GPU per rank: the default stops at the GPUs there are
@@ -306,7 +309,8 @@ def command(
     except LayoutError as exc:
         fail(f"error: {exc}")
     if train_steps:
-        config = _training_config(config, train_steps, train_fault, train_lr, requests, sizes)
+        own = prompt_tokens is None and workload == "default"  # the RL loop's own prompt length
+        config = _training_config(config, train_steps, train_fault, train_lr, requests, sizes, own)
         import dataclasses
 
         training = dataclasses.replace(config.training, grad_check=not no_grad_check)
@@ -329,8 +333,10 @@ def command(
 
 
 def _training_config(config, steps: int, fault: str | None, lr: float | None,
-                     requests: int | None, sizes: tuple[int, int, int]):  # fmt: skip
-    """``config`` running ``steps`` RL steps; exit 2 for an unknown ``--train-fault``."""
+                     requests: int | None, sizes: tuple[int, int, int],
+                     own_prompt: bool = False):  # fmt: skip
+    """``config`` running ``steps`` RL steps (``own_prompt``: at ``TrainingConfig``'s prompt
+    length, not the one-shot workload's); exit 2 for an unknown ``--train-fault``."""
     import dataclasses
 
     from ..parity.harness import GateRun
@@ -339,7 +345,8 @@ def _training_config(config, steps: int, fault: str | None, lr: float | None,
     if fault is not None and fault not in (known := training_faults(GateRun(config))):
         fail(f"error: --train-fault {fault!r}: unknown; known: {', '.join(known)}")
     training = TrainingConfig(
-        steps, prompts=requests or TrainingConfig.prompts, prompt_tokens=sizes[1],
+        steps, prompts=requests or TrainingConfig.prompts,
+        prompt_tokens=TrainingConfig.prompt_tokens if own_prompt else sizes[1],
         new_tokens=sizes[2], lr=lr or TrainingConfig.lr, fault=fault,
     )  # fmt: skip
     return dataclasses.replace(config, training=training)
@@ -364,6 +371,22 @@ def _check_blocks(contract_id: str, profile) -> None:
                 f"the {', '.join(missing)} block of {family.name} models (it implements: "
                 f"{', '.join(sorted(have))}); parity needs both sides"
             )
+
+
+def _fit_gpus(layouts: list, gpus: int, given: bool) -> list:
+    """One GPU per trainer rank: the default layouts stop at the GPUs there are; a layout asked
+    for (``given``) that needs more is refused with one line, exit 2, before anything starts."""
+    if not given:
+        return [lay for lay in layouts if lay.world_size <= gpus]
+    if too_big := [lay for lay in layouts if lay.world_size > gpus]:
+        lay = too_big[0]
+        also = f" (also {', '.join(x.name for x in too_big[1:])})" if too_big[1:] else ""
+        fail(
+            f"error: layout {lay.name} needs {lay.world_size} CUDA devices, {gpus} visible{also}; "
+            f"give --layouts of at most {gpus} trainer rank{'s' if gpus != 1 else ''} each "
+            f"(e.g. tp1) or run where {lay.world_size} CUDA devices are visible"
+        )
+    return layouts
 
 
 def _cuda_device_count() -> int:

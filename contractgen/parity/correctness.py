@@ -16,11 +16,11 @@ import torch
 from . import ROLLOUT
 from .layouts import Layout
 from .reference import (
-    LOGPROB_TOLERANCE,
     hf_grads,
     hf_logprobs,
     hf_model,
     hf_name,
+    logprob_tolerance,
     max_abs_diff,
     reference_sequences,
     transformers_reason,
@@ -38,6 +38,8 @@ class Reference:
     name: str
     sequences: list[list[int]]
     want: list[torch.Tensor]
+    tolerance: float
+    """max |diff| allowed (``reference.LOGPROB_TOLERANCE`` for the gate's device)."""
 
 
 def _profile(contract_id: str):
@@ -47,19 +49,19 @@ def _profile(contract_id: str):
 
 
 def reference_for(config: Any) -> tuple[Reference | None, str | None]:
-    """(the reference, None) or (None, why there is none)."""
-    from .rollout import arch_of
-
+    """(the reference, None) or (None, why there is none). The reference model is transformers'
+    own: a checkpoint directory read by transformers, or the contract's reference model built
+    from the generated profile (``reference.reference_config``); nothing here goes through the
+    adapters' ``ModelArch``, whose mapping from the contract is one of the things compared."""
     if not config.hf_reference:
         return None, "--no-reference given"
     reason = transformers_reason()
     if reason is not None:
         return None, reason
-    arch = arch_of(config.contract_id, config.weights)
-    hf_arch = _profile(config.contract_id).hf_architecture
-    model = hf_model(config.weights, arch, hf_arch, torch.float32)
-    seqs = reference_sequences(arch.vocab_size, arch.max_position_embeddings)
-    return Reference(hf_name(config.weights), seqs, hf_logprobs(model, seqs)), None
+    model = hf_model(config.weights, _profile(config.contract_id), torch.float32)
+    seqs = reference_sequences(model.config.vocab_size, model.config.max_position_embeddings)
+    tolerance = logprob_tolerance(config.device)
+    return Reference(hf_name(config.weights), seqs, hf_logprobs(model, seqs), tolerance), None
 
 
 def _entry(side: str, name: str, tp: int, pp: int, cp: int, got, ref: Reference) -> dict:
@@ -72,7 +74,7 @@ def _entry(side: str, name: str, tp: int, pp: int, cp: int, got, ref: Reference)
         "cp": cp,
         "max_abs_diff": diff,
         "tokens_compared": sum(t.numel() for t in ref.want),
-        "within_tolerance": diff <= LOGPROB_TOLERANCE,
+        "within_tolerance": diff <= ref.tolerance,
     }
 
 
@@ -104,7 +106,7 @@ def reference_report(ref: Reference, per_layout: list[dict]) -> dict:
     return {
         "name": ref.name,
         "dtype": "float32",
-        "tolerance": LOGPROB_TOLERANCE,
+        "tolerance": ref.tolerance,
         "sequence_lengths": [len(s) for s in ref.sequences],
         "max_abs_diff": max(e["max_abs_diff"] for e in per_layout),
         "within_tolerance": all(e["within_tolerance"] for e in per_layout),
@@ -116,7 +118,6 @@ def reference_report(ref: Reference, per_layout: list[dict]) -> dict:
 class GradReference:
     """float64 autograd gradients (HF names) of the trainer's loss on the gate's sequences."""
 
-    arch: Any
     sequences: list[list[int]]
     prompt_lens: list[int]
     grads: dict[str, torch.Tensor]
@@ -135,13 +136,9 @@ def grad_reference_of(
 ) -> GradReference:
     """float64 autograd through transformers of the gate's weights on ``sequences`` (the one-shot
     gate's rollout, or an RL step's samples); transformers must import (``transformers_reason``)."""
-    from .rollout import arch_of
-
-    arch = arch_of(config.contract_id, config.weights)
-    hf_arch = _profile(config.contract_id).hf_architecture
-    model = hf_model(config.weights, arch, hf_arch, torch.float64)
+    model = hf_model(config.weights, _profile(config.contract_id), torch.float64)
     grads = hf_grads(model, sequences, prompt_lens)
-    return GradReference(arch, sequences, prompt_lens, grads)
+    return GradReference(sequences, prompt_lens, grads)
 
 
 def layout_grads(run: Any, ref: GradReference, layout: Layout) -> dict:

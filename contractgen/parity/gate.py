@@ -147,8 +147,8 @@ def failures(report: dict) -> list[str]:
         from .training import failures as training_failures
 
         return training_failures(report)
-    out = [f"layout {lay['name']} not exact" for lay in report["layouts"] if not lay["exact"]]
-    out += [f"{p['name']} not exact" for p in report["pairs"] if not p["exact"]]
+    out = [f"layout {lay['name']} {_inexact(lay)}" for lay in report["layouts"] if not lay["exact"]]
+    out += [f"{p['name']} {_inexact(p)}" for p in report["pairs"] if not p["exact"]]
     if not report["rollout_tokens_identical"]:
         out.append("rollout token ids differ across rollout TPs")
     out += [f"rollout tp{r['tp']} logprobs differ from tp1" for r in report["rollouts"]
@@ -171,6 +171,13 @@ def failures(report: dict) -> list[str]:
     out += [f"fault listed unobservable but detected: {n}" for n in faults.get("contradicted", [])]
     out += kernel_audit.failures(report)
     return out
+
+
+def _inexact(entry: dict) -> str:
+    """Why a layout or pair is not exact: other bits, or nothing compared (which proves nothing)."""
+    if entry["tokens_compared"] == 0:
+        return "compared no tokens (an empty comparison proves nothing)"
+    return "not exact"
 
 
 def passed(report: dict) -> bool:

@@ -2,11 +2,11 @@
 
 The TP=1 rollout is the reference: the rollout runs at every rollout TP the gate is given and
 the trainer (megatron-core module tree with the contract's layers) at every (TP, PP, CP) layout;
-every scored response token's logprob is compared with ``torch.equal`` for every (rollout TP,
-trainer layout) pair, against the rollout logprobs the contract's logprob contract names. A
-mismatch is located by comparing each layer's output on both sides. With faults, each field is
-flipped on one side and must make some layout differ; planted shared-kernel bugs must be caught
-by the cross-TP comparison or by the transformers reference.
+every scored response token's logprob is compared by bit pattern (``bits``: +0.0 is not -0.0)
+for every (rollout TP, trainer layout) pair, against the rollout logprobs the contract's logprob
+contract names. A mismatch is located by comparing each layer's output on both sides. With
+faults, each field is flipped on one side and must make some layout differ; planted shared-kernel
+bugs must be caught by the cross-TP comparison or by the transformers reference.
 """
 
 from __future__ import annotations
@@ -39,28 +39,41 @@ def _say(message: str) -> None:
 @dataclass
 class Comparison:
     exact: bool
+    """Every scored logprob has the same bit pattern on both sides, and there was one at least."""
     tokens_compared: int
     max_abs_diff: float
     first: tuple[int, int] | None  # (sequence, scored token) of the first difference
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bit patterns as signed integers of its width: +0.0 and -0.0 differ, as do NaNs of
+    other payloads (``torch.equal`` on the values calls the first equal and every NaN unequal)."""
+    return t.contiguous().view(INT_OF_WIDTH[t.element_size()])
+
+
+INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def compare(rollout: list[torch.Tensor], trainer: list[torch.Tensor]) -> Comparison:
-    """Bitwise comparison of per-sequence scored logprobs (dtype included)."""
+    """Bit-pattern comparison of per-sequence scored logprobs (dtype included). Nothing to
+    compare is not exact: an empty comparison proves nothing."""
     n, worst, first, exact = 0, 0.0, None, True
     for i, (a, b) in enumerate(zip(rollout, trainer, strict=True)):
         n += a.numel()
         if a.shape != b.shape:
             raise ValueError(f"sequence {i}: rollout scored {a.shape}, trainer {b.shape}")
-        same = a.dtype == b.dtype and torch.equal(a, b)
+        same = a.dtype == b.dtype and torch.equal(bits(a), bits(b))
         if not same:
             exact = False
             diff = (a.double() - b.double()).abs()
             diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
             worst = max(worst, float(diff.max()))
             if first is None:
-                bad = (a.double() != b.double()) | (a.dtype != b.dtype)
+                bad = (
+                    bits(a) != bits(b) if a.dtype == b.dtype else torch.ones_like(diff, dtype=bool)
+                )
                 first = (i, int(bad.nonzero()[0, 0]) if bad.any() else 0)
-    return Comparison(exact, n, worst, first)
+    return Comparison(exact and n > 0, n, worst, first)
 
 
 @dataclass
@@ -331,7 +344,9 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
             "exact": cmp.exact,
             "tokens_compared": cmp.tokens_compared,
             "max_abs_diff": cmp.max_abs_diff,
-            "first_divergence": None if cmp.exact else first_divergence(run, layout, cmp.first),
+            "first_divergence": (
+                None if cmp.first is None else first_divergence(run, layout, cmp.first)
+            ),
             "seconds": round(time.perf_counter() - t0, 2),
         }
         for tp in run.config.rollout_tps:

@@ -31,7 +31,7 @@ def write_random_checkpoint(
     from ..adapters.sglang.model import ModelArch, random_weights
     from ..codegen.vendored import load_target
     from . import ROLLOUT
-    from .reference import hf_config, hf_model
+    from .reference import hf_model, reference_config
 
     if init not in INITS:
         raise ValueError(f"init {init!r}: expected one of {', '.join(INITS)}")
@@ -44,11 +44,9 @@ def write_random_checkpoint(
 
         torch.manual_seed(seed)
         cls = getattr(transformers, profile.hf_architecture)
-        model = cls(hf_config(arch, profile.hf_architecture)).to(torch_dtype)
+        model = cls(reference_config(profile, dims)).to(torch_dtype)
     else:
-        model = hf_model(
-            random_weights(arch, seed=seed), arch, profile.hf_architecture, torch_dtype
-        )
+        model = hf_model(random_weights(arch, seed=seed), profile, torch_dtype, dims)
     out = Path(out)
     from transformers.utils import logging as hf_logging
 

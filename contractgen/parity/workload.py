@@ -38,13 +38,22 @@ TOP_K = (-1, 40, -1, -1)
 TOP_P = (1.0, 1.0, 1.0, 0.9)
 
 
+# The default longest prompt: prompts of 44, 88, 132 and 176 tokens with 10 new tokens each, so
+# two requests are scored from queries past two 64-position KV chunks (132..141 and 176..185: three
+# chunks merged by the online softmax, decode steps crossing into the third) and one from the
+# second chunk. Reaching that far is what shows a trainer that attends packs reaching position 128
+# in 128-key chunks (measured: 7 of the 40 scored bf16 logprobs differ, 6 of them greedy; a
+# 124-token longest prompt showed none, 70 cannot reach 128).
+DEFAULT_PROMPT_TOKENS = 176
+
+
 def make_workload(
-    requests: int = 4, prompt_tokens: int = 70, new_tokens: int = 10
+    requests: int = 4, prompt_tokens: int = DEFAULT_PROMPT_TOKENS, new_tokens: int = 10
 ) -> tuple[PromptSpec, ...]:
     """``requests`` concurrent requests of different lengths (the longest prompt has
     ``prompt_tokens``, the others an even spread below it), ``new_tokens`` each, greedy and seeded
-    sampling, joining at different steps. The defaults give 40 scored tokens, and a 70-token
-    prompt spans two 64-position KV chunks (prefill and decode cross a chunk boundary)."""
+    sampling, joining at different steps. The defaults give 40 scored tokens; prompts of 44, 88,
+    132 and 176 tokens (``DEFAULT_PROMPT_TOKENS``)."""
     if min(requests, prompt_tokens, new_tokens) < 1:
         raise ValueError("--requests, --prompt-tokens and --new-tokens must each be >= 1")
     return tuple(
@@ -66,11 +75,14 @@ DEFAULT_WORKLOAD = make_workload()
 
 # Named workload presets of ``contractgen parity --workload``: (requests, prompt tokens, new tokens).
 # "large": 256 scored tokens (6.4x the default) from many requests rather than many decode steps
-# or long prompts, which cost the most on CPU; the longest sequence still crosses two KV-chunk
-# boundaries. It is the workload a fault gets a second chance on when the run's own workload is too
+# or long prompts, which cost the most on CPU; the longest sequence crosses two KV-chunk boundaries
+# too. It is the workload a fault gets a second chance on when the run's own workload is too
 # small to show it (``harness.run_faults``). Agreement with transformers has its own, longer
 # sequences (``reference.REFERENCE_LENGTHS``).
-WORKLOADS: dict[str, tuple[int, int, int]] = {"default": (4, 70, 10), "large": (16, 128, 16)}
+WORKLOADS: dict[str, tuple[int, int, int]] = {
+    "default": (4, DEFAULT_PROMPT_TOKENS, 10),
+    "large": (16, 128, 16),
+}
 
 
 def describe(name: str) -> str:

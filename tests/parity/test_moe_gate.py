@@ -195,14 +195,13 @@ def test_gradients_of_a_checkpoint_directory_against_float64(tmp_path):
     import json
 
     transformers = pytest.importorskip("transformers")
-    from contractgen.adapters.sglang.model import ModelArch
     from contractgen.codegen.vendored import load_target
-    from contractgen.parity.reference import hf_config
+    from contractgen.parity.reference import reference_config
 
-    arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(MOE_V2))
+    profile = load_target("sglang").schema.model_profile_for(MOE_V2)
     torch.manual_seed(0)
     ckpt = tmp_path / "ckpt"
-    transformers.Qwen3MoeForCausalLM(hf_config(arch, "Qwen3MoeForCausalLM")).save_pretrained(ckpt)
+    transformers.Qwen3MoeForCausalLM(reference_config(profile)).save_pretrained(ckpt)
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg.pop("experts_implementation", None)
     (ckpt / "config.json").write_text(json.dumps(cfg))
