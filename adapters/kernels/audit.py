@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-# stock torch function -> (the contract op that replaces it on the scored path, its public name)
+# contract op -> the stock torch functions it replaces on the scored path (public name, function)
 _STOCK: dict[str, list[tuple[str, Callable]]] = {
     "invariant_matmul": [
         ("torch.nn.functional.linear", F.linear),
@@ -96,7 +96,8 @@ class _State:
         self.on = False
         self.depth = 0  # contract ops running now (nested calls count once each)
         self.calls: Counter[str] = Counter()
-        self.stock: Counter[tuple[str, str]] | None = None
+        self.stock: Counter[tuple[str, str]] | None = None  # None: not detecting
+        self.detector = False  # a StockOpDetector is on the mode stack (one is enough)
 
 
 _STATE = _State()
@@ -166,12 +167,13 @@ class StockOpDetector(TorchFunctionMode):
 def recording(strict: bool = False) -> Iterator[KernelCalls]:
     """Count contract-op calls (and, ``strict``, stock-op calls outside them) for the body; the
     yielded ``KernelCalls`` is filled in when the body ends (the previous state restored)."""
-    saved = (_STATE.on, _STATE.depth, _STATE.calls, _STATE.stock)
+    saved = (_STATE.on, _STATE.depth, _STATE.calls, _STATE.stock, _STATE.detector)
     out = KernelCalls()
     _STATE.on, _STATE.depth, _STATE.calls = True, 0, Counter()
     _STATE.stock = Counter() if strict else None
     try:
-        if strict:
+        if strict and not _STATE.detector:  # a second mode would count every call twice
+            _STATE.detector = True
             with StockOpDetector():
                 yield out
         else:
@@ -183,7 +185,7 @@ def recording(strict: bool = False) -> Iterator[KernelCalls]:
                 {"rank": 0, "op": op, "stock": name, "calls": n}
                 for (op, name), n in sorted(_STATE.stock.items())
             ]
-        _STATE.on, _STATE.depth, _STATE.calls, _STATE.stock = saved
+        _STATE.on, _STATE.depth, _STATE.calls, _STATE.stock, _STATE.detector = saved
 
 
 MODES = frozenset({"count", "strict"})

@@ -136,6 +136,16 @@ def test_recording_is_restored_after_an_error_and_nests(kp):
     assert not audit.recording_on()
 
 
+def test_nested_strict_recordings_count_a_stock_call_once():
+    x, w = _x_w("cpu")
+    with audit.recording(strict=True) as outer:
+        with audit.recording(strict=True) as inner:
+            F.linear(x, w)
+        F.linear(x, w)
+    assert [e["calls"] for e in inner.stock] == [1]
+    assert [e["calls"] for e in outer.stock] == [1]
+
+
 def test_maybe_recording_modes():
     with audit.maybe_recording(None) as none:
         assert none is None and not audit.recording_on()
