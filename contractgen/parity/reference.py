@@ -18,15 +18,18 @@ import torch
 
 # max |our float32 logprob - transformers' float32 logprob| allowed, per (device our two sides
 # ran on, dtype of the comparison: every kernel dtype set to it). transformers always runs on CPU
-# in float32. Set from measured agreement over REFERENCE_LENGTHS on the reference models:
-#   cpu  float32: honest runs 1.9e-6 (every shipped contract, every layout); RMSNorm eps 1e-5
-#                 instead of 1e-6 on both sides moves them 3.05e-5 from transformers: 1e-5 passes
-#                 the first with 5x margin and fails the second by 3x.
-#   cuda float32: honest runs 2.86e-6 (both sides, torch and Triton rollout; matmuls without
-#                 TF32, torch's default), so the CPU bound holds with 3.5x margin.
+# in float32. Set from measured agreement over REFERENCE_LENGTHS (2026-12-03):
+#   cpu  float32: honest runs 2.86e-6 (Qwen3 dense v1, Qwen3-MoE v2 reference models, rollout and
+#                 trainer, tp1), 3.81e-6 (Llama 3 reference model).
+#   cuda float32: honest runs 2.86e-6 (tiny v1, both MoE, the Qwen3-0.6B shape; matmuls without
+#                 TF32, torch's default), 9.54e-6 (the Llama-3.2-1B shape): the largest measured
+#                 anywhere, and error grows with the model's depth and width, not the device.
+# A bug both sides share that moves the model slightly must still fail: RMSNorm eps 1e-5 instead
+# of 1e-6 moves transformers' own logprobs by 2.96e-5 on the v1 reference model (issue 31 reports
+# 3.05e-5 for the planted gate run). 1.5e-5 is 1.6x above the worst honest run and 2x below that.
 LOGPROB_TOLERANCE: dict[tuple[str, str], float] = {
-    ("cpu", "float32"): 1e-5,
-    ("cuda", "float32"): 1e-5,
+    ("cpu", "float32"): 1.5e-5,
+    ("cuda", "float32"): 1.5e-5,
 }
 REFERENCE_DTYPE = "float32"
 
