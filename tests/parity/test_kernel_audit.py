@@ -127,3 +127,35 @@ def test_strict_is_refused_with_train_steps(tmp_path):
     code, _, out = run_parity_in_process("--train-steps", "1", "--strict", tmp_path=tmp_path)
     assert code == 2, out
     assert "--strict cannot be combined with --train-steps" in out
+
+
+def test_strict_report_names_stock_ops_and_kinds_no_contract_kernel_ran():
+    """``kernel_audit`` on a finished run's records (no processes): a stock op by rank, a run
+    with no contract call of a kind, a run that recorded nothing; without --strict, none fail."""
+    from types import SimpleNamespace
+
+    from contractgen.adapters.kernels.audit import KernelCalls
+    from contractgen.parity import kernel_audit
+
+    full = {"invariant_matmul": 3, "chunked_attention": 1, "rms_norm": 2, "token_logprobs": 1}
+    stock = [{"rank": 0, "op": "rms_norm", "stock": "torch.nn.functional.rms_norm", "calls": 2}]
+    records = {
+        ("rollout", "tp1"): KernelCalls(full, []),
+        ("trainer", "tp2"): KernelCalls({**full, "rms_norm": 0}, [{**stock[0], "rank": 1}], 2),
+        ("trainer", "pp2"): None,
+    }
+    for strict in (True, False):
+        run = SimpleNamespace(config=SimpleNamespace(strict=strict), kernel_calls=records)
+        report = {"kernel_calls": kernel_audit.section(run)}
+        assert list(report["kernel_calls"]["trainer"]) == ["tp2"]
+        if not strict:
+            assert kernel_audit.failures(report) == []
+            assert report["kernel_calls"]["stock_ops"] is None
+            continue
+        assert kernel_audit.failures(report) == [
+            "--strict: trainer tp2 rank 1: stock torch.nn.functional.rms_norm ran 2 time(s) "
+            "outside every contract kernel (the contract's op: rms_norm)",
+            "--strict: trainer tp2: no contract norm kernel ran (rms_norm: 0 calls)",
+            "--strict: trainer pp2: its scored run recorded no calls",
+        ]
+        assert "          --strict: 3 problem(s), listed below" in kernel_audit.table(report)
