@@ -211,7 +211,8 @@ def test_twin_stock_engine_breaks_batch_and_decode_invariance(ref_model, kp32, g
     diffs = 0
     for r in MIX:
         c = out[r.rid]
-        diffs += not torch.equal(eng.rescore(c.sequence)[len(c.prompt) - 1 :], _lp(c))
+        rescored = eng.rescore(c.sequence, params=r.sampling)
+        diffs += not torch.equal(rescored[len(c.prompt) - 1 :], _lp(c))
         alone = eng.generate([dataclasses.replace(r, arrival_step=0)])[r.rid]
         diffs += alone.tokens != c.tokens or not torch.equal(_lp(alone), _lp(c))
     assert diffs > 0
