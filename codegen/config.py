@@ -31,17 +31,43 @@ class ProjectConfig:
     contracts_dir: Path
     generated_dir: Path
     packages: dict[str, str] = field(default_factory=dict)  # target -> vendored package path
-    # Targets whose sibling repo keeps its own __init__.py (``init = false``): contractgen then
-    # vendors only schema.py and runtime_policy.py into that package.
+    # Targets whose sibling repo keeps its own __init__.py (``init = false``, the default: every
+    # public repo has one): contractgen then vendors schema.py, runtime_policy.py and contracts.py
+    # into that package and leaves __init__.py alone.
     no_init: frozenset[str] = frozenset()
     # where ``generated`` is set (``contractgen.toml:LINE:COL``), for errors about that folder
     generated_where: str = f"{CONFIG_NAME}:1:1"
+    # The contracts each target repo implements (``contracts = [...]``); a target left out
+    # vendors every contract of the project. Its vendored modules accept only these ids.
+    declared: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # where each target's ``contracts`` is set, for errors about an id
+    declared_where: dict[str, str] = field(default_factory=dict)
 
     def package(self, target: str) -> str:
         return self.packages[get_target(target).name]
 
     def vendors_init(self, target: str) -> bool:
         return get_target(target).name not in self.no_init
+
+    def declares(self, target: str) -> bool:
+        """Whether ``contractgen.toml`` names the contracts ``target`` implements."""
+        return get_target(target).name in self.declared
+
+    def implemented(self, target: str, known: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+        """The ids ``target`` implements: its declared set, else every id in ``known``."""
+        name = get_target(target).name
+        return self.declared[name] if name in self.declared else tuple(sorted(known))
+
+    def check_declared(self, known: list[str] | tuple[str, ...]) -> None:
+        """ConfigError naming the first declared id that no contract file defines."""
+        for target, ids in sorted(self.declared.items()):
+            missing = [cid for cid in ids if cid not in known]
+            if missing:
+                where = self.declared_where.get(target, f"{CONFIG_NAME}:1:1")
+                raise ConfigError(
+                    f"{where}: targets.{target}.contracts: no contract {missing[0]!r} in the "
+                    f"project (known: {', '.join(sorted(known))})"
+                )
 
 
 def validate_package_path(value: str, where: str) -> str:
@@ -133,7 +159,9 @@ def load_config(root: Path) -> ProjectConfig:
     if folders["generated"] == folders["contracts"]:
         raise error("generated", 'must not be the contracts folder (e.g. generated = "generated")')
     packages = {name: t.default_package for name, t in TARGETS.items()}
-    no_init: set[str] = set()
+    no_init: set[str] = {name for name, t in TARGETS.items() if not t.default_init}
+    declared: dict[str, tuple[str, ...]] = {}
+    declared_where: dict[str, str] = {}
     targets = data.get("targets") or {}
     if not isinstance(targets, dict):
         raise error(
@@ -144,14 +172,32 @@ def load_config(root: Path) -> ProjectConfig:
         table = f"targets.{name}"
         if name not in TARGETS:
             raise error(table, f"unknown target (known: {', '.join(sorted(TARGETS))})", table)
-        if not isinstance(entry, dict) or set(entry) - {"package", "init"}:
-            raise error(table, "only 'package' and 'init' may be set", table)
+        if not isinstance(entry, dict) or set(entry) - {"package", "init", "contracts"}:
+            raise error(table, "only 'package', 'init' and 'contracts' may be set", table)
+        if "contracts" in entry:
+            ids = entry["contracts"]
+            if (
+                not isinstance(ids, list)
+                or not ids
+                or not all(isinstance(i, str) and i for i in ids)
+                or len(set(ids)) != len(ids)
+            ):
+                raise error(
+                    f"{table}.contracts",
+                    f"must be a non-empty list of distinct contract ids (got {ids!r}), e.g. "
+                    'contracts = ["qwen3_dense_true_on_policy_v1"]',
+                    table,
+                )
+            declared[name] = tuple(sorted(ids))
+            declared_where[name] = "{}:{}:{}".format(shown, *_position(text, "contracts", table))
         if "init" in entry:
             if not isinstance(entry["init"], bool):
                 raise error(
                     f"{table}.init", f"must be true or false (got {entry['init']!r})", table
                 )
-            if not entry["init"]:
+            if entry["init"]:
+                no_init.discard(name)
+            else:
                 no_init.add(name)
         if "package" in entry:
             value = entry["package"]
@@ -172,6 +218,8 @@ def load_config(root: Path) -> ProjectConfig:
         packages=packages,
         no_init=frozenset(no_init),
         generated_where="{}:{}:{}".format(shown, *_position(text, "generated")),
+        declared=declared,
+        declared_where=declared_where,
     )
 
 

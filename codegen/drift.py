@@ -36,7 +36,13 @@ def unified_diff(old: bytes, new: bytes, path: str) -> str:
     )
 
 
-def _compare(expected: dict[str, bytes], root: Path, where: str, shown: str) -> list[Drift]:
+def _compare(
+    expected: dict[str, bytes], root: Path, where: str, shown: str, formatted_ok: bool = False
+) -> list[Drift]:
+    """Missing and stale files; ``formatted_ok``: a vendored copy a formatter ran over (its body's
+    canonical form unchanged, see ``fingerprint.same_generated``) is not stale."""
+    from .fingerprint import same_generated
+
     found: list[Drift] = []
     for rel, content in expected.items():
         path = root / rel
@@ -45,8 +51,9 @@ def _compare(expected: dict[str, bytes], root: Path, where: str, shown: str) -> 
             found.append(Drift("missing", where, label, rel, unified_diff(b"", content, label)))
             continue
         actual = path.read_bytes()
-        if actual != content:
-            found.append(Drift("stale", where, label, rel, unified_diff(actual, content, label)))
+        if actual == content or (formatted_ok and same_generated(actual, content)):
+            continue
+        found.append(Drift("stale", where, label, rel, unified_diff(actual, content, label)))
     return found
 
 
@@ -134,7 +141,7 @@ def check_repo(
     for rel in files:
         safe_destination(repo, rel)  # raises UnsafePathError for escaping paths
     shown = f"{target}:{repo.as_posix()}"
-    found = _compare(files, repo, target, shown)
+    found = _compare(files, repo, target, shown, formatted_ok=True)
     stamped, _ = extra_files(files, repo, config.package(target))
     for rel in stamped:
         diff = unified_diff((repo / rel).read_bytes(), b"", f"{shown}/{rel}")
@@ -144,15 +151,46 @@ def check_repo(
     return found
 
 
-# The one vendored file meant to be byte-identical in every sibling repo.
+# The one vendored file meant to be identical in every sibling repo (with the same contracts).
 SHARED_FILE = "schema.py"
 
 
-def check_siblings(repos: list[tuple[str, Path]], config: ProjectConfig) -> list[Drift]:
+def _canonical_or_bytes(content: bytes) -> bytes:
+    from .fingerprint import canonical_source, read_stamp
+
+    stamp = read_stamp(content)
+    try:
+        return canonical_source(stamp.body if stamp else content)
+    except (SyntaxError, ValueError):
+        return content
+
+
+def _fingerprints(content: bytes) -> dict[str, str]:
+    import ast
+
+    try:
+        for node in ast.parse(content).body:
+            target = node.target if isinstance(node, ast.AnnAssign) else (
+                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+            )  # fmt: skip
+            if isinstance(target, ast.Name) and target.id == "FINGERPRINTS" and node.value:
+                return dict(ast.literal_eval(node.value))
+    except (SyntaxError, ValueError):
+        pass
+    return {}
+
+
+def check_siblings(
+    repos: list[tuple[str, Path]],
+    config: ProjectConfig,
+    vendored: dict[str, bytes] | None = None,
+) -> list[Drift]:
     """Sibling repos' copies of the shared ``schema.py`` compared with each other.
 
-    Independent of what the contracts render now: two repos whose copies differ (the public
-    miles and Megatron copies differ by a blank line) are named, with the diff between them.
+    Independent of what the contracts render now, and up to formatting (each repo may run its
+    own formatter over its copy): two copies meant to be the same (the same contracts) whose
+    canonical forms differ are named with the diff between them; two repos that implement
+    different contracts must agree on the fingerprint of every contract both carry.
     """
     copies = []
     for target, repo in repos:
@@ -160,19 +198,31 @@ def check_siblings(repos: list[tuple[str, Path]], config: ProjectConfig) -> list
         path = safe_destination(repo, rel)
         if path.is_file():
             copies.append((target, repo, rel, path.read_bytes()))
+    expected = {t: (vendored or {}).get(f"{t}/{config.package(t)}/{SHARED_FILE}") for t, _ in repos}
     found = []
     for i, (t1, r1, rel1, c1) in enumerate(copies):
         for t2, r2, rel2, c2 in copies[i + 1 :]:
-            if c1 != c2:
-                a, b = f"{t1}:{r1.as_posix()}/{rel1}", f"{t2}:{r2.as_posix()}/{rel2}"
-                lines = difflib.unified_diff(
-                    c1.decode("utf-8", "replace").splitlines(keepends=True),
-                    c2.decode("utf-8", "replace").splitlines(keepends=True),
-                    a,
-                    b,
-                )
-                diff = "".join(x if x.endswith("\n") else x + "\n" for x in lines)
+            if c1 == c2 or _canonical_or_bytes(c1) == _canonical_or_bytes(c2):
+                continue
+            a, b = f"{t1}:{r1.as_posix()}/{rel1}", f"{t2}:{r2.as_posix()}/{rel2}"
+            e1, e2 = expected.get(t1), expected.get(t2)
+            if e1 is not None and e2 is not None and e1 != e2:
+                # different contract sets by design: only the contracts both carry must agree
+                f1, f2 = _fingerprints(c1), _fingerprints(c2)
+                differ = sorted(cid for cid in set(f1) & set(f2) if f1[cid] != f2[cid])
+                if not differ:
+                    continue
+                diff = "".join(f"  {cid}: {f1[cid]} != {f2[cid]}\n" for cid in differ)
                 found.append(Drift("sibling", f"{t1}/{t2}", f"{a} != {b}", rel2, diff))
+                continue
+            lines = difflib.unified_diff(
+                c1.decode("utf-8", "replace").splitlines(keepends=True),
+                c2.decode("utf-8", "replace").splitlines(keepends=True),
+                a,
+                b,
+            )
+            diff = "".join(x if x.endswith("\n") else x + "\n" for x in lines)
+            found.append(Drift("sibling", f"{t1}/{t2}", f"{a} != {b}", rel2, diff))
     return found
 
 

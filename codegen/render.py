@@ -330,40 +330,95 @@ def _stamp(
     return header(sources, fingerprints, encoded) + encoded
 
 
+def _render_target(
+    env: jinja2.Environment,
+    target: Target,
+    selected: list[LoadedContract],
+    every: list[LoadedContract],
+    config: ProjectConfig,
+    schema_bodies: dict[tuple[str, ...], str],
+    parsed: set[bytes],
+    base: PurePosixPath,
+    with_init: bool,
+) -> dict[str, bytes]:
+    """One target's files for the contracts ``selected`` (field types from ``every``)."""
+    key = tuple(lc.id for lc in selected)
+    schema_ctx = _schema_context(selected)
+    if key not in schema_bodies:  # schema.py is one body per contract set, in every target
+        schema_bodies[key] = env.get_template("common/schema.py.j2").render(**schema_ctx)
+    sources = _source_names(selected, config)
+    fingerprints = {
+        lc.id: contract_fingerprint(lc.contract.model_dump(mode="json")) for lc in selected
+    }
+    runtime_names, schema_names = _contracts_module_names(target, schema_ctx)
+    ctx = {
+        "target": target,
+        "runtime_names": runtime_names,
+        "schema_names": schema_names,
+        "all_names": _isort(runtime_names + schema_names),
+        "contracts": schema_ctx["contracts"],
+        "policy_fields": _policy_fields(target, every),
+        "rules": _rules_literal(target, selected),
+    }
+    name = target.name
+    bodies = {
+        "schema.py": schema_bodies[key],
+        "runtime_policy.py": env.get_template(f"{name}/runtime_policy.py.j2").render(**ctx),
+        "__init__.py": env.get_template(f"{name}/__init__.py.j2").render(**ctx),
+        "contracts.py": env.get_template("common/contracts.py.j2").render(**ctx),
+    }
+    out: dict[str, bytes] = {}
+    for file in FILES:
+        if file == "__init__.py" and not with_init:
+            continue  # the sibling repo keeps its own package __init__.py
+        path = str(base / file)
+        out[path] = _stamp(bodies[file], sources, fingerprints, path, parsed)
+    return out
+
+
 def render(contracts: list[LoadedContract], config: ProjectConfig) -> dict[str, bytes]:
-    """``{relative path under generated/: bytes}`` for every target and file."""
+    """``{relative path under generated/: bytes}``: every target with every contract.
+
+    This is contractgen's own build (the in-tree adapters and the parity gate run every shipped
+    contract from it), with every file, ``__init__.py`` included. What a sibling repo vendors is
+    ``render_vendored``: only the contracts its target implements.
+    """
     contracts = sorted(contracts, key=lambda lc: lc.id)
     env = _environment()
-    sources = _source_names(contracts, config)
-    schema_ctx = _schema_context(contracts)
-    fingerprints = {
-        lc.id: contract_fingerprint(lc.contract.model_dump(mode="json")) for lc in contracts
-    }
-    schema_body = env.get_template("common/schema.py.j2").render(**schema_ctx)
     out: dict[str, bytes] = {}
     parsed: set[bytes] = set()
+    bodies: dict[tuple[str, ...], str] = {}
     for name in sorted(TARGETS):
-        target = TARGETS[name]
         base = PurePosixPath(name) / config.package(name)
-        runtime_names, schema_names = _contracts_module_names(target, schema_ctx)
-        ctx = {
-            "target": target,
-            "runtime_names": runtime_names,
-            "schema_names": schema_names,
-            "all_names": _isort(runtime_names + schema_names),
-            "contracts": schema_ctx["contracts"],
-            "policy_fields": _policy_fields(target, contracts)[0:],
-            "rules": _rules_literal(target, contracts),
-        }
-        bodies = {
-            "schema.py": schema_body,
-            "runtime_policy.py": env.get_template(f"{name}/runtime_policy.py.j2").render(**ctx),
-            "__init__.py": env.get_template(f"{name}/__init__.py.j2").render(**ctx),
-            "contracts.py": env.get_template("common/contracts.py.j2").render(**ctx),
-        }
-        for file in FILES:
-            if file == "__init__.py" and not config.vendors_init(name):
-                continue  # the sibling repo keeps its own package __init__.py
-            path = str(base / file)
-            out[path] = _stamp(bodies[file], sources, fingerprints, path, parsed)
+        out.update(
+            _render_target(
+                env, TARGETS[name], contracts, contracts, config, bodies, parsed, base, True
+            )
+        )
     return dict(sorted(out.items()))
+
+
+def selected_contracts(
+    contracts: list[LoadedContract], config: ProjectConfig, target: str
+) -> list[LoadedContract]:
+    """The contracts ``target`` implements (``contractgen.toml``'s ``contracts``, else all)."""
+    ids = set(config.implemented(target, [lc.id for lc in contracts]))
+    config.check_declared([lc.id for lc in contracts])
+    return sorted((lc for lc in contracts if lc.id in ids), key=lambda lc: lc.id)
+
+
+def render_vendored(
+    contracts: list[LoadedContract], config: ProjectConfig, target: str
+) -> dict[str, bytes]:
+    """``{path inside the sibling repo: bytes}``: what ``sync`` writes for ``target``.
+
+    Only the contracts the target implements are vendored (their data, constants and registry),
+    and ``__init__.py`` only where the config says ``init = true``.
+    """
+    every = sorted(contracts, key=lambda lc: lc.id)
+    selected = selected_contracts(every, config, target)
+    files = _render_target(
+        _environment(), TARGETS[target], selected, every, config, {}, set(),
+        PurePosixPath(config.package(target)), with_init=config.vendors_init(target),
+    )  # fmt: skip
+    return dict(sorted(files.items()))

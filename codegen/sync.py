@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .config import ProjectConfig
 from .drift import extra_files, leftover_temp_files, target_files, unified_diff
-from .fingerprint import is_hand_edited
+from .fingerprint import is_hand_edited, same_generated
+from .locate import misplaced
 from .writer import UnsafePathError, atomic_write, safe_destination
 
 
@@ -66,6 +67,11 @@ def plan_sync(
             raise FileNotFoundError(f"--repo {target}={repo}: not a directory")
         package = config.package(target)
         files = target_files(rendered, target, config)
+        elsewhere = misplaced(repo, target, package)
+        if elsewhere:  # never a silent write beside the package the repo really uses
+            plan.files.append(FilePlan(target, repo, package, repo / package, b"", "create",
+                                       problem=elsewhere))  # fmt: skip
+            continue
         stamped, _ = extra_files(files, repo, package)
         for rel in [*leftover_temp_files(files, repo), *stamped]:
             dest = safe_destination(repo, rel)
@@ -92,7 +98,7 @@ def plan_sync(
                                            problem=f"{dest} is a directory or symlink"))  # fmt: skip
                 continue
             current = dest.read_bytes()
-            if current == content:
+            if same_generated(current, content):  # identical, or only reformatted by the repo
                 plan.files.append(FilePlan(target, repo, rel, dest, content, "unchanged"))
                 continue
             edited = is_hand_edited(current)

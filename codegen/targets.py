@@ -38,6 +38,15 @@ class Target:
     # (SGLang: server_args) and the id ``get_true_on_policy_contract`` takes (miles: name).
     config_param: str = "config"
     lookup_param: str = "contract_name"
+    # validate_true_on_policy_contract's parameter: the id (Megatron-LM: contract_name) or the
+    # server config (SGLang: server_args); the generated function accepts either.
+    validate_param: str = "contract_name"
+    # How the public module refuses an id it does not implement (a ValueError), before
+    # ``Supported contracts: …``.
+    unsupported: str = "Unsupported true-on-policy contract"
+    # Whether a sibling repo gets contractgen's __init__.py by default: each public repo keeps
+    # its own (miles and SGLang re-export launch/config helpers, Megatron-LM a docstring).
+    default_init: bool = False
 
 
 TARGETS: dict[str, Target] = {
@@ -52,17 +61,21 @@ TARGETS: dict[str, Target] = {
             id_constant_is_object=False,
             summary="SGLang rollout engine",
             config_param="server_args",
+            validate_param="server_args",
+            unsupported="Unsupported SGLang true-on-policy contract",
             role="rollout",
         ),
         Target(
             name="megatron",
             repo="Megatron-LM",
-            default_package="megatron/core/true_on_policy",
+            # The public fork's path (there is no megatron/core/true_on_policy on any branch).
+            default_package="miles_megatron_plugins/true_on_policy",
             policy_class="MegatronTrueOnPolicyRuntimePolicy",
             contract_class="MegatronTrueOnPolicyContract",
             id_constant_is_object=False,
             summary="Megatron trainer",
             role="trainer",
+            unsupported="Unsupported Megatron true-on-policy contract",
             # With no contract: Megatron's own attention ("default", as the public module has it).
             off_values=(
                 ("attention_backend", "default"),

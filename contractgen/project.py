@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .codegen.config import ProjectConfig, find_root, load_config
 from .codegen.paths import builtin_config
-from .codegen.render import render
+from .codegen.render import render, render_vendored
+from .codegen.targets import TARGETS
 from .schema.loader import LoadedContract, load_contracts
 
 
@@ -20,7 +21,22 @@ class Project:
 
     @cached_property
     def rendered(self) -> dict[str, bytes]:
+        """contractgen's own build (``generated/``): every target with every contract."""
         return render(self.contracts, self.config)
+
+    @cached_property
+    def vendored(self) -> dict[str, bytes]:
+        """What sibling repos vendor, keyed ``<target>/<path in the repo>``: each target with
+        only the contracts it implements (``contractgen.toml``'s ``contracts``)."""
+        out: dict[str, bytes] = {}
+        for name in sorted(TARGETS):
+            for rel, content in render_vendored(self.contracts, self.config, name).items():
+                out[f"{name}/{rel}"] = content
+        return out
+
+    def implemented(self, target: str) -> tuple[str, ...]:
+        """The contract ids ``target`` implements under this project's config."""
+        return self.config.implemented(target, [lc.id for lc in self.contracts])
 
     def contract(self, contract_id: str) -> LoadedContract:
         for lc in self.contracts:
@@ -38,5 +54,10 @@ def open_project(root: Path | None = None, contracts_dir: Path | None = None) ->
     else:
         config = load_config(root)
     if contracts_dir is not None:
+        builtin = config.root.resolve() == builtin_config().root.resolve()
         config = dataclasses.replace(config, contracts_dir=contracts_dir)
-    return Project(config, load_contracts(config.contracts_dir, config.root))
+        if builtin:  # contractgen's own contract sets name its contracts, not these
+            config = dataclasses.replace(config, declared={}, declared_where={})
+    project = Project(config, load_contracts(config.contracts_dir, config.root))
+    config.check_declared([lc.id for lc in project.contracts])
+    return project

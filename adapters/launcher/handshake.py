@@ -142,14 +142,21 @@ def check_handshake(rollout: HandshakeReport, trainer: HandshakeReport) -> str:
             f"refusing to start: different contracts: the rollout runs {a}, the trainer runs {b}; "
             "their logprobs are not comparable: run both sides with the same contract",
         )
-    for r in (rollout, trainer):
-        if r.fingerprint is None:
-            known = ", ".join(r.known_contracts) or "none"
-            raise HandshakeError(
-                "unknown_contract",
-                f"refusing to start: the {r.side}'s vendored {r.schema_path} does not define {a} "
-                f"(it knows: {known}); update it with `contractgen sync`",
-            )
+    missing = [r for r in (rollout, trainer) if r.fingerprint is None]
+    if missing:
+        sides = " and the ".join(r.side for r in missing)
+        carries = "; ".join(
+            f"the {r.side}'s vendored {r.schema_path} carries only "
+            f"{', '.join(r.known_contracts) or 'no contract'}"
+            for r in missing
+        )
+        raise HandshakeError(
+            "not_implemented",
+            f"refusing to start: the {sides} {'does' if len(missing) == 1 else 'do'} not "
+            f"implement {a} ({carries}); a run under a contract one side does not implement is "
+            "not on-policy. Run a contract both implement, or once that repo implements it, add "
+            "it to its target's `contracts` in contractgen.toml and `contractgen sync`",
+        )
     if rollout.fingerprint != trainer.fingerprint:
         raise HandshakeError(
             "stale_copy",

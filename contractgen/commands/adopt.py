@@ -60,7 +60,7 @@ def command(
     plan = AdoptPlan()
     for target, path in targets:
         try:
-            plan.changes += plan_adopt(project.rendered, target, path, project.config).changes
+            plan.changes += plan_adopt(project.vendored, target, path, project.config).changes
         except ValueError as exc:
             fail(f"error: {exc}")
     for c in plan.changes:
@@ -79,7 +79,7 @@ def command(
     if dry_run:
         click.echo(f"adopt --dry-run: {summary}; nothing written")
         sys.exit(EXIT_OK)
-    _, written = sync(project.rendered, targets, project.config, force=True)
+    _, written = sync(project.vendored, targets, project.config, force=True)
     for f in written:
         verb = "removed" if f.action == "remove" else f"{f.action}d"
         click.echo(f"{verb} {f.target}:{f.repo / f.rel}")

@@ -7,6 +7,7 @@ import os
 import click
 
 from ..adapters.launcher import FORMATS, Layout, LayoutError, PlanError, build_plan
+from ..adapters.launcher.sides import SIDES, refusal
 from ._common import EXIT_USAGE, fail, handle_errors, use_project_from
 
 _SIZE = click.IntRange(min=1)
@@ -75,7 +76,13 @@ def command(
     each with the policy field it comes from and why. Exit 2 names every rule the layout breaks
     and the nearest valid sizes. NCCL_ALGO already set in the environment is kept.
     """
-    use_project_from(ctx)
+    project = use_project_from(ctx)
+    if contract_id in {lc.id for lc in project.contracts}:  # an unknown id is refused below
+        refused = refusal(
+            contract_id, {target: project.implemented(target) for _, target, _ in SIDES}
+        )
+        if refused:
+            fail(f"error: {refused}", EXIT_USAGE)
     layout = Layout(
         tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, rollout_tp=rollout_tp, rollout_dp=rollout_dp,
         world=world,

@@ -27,7 +27,7 @@ def command(ctx: click.Context, repos: tuple[str, ...], dry_run: bool, force: bo
     """
     project = project_from(ctx)
     targets = parse_repo_options(repos)
-    plan, written = sync(project.rendered, targets, project.config, force=force, dry_run=dry_run)
+    plan, written = sync(project.vendored, targets, project.config, force=force, dry_run=dry_run)
     if dry_run:  # the diff of every change, refused ones included, so a migration can be read
         for f in plan.changes:
             click.echo(f"would {f.action}{' (refused)' if f.problem else ''}: {f.target}:{f.rel}")

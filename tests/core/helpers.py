@@ -21,7 +21,7 @@ REFRESH = "UPDATE_GOLDENS=1 .venv/bin/python -m pytest tests/core"
 UPDATE_GOLDENS = os.environ.get("UPDATE_GOLDENS") == "1"
 PACKAGES = {
     "sglang": "python/sglang/srt/true_on_policy",
-    "megatron": "megatron/core/true_on_policy",
+    "megatron": "miles_megatron_plugins/true_on_policy",
     "launcher": "miles/true_on_policy",
 }
 

@@ -152,6 +152,7 @@ def test_schema_unknown_id_lists_known(sglang, lookup: str) -> None:
         "llama3_dense_true_on_policy_v1, qwen3_dense_true_on_policy_v1, "
         "qwen3_dense_true_on_policy_v2, qwen3_moe_true_on_policy_v1, qwen3_moe_true_on_policy_v2"
     )
+    assert isinstance(info.value, ValueError)
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,9 +207,12 @@ def test_megatron_v1_values(megatron) -> None:
         (2, "a2a", True),
         (4, ["a2a"], True),
         (2, ["a2a", "a2a"], True),
-        # megatron-core: a list is one comm type per layer; only an all-a2a list is Ulysses
-        # everywhere. A tuple is refused by TransformerConfig at CP > 1: no layout (as public).
-        (2, ["p2p", "a2a"], False),
+        # megatron-core: a list is one comm type per layer. As the public Megatron module reads
+        # it (issue 30), any a2a entry selects the Ulysses layout. A tuple is refused by
+        # TransformerConfig at CP > 1: no layout (as public).
+        (2, ["p2p", "a2a"], True),
+        (2, ["a2a", "p2p"], True),
+        (2, ["p2p", "p2p"], False),
         (2, ("a2a",), False),
         (2, "p2p", False),
         (2, None, False),
@@ -328,6 +332,14 @@ def test_launcher_v1_values(launcher) -> None:
 # All targets: registry lookups
 
 
+# How each public module words the refusal (read from the public sources, issue 30).
+PUBLIC_UNSUPPORTED = {
+    "sglang": "Unsupported SGLang true-on-policy contract",
+    "megatron": "Unsupported Megatron true-on-policy contract",
+    "launcher": "Unsupported true-on-policy contract",
+}
+
+
 @pytest.mark.parametrize("target", sorted(PACKAGES))
 def test_get_true_on_policy_contract_unknown_id_lists_known(target: str) -> None:
     schema, rp = _load(target)
@@ -339,7 +351,7 @@ def test_get_true_on_policy_contract_unknown_id_lists_known(target: str) -> None
         with pytest.raises(KeyError) as info:
             call("nope_v1")
         message = str(info.value)
-        assert "'nope_v1'" in message
+        assert message.startswith(f"{PUBLIC_UNSUPPORTED[target]} 'nope_v1'. Supported contracts: ")
         assert "qwen3_dense_true_on_policy_v1, qwen3_dense_true_on_policy_v2" in message
         # the public modules raise ValueError: callers catching it keep working
         assert isinstance(info.value, ValueError)

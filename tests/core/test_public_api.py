@@ -18,7 +18,7 @@ from .helpers import ROOT, V1_ID
 GENERATED = ROOT / "generated"
 PACKAGES = {
     "sglang": "python/sglang/srt/true_on_policy",
-    "megatron": "megatron/core/true_on_policy",
+    "megatron": "miles_megatron_plugins/true_on_policy",
     "launcher": "miles/true_on_policy",
 }
 
@@ -174,11 +174,14 @@ def test_megatron_names_and_defaults() -> None:
         "self",
         "config",
     ]
+    # the public parameter name: validate_true_on_policy_contract(contract_name=...) keeps working
     assert list(inspect.signature(rp.validate_true_on_policy_contract).parameters) == [
-        "contract_name_or_config"
+        "contract_name"
     ]
-    with pytest.raises(ValueError):
-        rp.validate_true_on_policy_contract("nope_v1")
+    rp.validate_true_on_policy_contract(contract_name=V1_ID)
+    with pytest.raises(ValueError, match="^Unsupported Megatron true-on-policy contract 'nope_v1'"):
+        rp.validate_true_on_policy_contract(contract_name="nope_v1")
+    assert list(inspect.signature(rp.get_true_on_policy_contract).parameters) == ["contract_name"]
     assert len(dataclasses.fields(rp.MegatronTrueOnPolicyRuntimePolicy)) >= 18
 
 

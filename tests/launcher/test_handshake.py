@@ -25,19 +25,30 @@ from contractgen.codegen.vendored import load_target
 CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 V1, V2 = "qwen3_dense_true_on_policy_v1", "qwen3_dense_true_on_policy_v2"
 SGLANG_PKG = "python/sglang/srt/true_on_policy"
-MEGATRON_PKG = "megatron/core/true_on_policy"
+MEGATRON_PKG = "miles_megatron_plugins/true_on_policy"
 
 
-def _sync(repo: Path, target: str, contracts: Path | None = None) -> None:
+def _project(where: Path, contracts: Path | None = None, config: str = "") -> Path:
+    """A project with the shipped contracts (or ``contracts``) whose targets declare no contract
+    set (so each vendors every contract), unless ``config`` says otherwise."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "contractgen.toml").write_text(config)
+    if not (where / "contracts").exists():
+        shutil.copytree(contracts or CONTRACTS, where / "contracts")
+    return where
+
+
+def _sync(repo: Path, target: str, contracts: Path | None = None, root: Path | None = None) -> None:
     repo.mkdir(parents=True, exist_ok=True)
-    args = ["--contracts", str(contracts)] if contracts else []
-    result = CliRunner().invoke(main, [*args, "sync", "--repo", f"{target}={repo}"])
+    if root is None:
+        root = _project(repo.parent / f".project-{repo.name}", contracts)
+    result = CliRunner().invoke(main, ["--root", str(root), "sync", "--repo", f"{target}={repo}"])
     assert result.exit_code == 0, result.output
 
 
 @pytest.fixture
 def repos(tmp_path: Path) -> tuple[Path, Path]:
-    """A freshly synced SGLang repo and Megatron-LM repo."""
+    """A freshly synced SGLang repo and Megatron-LM repo, each implementing every contract."""
     rollout, trainer = tmp_path / "sglang", tmp_path / "Megatron-LM"
     _sync(rollout, "sglang")
     _sync(trainer, "megatron")
@@ -114,10 +125,17 @@ def test_hand_edited_copy(repos: tuple[Path, Path]) -> None:
     )
 
 
-def test_one_blank_line_is_a_hand_edit(repos: tuple[Path, Path]) -> None:
-    """The public stack's drift: the copies differed by one blank line and nothing noticed."""
+def test_formatting_is_not_a_hand_edit_but_code_is(repos: tuple[Path, Path]) -> None:
+    """The public stack's copies differed by one blank line. The stamp covers the code's
+    canonical form (issue 30: a repo's formatter may run over its copy), so formatting keeps a
+    copy intact while any change of the code does not."""
     rollout, trainer = repos
-    (rollout / "schema.py").write_text((rollout / "schema.py").read_text() + "\n")
+    schema = rollout / "schema.py"
+    schema.write_text(
+        schema.read_text().replace("Literal\n\nSCHEMA_VERSION", "Literal\nSCHEMA_VERSION", 1) + "\n"
+    )
+    assert handshake_report(rollout, V1, "rollout").intact
+    schema.write_text(schema.read_text().replace("GENERATOR_FORMAT = 2", "GENERATOR_FORMAT = 3", 1))
     assert not handshake_report(rollout, V1, "rollout").intact
 
 
@@ -148,9 +166,33 @@ def test_copy_that_does_not_know_the_contract(tmp_path: Path, repos: tuple[Path,
         handshake_report(old_repo / SGLANG_PKG, V2, "rollout"),
         handshake_report(trainer, V2, "trainer"),
     )
-    assert error.kind == "unknown_contract"
+    assert error.kind == "not_implemented"
     known = f"llama3_dense_true_on_policy_v1, {V1}, qwen3_moe_true_on_policy_v1, qwen3_moe_true_on_policy_v2"
-    assert f"does not define {V2} (it knows: {known})" in str(error)
+    assert str(error).startswith(
+        f"refusing to start: the rollout does not implement {V2} (the rollout's vendored "
+        f"{old_repo / SGLANG_PKG / 'schema.py'} carries only {known}); "
+    )
+
+
+@pytest.mark.parametrize("contract_id", [V2, "qwen3_moe_true_on_policy_v1"])
+def test_the_public_stack_implements_v1_only(tmp_path: Path, contract_id: str) -> None:
+    """Synced with contractgen's own config (the public layout: every target declares dense v1),
+    the handshake refuses any other contract and names the sides that do not implement it."""
+    rollout, trainer = tmp_path / "sglang", tmp_path / "Megatron-LM"
+    for repo, target in ((rollout, "sglang"), (trainer, "megatron")):
+        repo.mkdir()
+        result = CliRunner().invoke(main, ["sync", "--repo", f"{target}={repo}"])
+        assert result.exit_code == 0, result.output
+    args = ["handshake", "--rollout", str(rollout), "--trainer", str(trainer), "--contract"]
+    ok = CliRunner().invoke(main, [*args, V1])
+    assert ok.exit_code == 0, ok.output
+    refused = CliRunner().invoke(main, [*args, contract_id])
+    assert refused.exit_code == 1
+    assert refused.stderr.startswith(
+        f"error: refusing to start: the rollout and the trainer do not implement {contract_id} "
+        f"(the rollout's vendored {rollout / SGLANG_PKG / 'schema.py'} carries only {V1}; "
+        f"the trainer's vendored {trainer / MEGATRON_PKG / 'schema.py'} carries only {V1}); "
+    )
 
 
 def test_missing_copy(tmp_path: Path) -> None:
@@ -161,7 +203,7 @@ def test_missing_copy(tmp_path: Path) -> None:
 def test_handshake_cli_exit_codes(repos: tuple[Path, Path]) -> None:
     rollout, trainer = repos
     runner = CliRunner()
-    ok = runner.invoke(main, ["handshake", "--rollout", str(rollout.parents[3]), "--trainer", str(trainer.parents[2]), "--contract", V1])  # fmt: skip
+    ok = runner.invoke(main, ["handshake", "--rollout", str(rollout.parents[3]), "--trainer", str(trainer.parents[1]), "--contract", V1])  # fmt: skip
     assert ok.exit_code == 0, ok.output
     assert ok.stdout.startswith(f"handshake ok: {V1} sha256:")
     mismatch = runner.invoke(main, ["handshake", "--rollout", str(rollout), "--trainer", str(trainer), "--rollout-contract", V1, "--trainer-contract", V2])  # fmt: skip

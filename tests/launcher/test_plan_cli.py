@@ -3,16 +3,55 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from contractgen.cli import main
 
 V1 = "qwen3_dense_true_on_policy_v1"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _plan(*args: str, env: dict | None = None):
-    return CliRunner().invoke(main, ["plan", *args], env={"NCCL_ALGO": None, **(env or {})})
+def _plan(*args: str, env: dict | None = None, root: str | None = None):
+    pre = ["--root", root] if root else []
+    return CliRunner().invoke(main, [*pre, "plan", *args], env={"NCCL_ALGO": None, **(env or {})})
+
+
+@pytest.mark.parametrize(
+    "contract_id",
+    [
+        "qwen3_dense_true_on_policy_v2",
+        "qwen3_moe_true_on_policy_v1",
+        "llama3_dense_true_on_policy_v1",
+    ],
+)
+def test_plan_refuses_a_contract_a_side_does_not_implement(
+    contract_id: str, tmp_path: Path
+) -> None:
+    """contractgen's own config is the public stack (each repo implements dense v1 only): a plan
+    for another contract names every side that does not implement it (issue 30)."""
+    result = _plan("--contract", contract_id)
+    assert result.exit_code == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"error: refusing to plan {contract_id}: not every side implements it:"
+    assert [line.split(" (")[0].strip() for line in lines[1:4]] == [
+        "the rollout", "the trainer", "the launcher",
+    ]  # fmt: skip
+    assert all(line.endswith(f"implements only {V1}") for line in lines[1:4])
+    # one side short is enough, and only that side is named
+    root = tmp_path / "p"
+    shutil.copytree(ROOT / "contracts", root / "contracts")
+    (root / "contractgen.toml").write_text(f'[targets.megatron]\ncontracts = ["{V1}"]\n')
+    one = _plan("--contract", contract_id, root=str(root))
+    assert one.exit_code == 2
+    assert one.stderr.splitlines()[1:2] == [
+        f"  the trainer (Megatron-LM; contractgen.toml targets.megatron.contracts) implements "
+        f"only {V1}"
+    ]
+    assert "the rollout" not in one.stderr and "the launcher" not in one.stderr
 
 
 def test_valid_layout_exits_0_and_warns_about_the_unreleased_flag() -> None:
@@ -59,9 +98,16 @@ def test_flags_are_frozen() -> None:
     ]  # fmt: skip
 
 
-def test_ep_plan_warns_that_ep_is_forward_only() -> None:
+def _all_contracts_project(tmp_path: Path) -> str:
+    """A project whose targets declare no contract set: each implements every contract."""
+    shutil.copytree(ROOT / "contracts", tmp_path / "contracts")
+    (tmp_path / "contractgen.toml").write_text("")
+    return str(tmp_path)
+
+
+def test_ep_plan_warns_that_ep_is_forward_only(tmp_path: Path) -> None:
     result = _plan("--contract", "qwen3_moe_true_on_policy_v1", "--model", "reference",
-                   "--tp", "2", "--ep", "2")  # fmt: skip
+                   "--tp", "2", "--ep", "2", root=_all_contracts_project(tmp_path))  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "warning: --ep 2: contractgen gates expert parallelism in the forward only" in (
         result.stderr

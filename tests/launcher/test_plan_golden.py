@@ -1,6 +1,7 @@
 """Golden files for ``contractgen plan`` in every format (sqlc's testdata/ shape).
 
-``golden/<case>/args.txt`` holds the command line (and ``env.json`` the environment it inherits);
+``golden/<case>/args.txt`` holds the command line (``env.json`` the environment it inherits, and
+``contractgen.toml`` the project config, if not contractgen's own);
 the expected outputs beside it are ``plan.txt``, ``plan.json``, ``plan.sh`` and ``stderr.txt`` for
 a valid layout, ``stderr.txt`` and ``exit_code.txt`` for a refused one. Fingerprints are written
 as ``sha256:<fingerprint>`` so a contract edit that renders the same launch changes no golden.
@@ -14,6 +15,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from click.testing import CliRunner
 from contractgen.cli import main
 
 GOLDEN = Path(__file__).parent / "golden"
+CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
 UPDATE = os.environ.get("UPDATE_GOLDENS") == "1"
 REFRESH = "UPDATE_GOLDENS=1 .venv/bin/python -m pytest tests/launcher"
@@ -33,6 +37,18 @@ def _normalise(text: str) -> str:
     return FINGERPRINT.sub("sha256:<fingerprint>", text)
 
 
+def _root(case: Path) -> list[str]:
+    """``--root`` of a project with the shipped contracts and the case's ``contractgen.toml``
+    (a case without one runs contractgen's own config: every target implements dense v1 only)."""
+    config = case / "contractgen.toml"
+    if not config.is_file():
+        return []
+    root = Path(tempfile.mkdtemp(prefix=f"plan-golden-{case.name}-"))
+    shutil.copytree(CONTRACTS, root / "contracts")
+    shutil.copy(config, root / "contractgen.toml")
+    return ["--root", str(root)]
+
+
 def _run(case: Path, fmt: str) -> tuple[int, str, str]:
     env = (
         {"NCCL_ALGO": None, **json.loads((case / "env.json").read_text())}
@@ -40,7 +56,12 @@ def _run(case: Path, fmt: str) -> tuple[int, str, str]:
         else {"NCCL_ALGO": None}
     )
     args = [*shlex.split((case / "args.txt").read_text()), "--format", fmt]
-    result = CliRunner().invoke(main, ["plan", *args], env=env)
+    root = _root(case)
+    try:
+        result = CliRunner().invoke(main, [*root, "plan", *args], env=env)
+    finally:
+        if root:
+            shutil.rmtree(root[1], ignore_errors=True)
     if result.exception and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result.exit_code, _normalise(result.stdout), _normalise(result.stderr)
