@@ -42,8 +42,9 @@ TOP_P = (1.0, 1.0, 1.0, 0.9)
 # two requests are scored from queries past two 64-position KV chunks (132..141 and 176..185: three
 # chunks merged by the online softmax, decode steps crossing into the third) and one from the
 # second chunk. Reaching that far is what shows a trainer that attends packs reaching position 128
-# in 128-key chunks (measured: 7 of the 40 scored bf16 logprobs differ, 6 of them greedy; a
-# 124-token longest prompt showed none, 70 cannot reach 128).
+# in 128-key chunks (measured by re-scoring these sequences with 128-key chunks: 7 of the 40
+# scored bf16 logprobs differ, 6 of them greedy; with a 124-token longest prompt none did, and 70
+# cannot reach 128).
 DEFAULT_PROMPT_TOKENS = 176
 
 
