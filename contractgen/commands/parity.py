@@ -157,6 +157,11 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     help="With --train-steps: the optimizer's learning rate (default 1e-2).",
 )  # fmt: skip
 @click.option(
+    "--train-temperature", type=click.FloatRange(min=0, min_open=True), default=None,
+    help="With --train-steps: the rollout's sampling temperature (default 1); the trainer's "
+    "logprobs and loss are of the same temperature-scaled distribution.",
+)  # fmt: skip
+@click.option(
     "--no-grad-check", is_flag=True,
     help="With --train-steps: skip the step-0 gradient check (each layout's float32 gradient "
     "on the step's samples vs float64 autograd through transformers, as --grads).",
@@ -178,6 +183,7 @@ def command(
     requests: int | None, prompt_tokens: int | None, new_tokens: int | None, grads: bool,
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
+    train_temperature: float | None = None,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
 
@@ -253,8 +259,11 @@ def command(
         ]  # fmt: skip
         if given:
             fail(f"error: {given[0]} cannot be combined with --train-steps (use --train-fault)")
-    elif train_fault is not None or train_lr is not None or no_grad_check:
-        fail("error: --train-fault, --train-lr and --no-grad-check need --train-steps N (N >= 1)")
+    elif train_fault is not None or train_lr is not None or no_grad_check or train_temperature:
+        fail(
+            "error: --train-fault, --train-lr, --train-temperature and --no-grad-check need "
+            "--train-steps N (N >= 1)"
+        )
     preset = WORKLOADS[workload]
     sizes = (requests or preset[0], prompt_tokens or preset[1], new_tokens or preset[2])
     arch = arch_of(contract_id, weights)
@@ -314,6 +323,8 @@ def command(
         import dataclasses
 
         training = dataclasses.replace(config.training, grad_check=not no_grad_check)
+        if train_temperature is not None:
+            training = dataclasses.replace(training, temperature=train_temperature)
         config = dataclasses.replace(config, training=training)
     from ..parity.reference import ReferenceUnavailable
 

@@ -237,6 +237,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
             "group_size": cfg.group_size,
             "prompt_tokens": cfg.prompt_tokens,
             "new_tokens": cfg.new_tokens,
+            "temperature": cfg.temperature,
             "loss": f"PPO clip (eps {cfg.clip_eps}), token mean over the step's response tokens",
             "optimizer": f"megatron-core mixed-precision optimizer (fp32 main params), AdamW "
             f"lr {cfg.lr}, no weight decay, no grad clipping",

@@ -149,21 +149,15 @@ def test_trainer_scores_the_processed_distribution(reference_weights):
     assert step.ratio_max_abs_dev == 0.0
 
 
-def test_rl_loop_at_temperature_is_exact(reference_weights):
-    """``--train-steps`` at T = 0.7: the rollout samples and every side scores at 0.7, so the
-    pairs are exact, the ratio is 1 and the three-way check sees no mismatch."""
-    from contractgen.parity.gate import failures, run_gate
-    from contractgen.parity.harness import GateConfig
-    from contractgen.parity.layouts import parse_layouts
-    from contractgen.parity.training import TrainingConfig
-
-    _, weights = reference_weights
-    training = TrainingConfig(steps=1, temperature=0.7, grad_check=False)
-    config = GateConfig(
-        V1, weights, parse_layouts("tp1"), progress=False, hf_reference=False, training=training
-    )
-    report = run_gate(config)
-    assert failures(report) == []
+def test_rl_loop_at_temperature_is_exact(tmp_path):
+    """``--train-steps --train-temperature 0.7``: the rollout samples and every side scores at
+    0.7, so the pairs are exact, the ratio is 1 and the three-way check sees no mismatch."""
+    code, report, out = run_parity_in_process(
+        "--train-steps", "1", "--train-temperature", "0.7", *CHEAP[:4], "--no-grad-check",
+        tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 0, out
+    assert report["training"]["temperature"] == 0.7
     (step,) = report["steps"]
     assert step["exact"] and step["ratio_max_abs_dev"] == 0.0
     tw = step["three_way"]["per_layout"][0]
