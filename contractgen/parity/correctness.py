@@ -8,6 +8,7 @@ through transformers for the gradient of the scored logprobs (``grads.per_layout
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,19 @@ def reference_for(config: Any) -> tuple[Reference | None, str | None]:
     return Reference(hf_name(config.weights), seqs, hf_logprobs(model, seqs), tolerance), None
 
 
+def bits_digest(logprobs: list[torch.Tensor]) -> str:
+    """sha256 of the logprobs' bit patterns, sequence by sequence (dtype and shape included): two
+    float32 runs with one digest scored every token with the same bits."""
+    from .harness import bits
+
+    h = hashlib.sha256()
+    for t in logprobs:
+        t = t.detach().cpu()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        h.update(bits(t).numpy().tobytes())
+    return h.hexdigest()
+
+
 def _entry(side: str, name: str, tp: int, pp: int, cp: int, got, ref: Reference) -> dict:
     diff = max_abs_diff(got, ref.want)
     return {
@@ -75,6 +89,7 @@ def _entry(side: str, name: str, tp: int, pp: int, cp: int, got, ref: Reference)
         "max_abs_diff": diff,
         "tokens_compared": sum(t.numel() for t in ref.want),
         "within_tolerance": diff <= ref.tolerance,
+        "bits_sha256": bits_digest(got),
     }
 
 
@@ -103,6 +118,12 @@ def trainer_reference(
 
 
 def reference_report(ref: Reference, per_layout: list[dict]) -> dict:
+    """transformers agreement per run, and the float32 runs of both sides against each other:
+    they call one kernel library with float32 dtypes, so every rollout TP and trainer layout must
+    give the first run's (the TP=1 rollout's) bits. A split there (one side's float32 path on other
+    kernels, as the trainer's TF32 attention on CUDA until 2026-12-03) fails as a pair, not only
+    as a distance from transformers."""
+    first = per_layout[0]
     return {
         "name": ref.name,
         "dtype": "float32",
@@ -110,6 +131,10 @@ def reference_report(ref: Reference, per_layout: list[dict]) -> dict:
         "sequence_lengths": [len(s) for s in ref.sequences],
         "max_abs_diff": max(e["max_abs_diff"] for e in per_layout),
         "within_tolerance": all(e["within_tolerance"] for e in per_layout),
+        "float32_bits_identical": all(e["bits_sha256"] == first["bits_sha256"] for e in per_layout),
+        "float32_bits_differ_from_first": [
+            e["name"] for e in per_layout if e["bits_sha256"] != first["bits_sha256"]
+        ],
         "per_layout": per_layout,
     }
 

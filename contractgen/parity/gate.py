@@ -157,6 +157,9 @@ def failures(report: dict) -> list[str]:
     if ref is not None:
         out += [f"{e['name']} disagrees with transformers ({e['max_abs_diff']:.3g} > "
                 f"{ref['tolerance']})" for e in ref["per_layout"] if not e["within_tolerance"]]  # fmt: skip
+        first = ref["per_layout"][0]["name"]
+        out += [f"float32 {n} differs bitwise from float32 {first} (one kernel library: must not)"
+                for n in ref.get("float32_bits_differ_from_first", [])]  # fmt: skip
     grads = report.get("grads")
     if grads is not None:
         out += [f"gradients at {g['name']} off float64 ({g['max_rel_diff']:.3g} > "
@@ -289,6 +292,12 @@ def table(report: dict) -> str:
             f"{'' if e['within_tolerance'] else '  OUT OF TOLERANCE'}"
             for e in ref["per_layout"]
         ]
+        split = ref.get("float32_bits_differ_from_first", [])
+        lines.append(
+            f"float32   {len(ref['per_layout']) - len(split)}/{len(ref['per_layout'])} runs with "
+            f"the bits of {ref['per_layout'][0]['name']}"
+            + (f"; DIFFER: {', '.join(split)}" if split else "")
+        )
     else:
         lines.append(f"reference none: {report['reference_note']}")
     grads = report.get("grads")
