@@ -134,6 +134,11 @@ class TrainStepResult:
     """``-sum(advantage) / tokens`` over the same tokens, reduced as ``loss`` is: the loss at a
     ratio of exactly 1 (``min(1 * A, clip(1) * A) = A`` bitwise), so equal to ``loss`` bit for
     bit when every ratio is 1."""
+    advantage_logprob: float | None = None
+    """``sum(advantage * logprob) / tokens`` over the same tokens (the policy-gradient
+    objective's value; float32, reduced as ``loss`` is): the parent recomputes it from the
+    advantages it sent and the rollout's logprobs, so an advantage applied to the wrong
+    sequence, sign or scale shows."""
     ratio_max_abs_dev: float | None = None
     """``max |exp(logp - old) - 1|`` over the response tokens, as the loss saw it."""
     kl: float | None = None

@@ -273,12 +273,15 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
         # the loss at a ratio of exactly 1: min(1 * A, clip(1) * A) is A bit for bit, so this
         # equals ``loss`` bitwise exactly when every ratio is 1 (``loss_if_ratio_one``)
         loss_if_ratio_one = -adv.sum() / total
+        # the policy-gradient objective's value, for the parent to recompute from what it sent
+        advantage_logprob = (adv * new.detach()).sum() / total
         d = (old - new).detach()
         stats = torch.stack(
             [
                 loss.detach(),
                 (torch.exp(d) - d - 1).sum() / total,
                 loss_if_ratio_one,
+                advantage_logprob,
                 (ratio.detach() - 1).abs().max() if mine.numel() else ratio.new_zeros(()),
             ]
         )
@@ -315,9 +318,9 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
         values = torch.zeros(total, dtype=lp_local.dtype, device=lp_local.device)
         values[mine.to(values.device)] = lp_local
         logprobs = _merge_cp(values, owned.to(values.device), cp_group).cpu()
-        sums = stats[:3].clone()  # loss, kl, loss_if_ratio_one: each rank's share of the sum
-        dev = stats[3:].clone()
-        if cp > 1:  # summed in rank order, the same for all three (no all-reduce order)
+        sums = stats[:4].clone()  # loss, kl, loss at ratio 1, A·logp: each rank's share
+        dev = stats[4:].clone()
+        if cp > 1:  # summed in rank order, the same for all four (no all-reduce order)
             parts = [torch.empty_like(sums) for _ in range(cp)]
             dist.all_gather(parts, sums, group=cp_group)
             sums = parts[0]
@@ -332,6 +335,7 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
                 float(dev[0]),
             )
             out.loss_if_ratio_one = float(sums[2])
+            out.advantage_logprob = float(sums[3])
     t3 = _sync_clock(device)
     out.weights = gather_weights(state, job)
     out.time_s = {

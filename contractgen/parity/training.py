@@ -358,11 +358,15 @@ def _run_layout(
             if grads is not None and step == 0:
                 checked = grads.layout(trainer, layout, base, trainer_fault)
             times["grad_check"] = _lap(clock) if checked is not None else None
+            want, bound = advantage_logprob(old, advantages)
             entry = {
                 "name": layout.name,
                 **layout.sizes,
                 "loss": result.loss,
                 "loss_if_ratio_one": result.loss_if_ratio_one,
+                "advantage_logprob": result.advantage_logprob,
+                "advantage_logprob_want": want,
+                "advantage_logprob_bound": bound,
                 "kl": result.kl,
                 "ratio_max_abs_dev": result.ratio_max_abs_dev,
                 "reward_mean": statistics.fmean(rewards),
@@ -397,6 +401,17 @@ def _run_layout(
         trainer.close()
 
 
+def advantage_logprob(old: list[torch.Tensor], advantages: list[float]) -> tuple[float, float]:
+    """What the trainer's ``advantage_logprob`` must be, from what the step sent it: ``(sum of
+    advantage * rollout logprob over the response tokens / tokens`` in float64, ``the rounding
+    bound of the trainer's float32 value)``. The bound is the worst case of a float32 sum of ``n``
+    terms, each a float32 product with the advantage rounded to float32: ``(n + 4) u sum|term|``
+    over ``n``, ``u = 2**-24``."""
+    terms = torch.cat([lp.double() * a for lp, a in zip(old, advantages, strict=True)])
+    n = max(1, terms.numel())
+    return float(terms.sum()) / n, (n + 4) * 2.0**-24 * float(terms.abs().sum()) / n
+
+
 def _bits(x: float) -> bytes:
     """A float's bit pattern (``-0.0 == 0.0`` as values)."""
     return struct.pack("<d", x)
@@ -419,6 +434,15 @@ def failures(report: dict) -> list[str]:
             f"{e['loss_if_ratio_one']!r}"
             for e in s["per_layout"]
             if _bits(e["loss"]) != _bits(e["loss_if_ratio_one"])
+        ]
+        out += [
+            f"step {s['step']}: {e['name']}: the trainer's advantage-weighted logprob "
+            f"{e['advantage_logprob']!r} is not the step's ({e['advantage_logprob_want']!r} +- "
+            f"{e['advantage_logprob_bound']:.2g}): the advantages it applied are not the ones "
+            "sent for its sequences"
+            for e in s["per_layout"]
+            if not abs(e["advantage_logprob"] - e["advantage_logprob_want"])
+            <= e["advantage_logprob_bound"]
         ]
         grads = s.get("grads")
         if grads is not None:

@@ -96,6 +96,30 @@ def test_rollout_gathers_back_every_expert_of_an_moe_model():
                       "digest": weights_digest(pushed)}  # fmt: skip
 
 
+def test_the_advantage_weighted_logprob_is_recomputed_from_what_the_step_sent():
+    """The parent's value of the trainer's ``advantage_logprob`` and its float32 bound; the gate
+    fails a layout whose value is outside it (advantages on the wrong sequences)."""
+    from contractgen.parity.training import advantage_logprob, failures
+
+    old = [torch.tensor([-1.0, -2.0]), torch.tensor([-0.5, -0.5])]
+    want, bound = advantage_logprob(old, [1.0, -1.0])
+    assert want == (-3.0 + 1.0) / 4 and bound == (4 + 4) * 2.0**-24 * 4.0 / 4
+    swapped, _ = advantage_logprob(old, [-1.0, 1.0])  # each sequence the other's advantage
+    assert abs(swapped - want) == 1.0
+
+    def report(got: float) -> dict:
+        entry = {"name": "tp1", "loss": 0.0, "loss_if_ratio_one": 0.0, "weights_synced": True,
+                 "advantage_logprob": got, "advantage_logprob_want": want,
+                 "advantage_logprob_bound": bound}  # fmt: skip
+        return {"steps": [{"step": 0, "pairs": [], "ratio_max_abs_dev": 0.0, "grads": None,
+                           "per_layout": [entry]}]}  # fmt: skip
+
+    assert failures(report(want + bound / 2)) == []
+    (message,) = failures(report(swapped))
+    assert message.startswith("step 0: tp1: the trainer's advantage-weighted logprob 0.5 is not")
+    assert failures(report(float("nan"))), "a NaN is never within the bound"
+
+
 def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
     from contractgen.parity import rollout
     from contractgen.parity.rollout import RolloutJob, WeightSync
@@ -186,6 +210,12 @@ def test_three_rl_steps_stay_bit_identical_at_every_layout(tmp_path):
             assert e["advantages"] == pytest.approx(_grpo(e["rewards"], 4), abs=1e-12)
             want = -sum(6 * a for a in e["advantages"]) / 48
             assert abs(e["loss_if_ratio_one"] - want) <= 1e-6, (e["loss_if_ratio_one"], want)
+            # the advantages the trainer applied, per sequence: its sum(A * logp) / tokens is the
+            # one the parent recomputes from what it sent, within float32 rounding; a sign flip
+            # or another sequence's advantage would be far outside (sum over the step: nonzero)
+            got, want, bound = (e[f"advantage_logprob{k}"] for k in ("", "_want", "_bound"))
+            assert abs(got - want) <= bound < 1e-4, (got, want, bound)
+            assert any(e["advantages"]) <= (abs(2 * want) > bound), (want, bound)
     # step 0: every layout starts from the same weights, so samples the same (one rollout,
     # reused by the later layouts) and gets the same rewards
     first = steps[0]["per_layout"]

@@ -91,7 +91,9 @@ def _report(loss: float, at_one: float, rel: float) -> dict:
     """The smallest training report ``training.failures`` reads: one step, one layout."""
     grads = {"tolerance": 1e-4, "per_layout": [{"name": "tp1", "max_rel_diff": rel,
                                                 "within_tolerance": rel <= 1e-4}]}  # fmt: skip
-    entry = {"name": "tp1", "loss": loss, "loss_if_ratio_one": at_one, "weights_synced": True}
+    entry = {"name": "tp1", "loss": loss, "loss_if_ratio_one": at_one, "weights_synced": True,
+             "advantage_logprob": 0.25, "advantage_logprob_want": 0.25,
+             "advantage_logprob_bound": 1e-6}  # fmt: skip
     return {"steps": [{"step": 0, "pairs": [], "ratio_max_abs_dev": 0.0, "grads": grads,
                        "per_layout": [entry]}]}  # fmt: skip
 
