@@ -44,33 +44,24 @@ def _stock_log_softmax(monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def test_strict_gate_passes_and_every_kind_of_op_ran_its_kernel(tmp_path):
+def test_strict_passes_the_honest_gate_and_fails_a_stock_log_softmax(tmp_path, monkeypatch):
     """The honest gate with --strict exits 0: no stock op on the scored path, and on each side
-    every kind of op the contract replaces ran through a contract kernel."""
-    code, report, out = run_parity_in_process(*CHEAP, "--strict", tmp_path=tmp_path)
+    every kind of op the contract replaces ran through a contract kernel. Then one contract op
+    swapped for the stock op on one side: --strict exits 1 naming the op, the side and the
+    layout; without --strict the report's count of that op on that side drops from the honest
+    run's to 0, and the other side's counts do not move (counting is the same in both modes)."""
+    code, honest, out = run_parity_in_process(*CHEAP, "--strict", tmp_path=tmp_path)
     assert code == 0, out
-    kc = report["kernel_calls"]
-    assert kc["strict"] is True and kc["stock_ops"] == [] and kc["missing"] == []
-    assert set(kc["rollout"]) == {"tp1"} and set(kc["trainer"]) == {"tp1"}
+    before = honest["kernel_calls"]
+    assert before["strict"] is True and before["stock_ops"] == [] and before["missing"] == []
+    assert set(before["rollout"]) == {"tp1"} and set(before["trainer"]) == {"tp1"}
     for side, ops in KINDS.items():
-        calls = kc[side]["tp1"]
+        calls = before[side]["tp1"]
         assert ops <= set(calls), (side, calls)
         assert all(calls[op] > 0 for op in ops), (side, calls)
     # one scored re-score per request (the packed prefill scores them one by one)
-    assert kc["rollout"]["tp1"]["token_logprobs"] == report["workload"]["requests"]
-    assert "--strict: no stock op on the scored path" in out
-
-
-@pytest.mark.slow
-def test_strict_fails_when_the_rollout_scores_with_stock_log_softmax(tmp_path, monkeypatch):
-    """One contract op swapped for the stock op on one side: --strict exits 1 naming the op, the
-    side and the layout; without --strict the report's count of that op on that side drops from
-    the honest run's to 0, and the other side's counts do not move."""
-    code, honest, out = run_parity_in_process(*CHEAP, tmp_path=tmp_path)
-    assert code == 0, out
-    before = honest["kernel_calls"]
-    assert before["strict"] is False and before["stock_ops"] is None
     assert before["rollout"]["tp1"]["token_logprobs"] == honest["workload"]["requests"]
+    assert "--strict: no stock op on the scored path" in out
 
     _stock_log_softmax(monkeypatch)
     code, report, out = run_parity_in_process(*CHEAP, "--strict", tmp_path=tmp_path)
@@ -87,7 +78,7 @@ def test_strict_fails_when_the_rollout_scores_with_stock_log_softmax(tmp_path, m
 
     code, report, out = run_parity_in_process(*CHEAP, tmp_path=tmp_path)
     after = report["kernel_calls"]
-    assert after["stock_ops"] is None and "--strict" not in out
+    assert after["strict"] is False and after["stock_ops"] is None and "--strict" not in out
     assert "token_logprobs" not in after["rollout"]["tp1"], after["rollout"]
     assert after["rollout"]["tp1"]["full_logprobs"] > 0  # the sampler's log-softmax still ran
     assert after["trainer"] == before["trainer"]  # the other side: the same calls
