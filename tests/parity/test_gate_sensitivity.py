@@ -276,3 +276,13 @@ def test_cuda_layout_beyond_the_visible_devices_exits_2(monkeypatch, tmp_path):
     assert len(lines) == 1, out
     assert lines[0].startswith("error: layout pp2 needs 2 CUDA devices, 1 visible; "), out
     assert report is None
+
+
+def test_default_cuda_layouts_stop_at_the_visible_devices():
+    from contractgen.commands.parity import _fit_gpus
+    from contractgen.parity.layouts import parse_layouts
+
+    layouts = parse_layouts("tp1,tp2,pp2,cp2,tp2pp2")
+    assert [lay.name for lay in _fit_gpus(layouts, 1, given=False)] == ["tp1"]
+    assert [lay.name for lay in _fit_gpus(layouts, 2, given=False)] == ["tp1", "tp2", "pp2", "cp2"]
+    assert _fit_gpus(layouts, 4, given=True) == layouts
