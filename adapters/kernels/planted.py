@@ -25,7 +25,7 @@ BUGS: dict[str, str] = {
 
 BACKWARD_BUGS: dict[str, str] = {
     "attention_dk_scale_dropped": "the attention backward's dK misses the softmax scale "
-    "(dK = dS^T Q instead of dS^T Q * scale; the PyTorch reference backend, so CPU)",
+    "(dK = dS^T Q instead of dS^T Q * scale; on every backend)",
 }
 
 _ACTIVE: set[str] = set()
@@ -38,21 +38,22 @@ def active(name: str) -> bool:
 
 @contextmanager
 def _dk_scale_dropped() -> Iterator[None]:
-    """``attention._backward_one`` (one sequence's dq, dk, dv, called by
-    ``reference_attention_backward`` at every call) with dK returned unscaled."""
+    """``attention.attention_backward`` (the registry's backend for the device: the PyTorch
+    reference or Triton; the trainer looks it up on the module at every call) with dK returned
+    without the softmax scale."""
     from . import attention
 
-    original = attention._backward_one
+    original = attention.attention_backward
 
-    def backward_one(q, k, v, o, lse, do, pos, scale, md):
-        dq, dk, dv = original(q, k, v, o, lse, do, pos, scale, md)
-        return dq, dk / scale, dv
+    def attention_backward(q_LHD, *args, scale=None, **kw):
+        dq, dk, dv = original(q_LHD, *args, scale=scale, **kw)
+        return dq, dk / (q_LHD.shape[-1] ** -0.5 if scale is None else scale), dv
 
-    attention._backward_one = backward_one
+    attention.attention_backward = attention_backward
     try:
         yield
     finally:
-        attention._backward_one = original
+        attention.attention_backward = original
 
 
 # backward bug -> the monkeypatch that plants it

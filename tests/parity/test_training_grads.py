@@ -3,7 +3,7 @@
 The attention backward without the softmax scale in dK changes no logprob, so every pair stays
 exact and the ratio stays 1 through the RL loop; only comparing the trainer's gradient with
 float64 autograd shows it. The plant (``kernels.planted.BACKWARD_BUGS``) is a monkeypatch of the
-reference backward, applied in the ranks that run the job; the slow test shows the RL workload
+kernel library's attention backward, applied in the ranks that run the job; the slow test shows the RL workload
 of ``test_training.py`` fails with it and the honest run of that workload (that file's
 three-step test) passes.
 """
@@ -24,7 +24,7 @@ RL_RUN = ("--layouts", "tp1,tp2,pp2,cp2", "--rollout-tps", "1,2", "--new-tokens"
 
 def _attention_case():
     """One packed pair of causal GQA sequences (4 query heads on 2 KV heads) and its saved
-    forward: the operands of ``reference_attention_backward``."""
+    forward: the operands of ``attention_backward``."""
     from contractgen.adapters.kernels.attention import reference_attention_lse
 
     g = torch.Generator().manual_seed(0)
@@ -34,22 +34,25 @@ def _attention_case():
     cu = torch.tensor([0, 5, 11])
     kp = SimpleNamespace(attention_kv_chunk=4, attention_softmax_dtype="float64")
     o, lse = reference_attention_lse(q, k, v, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu)
-    return (q, k, v, o, lse, do, pos), dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    return (q, k, v, o, lse, do, pos, kp), dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
 
 
 def test_the_dk_plant_drops_the_scale_from_dk_only_and_is_undone_after():
-    from contractgen.adapters.kernels.attention import reference_attention_backward
+    """Through the module attribute, as the trainer's attention calls it (so on any backend)."""
+    from contractgen.adapters.kernels import attention
     from contractgen.adapters.kernels.planted import BUGS, planted
 
     args, kw = _attention_case()
     scale = args[0].shape[-1] ** -0.5
-    dq, dk, dv = reference_attention_backward(*args, **kw)
+    dq, dk, dv = attention.attention_backward(*args, **kw)
     with planted([DK_BUG]):
         with planted([DK_BUG]):  # nested: patched once, not twice
-            pdq, pdk, pdv = reference_attention_backward(*args, **kw)
+            pdq, pdk, pdv = attention.attention_backward(*args, **kw)
+        _, half_scale_dk, _ = attention.attention_backward(*args, **kw, scale=scale / 2)
     assert torch.equal(pdq, dq) and torch.equal(pdv, dv)
     assert torch.equal(pdk, dk / scale) and not torch.allclose(pdk, dk)
-    after = reference_attention_backward(*args, **kw)
+    assert not torch.allclose(half_scale_dk, pdk)  # an explicit scale is the one dropped
+    after = attention.attention_backward(*args, **kw)
     assert all(torch.equal(a, b) for a, b in zip(after, (dq, dk, dv), strict=True))
     # a gradient-only bug: --inject-faults plants BUGS and expects a forward check to catch them
     assert DK_BUG not in BUGS
@@ -58,11 +61,11 @@ def test_the_dk_plant_drops_the_scale_from_dk_only_and_is_undone_after():
 def test_the_dk_plant_is_the_real_bug_against_float64_autograd():
     """Honest dK is autograd's; the planted one is autograd's without the scale (what the gate's
     gradient check sees)."""
-    from contractgen.adapters.kernels.attention import reference_attention_backward
+    from contractgen.adapters.kernels import attention
     from contractgen.adapters.kernels.planted import planted
 
     args, kw = _attention_case()
-    q, k, v, _, _, do, _ = args
+    q, k, v, _, _, do, _, _ = args
     scale = q.shape[-1] ** -0.5
     k_ = k.clone().requires_grad_(True)
     out = []
@@ -71,9 +74,9 @@ def test_the_dk_plant_is_the_real_bug_against_float64_autograd():
         s = s.masked_fill(torch.ones(hi - lo, hi - lo).triu(1).bool(), float("-inf"))
         out.append(torch.einsum("hls,shd->lhd", s.softmax(-1), v[lo:hi].repeat_interleave(2, 1)))
     (torch.cat(out) * do).sum().backward()
-    _, dk, _ = reference_attention_backward(*args, **kw)
+    _, dk, _ = attention.attention_backward(*args, **kw)
     with planted([DK_BUG]):
-        _, planted_dk, _ = reference_attention_backward(*args, **kw)
+        _, planted_dk, _ = attention.attention_backward(*args, **kw)
     assert torch.allclose(dk, k_.grad, rtol=1e-10, atol=1e-12)
     assert torch.allclose(planted_dk * scale, k_.grad, rtol=1e-10, atol=1e-12)
     assert not torch.allclose(planted_dk, k_.grad, rtol=1e-2)
