@@ -13,9 +13,11 @@ every call of a stock op the contract replaces (``STOCK_OPS``: ``F.linear``, ``t
 SDPA, ``log_softmax``, ``rms_norm`` / ``layer_norm``, ...) made outside every contract op. The
 contract kernels are made of torch ops themselves (``torch.bmm`` in the matmul reference), so a
 depth counter, raised while any contract op runs, tells the detector where it is. A function
-mode sees Python-level torch calls whatever the tensors' device (CPU and CUDA alike); autograd's
-C++ backward is not Python and is not seen. Per process and per thread of the forward: a run's
-ranks each record their own (``KernelCalls``; ``merge`` sums them).
+mode sees Python-level torch calls whatever the tensors' device (CPU and CUDA alike); the
+backward of built-in ops runs in autograd's C++ engine and is not seen (a Python
+``autograd.Function.backward`` would be: the gate records forward-only runs). Per process and
+per thread of the forward: a run's ranks each record their own (``KernelCalls``; ``merge`` sums
+them).
 """
 
 from __future__ import annotations
