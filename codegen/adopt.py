@@ -1,52 +1,82 @@
 """``adopt``: what replacing a hand-kept vendored package with the generated one changes.
 
-A semantic diff of public names, not of text: each module-level public name of a file that sync
-would overwrite (assignments, functions with their signatures, classes with their fields and
-methods) is compared with the same name in the generated file. A public name the generated file
-drops is refused unless the generated package still provides it in another module (a contract
-provides it) or the user allows the drop by name.
+Two comparisons, name by name. Statically (``ast``): each module-level public name of every file
+sync would overwrite. Dynamically: both versions are imported (``adopt_probe.py``, in a
+subprocess each, the package's ``__init__.py`` not run) and compared: dataclass fields (added,
+removed, reordered, defaults), parameters (renamed, re-kinded, defaults), constants, error types
+and messages, and the results of the public functions and of the contract objects' methods over a
+probe grid (contract ids, TP / CP / ``cp_comm_type`` forms, batch-invariant mode, rollout TP,
+backends, targets, K sizes). Each difference is one ``Change``; breaking ones are refused unless
+allowed by name (``--allow-drop`` for a dropped name or field, ``--allow-change`` for the rest).
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
-from pathlib import Path
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
 
 from .config import ProjectConfig
-from .drift import target_files
+from .drift import extra_files, target_files
 from .fingerprint import split_generated
+from .locate import config_lines, misplaced
+
+PROBE = Path(__file__).with_name("adopt_probe.py")
+PUBLIC_IDS = ("qwen3_dense_true_on_policy_v1", "qwen3_moe_true_on_policy_v1")
 
 
 @dataclass(frozen=True)
-class NameChange:
+class Change:
+    """One difference; ``refuse`` is the flag that allows it ("" when it needs none)."""
+
     target: str
     file: str  # path inside the sibling repo
-    name: str
-    kind: str  # "added" | "changed" | "dropped"
+    name: str  # the public name it is about (what --allow-drop / --allow-change take)
+    kind: str  # added | dropped | changed | field | param | value | error | file | contracts
+    detail: str
     old: str = ""
     new: str = ""
-    provided_by: str = ""  # for a drop: the generated module that still defines it
+    refuse: str = ""  # "--allow-drop" | "--allow-change" | "config" | ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 @dataclass
 class AdoptPlan:
-    changes: list[NameChange] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+    probes: dict[str, tuple[int, int]] = field(default_factory=dict)  # target -> (run, differ)
+    notes: list[str] = field(default_factory=list)
 
-    def refused(self, allowed: set[str]) -> list[NameChange]:
-        return [
-            c
-            for c in self.changes
-            if c.kind == "dropped" and not c.provided_by and c.name not in allowed
-        ]
+    def refused(self, drops: set[str], changes: set[str]) -> list[Change]:
+        out = []
+        for c in self.changes:
+            allowed = (c.refuse == "--allow-drop" and _allowed(c.name, drops)) or (
+                c.refuse == "--allow-change" and _allowed(c.name, changes | drops)
+            )
+            if c.refuse and not allowed:
+                out.append(c)
+        return out
+
+
+def _allowed(name: str, allowed: set[str]) -> bool:
+    """``name`` (``Cls.field``, ``fn(…)``, ``OBJ.method(…)``) or its top-level name is allowed."""
+    top = name.split("(", 1)[0].split(".", 1)[0]
+    return name in allowed or top in allowed or name.split("(", 1)[0] in allowed
+
+
+# --- static: public names with ast --------------------------------------------------------------
 
 
 def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    args = node.args
-    return f"def {node.name}({ast.unparse(args)})"
+    return f"def {node.name}({ast.unparse(node.args)})"
 
 
-def _describe(node: ast.stmt) -> dict[str, str]:
+def _describe(node: ast.stmt, package: str = "") -> dict[str, str]:
     """Public names a statement defines at module level, each with a comparable description."""
     out: dict[str, str] = {}
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -69,25 +99,31 @@ def _describe(node: ast.stmt) -> dict[str, str]:
     elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
         out[node.target.id] = ast.unparse(node.value) if node.value is not None else ""
     elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+        module = "." * node.level + (node.module or "")
+        if package and (node.module or "").startswith(package):
+            module = "." + (node.module or "")[len(package) :].lstrip(".")  # the package's own
         for alias in node.names:  # kept here; only re-exports stay public (public_names)
             name = alias.asname or alias.name
             if name != "*":
-                out[name] = f"from {'.' * node.level}{node.module or ''} import {alias.name}"
+                out[name] = f"from {module} import {alias.name}"
     elif isinstance(node, ast.If):  # e.g. `if TYPE_CHECKING:` blocks
         for child in node.body:
-            out.update(_describe(child))
+            out.update(_describe(child, package))
     return {k: v for k, v in out.items() if not k.startswith("_")}
 
 
-def public_names(source: bytes) -> dict[str, str]:
-    """``{public name: description}`` of a module's top level (SyntaxError if it does not parse)."""
+def public_names(source: bytes, package: str = "") -> dict[str, str]:
+    """``{public name: description}`` of a module's top level (SyntaxError if it does not parse).
+
+    An import is public API when re-exported: listed in ``__all__``, or taken from the package's
+    own modules (``from .schema import ModelFamily``; or absolutely, as SGLang's modules import
+    ``sglang.srt.true_on_policy.schema``), which sibling modules import from here.
+    """
     tree = ast.parse(source)
     names: dict[str, str] = {}
     for node in tree.body:
-        names.update(_describe(node))
+        names.update(_describe(node, package))
     exported = _dunder_all(tree) or set()
-    # An import is public API when re-exported: listed in __all__, or taken from the package's
-    # own modules (``from .schema import ModelFamily``, which sibling modules import from here).
     return {
         k: v
         for k, v in names.items()
@@ -107,47 +143,365 @@ def _dunder_all(tree: ast.Module) -> set[str] | None:
     return None
 
 
-def _comparable(description: str) -> str:
-    """Descriptions of an import and of a definition of the same object count as the same."""
-    return "import" if description.startswith("from ") else description
+# --- dynamic: import both versions ----------------------------------------------------------
+
+
+def import_root(repo: Path, package: str) -> tuple[Path, str]:
+    """The folder the package is imported from and its dotted name: up from the package while
+    the parent folder is a package (has ``__init__.py``); ``python/sglang/srt/true_on_policy`` in
+    the SGLang repo is ``sglang.srt.true_on_policy`` under ``python/``."""
+    parts = list(PurePosixPath(package).parts)
+    start = len(parts) - 1
+    while start > 0 and (repo.joinpath(*parts[:start]) / "__init__.py").is_file():
+        start -= 1
+    return repo.joinpath(*parts[:start]), ".".join(parts[start:])
+
+
+def probe(root: Path, dotted: str, stems: list[str], names: dict[str, list[str]],
+          ids: list[str]) -> dict:  # fmt: skip
+    """``adopt_probe.describe`` of the package at ``root``/``dotted``, in a fresh interpreter."""
+    spec = {"root": str(root), "package": dotted, "modules": stems, "names": names, "ids": ids}
+    done = subprocess.run([sys.executable, "-I", str(PROBE), json.dumps(spec)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    if done.returncode != 0:
+        return {"modules": {}, "probes": {}, "errors": {"*": done.stderr.strip()[-2000:]}}
+    return json.loads(done.stdout)
+
+
+def _params_changes(name: str, old: list, new: list) -> list[tuple[str, str]]:
+    """(detail, refuse) for each parameter difference of one callable."""
+    out: list[tuple[str, str]] = []
+    old_p = [p for p in old if p[0] != "self"]
+    new_p = [p for p in new if p[0] != "self"]
+    new_by_name = {p[0]: p for p in new_p}
+    for i, (pname, kind, default) in enumerate(old_p):
+        if pname in new_by_name:
+            _, nkind, ndefault = new_by_name[pname]
+            if nkind != kind:
+                breaks = kind == "POSITIONAL_OR_KEYWORD" and nkind != "POSITIONAL_OR_KEYWORD"
+                out.append((f"parameter {pname}: {kind.lower()} -> {nkind.lower()}",
+                            "--allow-change" if breaks else ""))  # fmt: skip
+            if ndefault != default:
+                removed = ndefault == "<required>"
+                changed = default != "<required>" and not removed
+                out.append((f"parameter {pname}: default {default} -> {ndefault}",
+                            "--allow-change" if removed or changed else ""))  # fmt: skip
+            continue
+        at = new_p[i] if i < len(new_p) else None
+        if at is not None and at[0] not in {p[0] for p in old_p}:
+            out.append((f"parameter {pname} renamed {at[0]} (a call {name}({pname}=…) raises "
+                        "TypeError)", "--allow-change"))  # fmt: skip
+        else:
+            out.append((f"parameter {pname} removed", "--allow-drop"))
+    old_names = {p[0] for p in old_p}
+    for j, (pname, kind, default) in enumerate(new_p):
+        if pname in old_names or (j < len(old_p) and old_p[j][0] not in new_by_name):
+            continue
+        out.append((f"parameter {pname} added ({kind.lower()}, default {default})",
+                    "--allow-change" if default == "<required>" else ""))  # fmt: skip
+    return out
+
+
+def _fields_changes(old: list, new: list) -> list[tuple[str, str, str]]:
+    """(field, detail, refuse) for each dataclass field difference."""
+    out = []
+    old_names, new_names = [f[0] for f in old], [f[0] for f in new]
+    new_by = {f[0]: f for f in new}
+    for fname, ftype, default in old:
+        if fname not in new_by:
+            out.append((fname, f"field {fname}: {ftype} (default {default}) removed",
+                        "--allow-drop"))  # fmt: skip
+        elif new_by[fname][2] != default:
+            out.append((fname, f"field {fname}: default {default} -> {new_by[fname][2]}",
+                        "--allow-change"))  # fmt: skip
+    for fname, ftype, default in new:
+        if fname not in old_names:
+            out.append((fname, f"field {fname}: {ftype} = {default} added",
+                        "--allow-change" if default == "<required>" else ""))  # fmt: skip
+    common_old = [n for n in old_names if n in new_by]
+    common_new = [n for n in new_names if n in old_names]
+    if common_old != common_new:
+        out.append(("", f"fields reordered: {', '.join(common_old)} -> {', '.join(common_new)}",
+                    "--allow-change"))  # fmt: skip
+    return out
+
+
+def _outcome_text(o: dict) -> str:
+    if "value" in o:
+        return o["value"]
+    return f"raises {o['raises']}: {o['message']}"
+
+
+def _compare_outcomes(key: str, old: dict, new: dict) -> tuple[str, str] | None:
+    """(detail, refuse) when a probe's outcome differs; None when equal."""
+    if old == new:
+        return None
+    if "value" in old and "value" in new:
+        return _value_change(old, new)
+    if "raises" in old and "raises" in new and old["message"] == new["message"]:
+        if old["raises"] in new["mro"]:
+            return (f"error type {old['raises']} -> {new['raises']} (a subclass: `except "
+                    f"{old['raises']}` still catches it)", "")  # fmt: skip
+        return f"error type {old['raises']} -> {new['raises']}", "--allow-change"
+    if "raises" in old and "raises" in new:
+        return "error message changed", "--allow-change"
+    return "value changed", "--allow-change"
+
+
+def _gained(old: object, new: object, path: str = "") -> list[str] | None:
+    """Fields ``new`` adds to ``old`` (dotted paths) when every old value is kept; None when some
+    old value differs."""
+    if isinstance(old, dict) and isinstance(new, dict) and "__class__" in old:
+        if old.get("__class__") != new.get("__class__"):
+            return None
+        found: list[str] = []
+        for key, value in old["fields"].items():
+            if key not in new["fields"]:
+                return None
+            sub = _gained(value, new["fields"][key], f"{path}{key}.")
+            if sub is None:
+                return None
+            found += sub
+        found += [f"{path}{k}={v}" for k, v in new["fields"].items() if k not in old["fields"]]
+        return found
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        found = []
+        for a, b in zip(old, new, strict=False):
+            sub = _gained(a, b, path)
+            if sub is None:
+                return None
+            found += sub
+        return found
+    return [] if old == new else None
+
+
+def _value_change(old: dict, new: dict) -> tuple[str, str] | None:
+    if old.get("value") == new.get("value"):
+        return None
+    gained = _gained(old.get("tree"), new.get("tree"))
+    if gained:
+        return f"same values, gains fields {', '.join(gained)}", ""
+    if "literal" in old and "literal" in new:
+        gained = sorted(set(new["literal"]) - set(old["literal"]))
+        lost = sorted(set(old["literal"]) - set(new["literal"]))
+        if not lost:
+            return f"Literal widened by {', '.join(gained)}", ""
+        return f"Literal loses {', '.join(lost)}", "--allow-change"
+    ov, nv = old.get("value", ""), new.get("value", "")
+    if nv.startswith(ov[:-1].split("(", 1)[0] + "(") and ov.endswith(")"):
+        # a dataclass instance: the same values in the old fields, plus new ones, is a widening
+        old_fields = _split_fields(ov)
+        new_fields = _split_fields(nv)
+        if (
+            old_fields is not None
+            and new_fields is not None
+            and all(new_fields.get(k) == v for k, v in old_fields.items())
+        ):
+            extra = [f"{k}={v}" for k, v in new_fields.items() if k not in old_fields]
+            return f"same values, gains fields {', '.join(extra)}", ""
+    return "value changed", "--allow-change"
+
+
+def _split_fields(text: str) -> dict[str, str] | None:
+    """``Cls(a=1, b=X(c=2))`` -> {"a": "1", "b": "X(c=2)"} (top-level fields only)."""
+    if "(" not in text or not text.endswith(")"):
+        return None
+    body, out, depth, current = text[text.index("(") + 1 : -1], {}, 0, ""
+    quote = ""
+    for ch in body + ",":
+        if quote:
+            current += ch
+            quote = "" if ch == quote else quote
+            continue
+        if ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            key, sep, value = current.strip().partition("=")
+            if not sep:
+                return None
+            out[key] = value
+            current = ""
+            continue
+        current += ch
+    return out
+
+
+def _dynamic(target: str, old: dict, new: dict, files: dict[str, str]) -> tuple[list[Change], int, int]:  # fmt: skip
+    """Changes from the two probe reports; (changes, probes run, probes that differ)."""
+    changes: list[Change] = []
+    for stem, names in old["modules"].items():
+        rel = files[stem]
+        new_names = new["modules"].get(stem, {})
+        for name, entry in names.items():
+            other = new_names.get(name)
+            if other is None:
+                continue  # a dropped name: reported by the static comparison
+            if entry.get("kind") != other.get("kind"):
+                changes.append(Change(target, rel, name, "changed",
+                                      f"{entry.get('kind')} -> {other.get('kind')}",
+                                      refuse="--allow-change"))  # fmt: skip
+                continue
+            if entry["kind"] == "class":
+                for fname, detail, refuse in _fields_changes(entry.get("fields") or [],
+                                                             other.get("fields") or []):  # fmt: skip
+                    shown = f"{name}.{fname}" if fname else name
+                    changes.append(Change(target, rel, shown, "field", detail, refuse=refuse))
+                for method, params in (entry.get("methods") or {}).items():
+                    new_params = (other.get("methods") or {}).get(method)
+                    if new_params is None:
+                        changes.append(Change(target, rel, f"{name}.{method}", "dropped",
+                                              "method removed", refuse="--allow-drop"))  # fmt: skip
+                        continue
+                    for detail, refuse in _params_changes(method, params or [], new_params or []):
+                        changes.append(Change(target, rel, f"{name}.{method}", "param", detail,
+                                              refuse=refuse))  # fmt: skip
+                for prop in set(entry.get("properties") or []) - set(other.get("properties") or []):
+                    changes.append(Change(target, rel, f"{name}.{prop}", "dropped",
+                                          "property removed", refuse="--allow-drop"))  # fmt: skip
+            elif entry["kind"] == "function":
+                for detail, refuse in _params_changes(name, entry.get("params") or [],
+                                                      other.get("params") or []):  # fmt: skip
+                    changes.append(Change(target, rel, name, "param", detail, refuse=refuse))
+            else:
+                found = _value_change(entry, other)
+                if found:
+                    changes.append(Change(target, rel, name, "value", found[0], entry["value"],
+                                          other["value"], refuse=found[1]))  # fmt: skip
+    run = differ = 0
+    info: dict[tuple[str, str, str], list[str]] = {}  # (file, callable, detail) -> probes
+    for key, outcome in sorted(old["probes"].items()):
+        if key not in new["probes"]:
+            continue
+        run += 1
+        found = _compare_outcomes(key, outcome, new["probes"][key])
+        if not found:
+            continue
+        rel = next((files[s] for s, n in old["modules"].items()
+                    if key.split("(", 1)[0].split(".", 1)[0] in n), "")  # fmt: skip
+        if not found[1]:  # compatible (a subclass error, added fields): one line per callable
+            info.setdefault((rel, key.split("(", 1)[0], found[0]), []).append(key)
+            continue
+        differ += 1
+        kind = "error" if "raises" in outcome or "raises" in new["probes"][key] else "value"
+        changes.append(Change(target, rel, key, kind, found[0], _outcome_text(outcome),
+                              _outcome_text(new["probes"][key]), refuse=found[1]))  # fmt: skip
+    for (rel, name, detail), keys in sorted(info.items()):
+        shown = keys[0] if len(keys) == 1 else f"{name}(…)"
+        changes.append(Change(target, rel, shown, "error" if "error" in detail else "value",
+                              f"{detail} (in {len(keys)} probe(s), e.g. {keys[0]})"))  # fmt: skip
+    return changes, run, differ
+
+
+def _implemented_today(old: dict) -> list[str] | None:
+    """The ids the hand-kept ``get_true_on_policy_contract`` accepts (None if not probed)."""
+    accepted = {key[len("get_true_on_policy_contract(") + 1 : -2]: "value" in outcome
+                for key, outcome in old["probes"].items()
+                if key.startswith("get_true_on_policy_contract('")}  # fmt: skip
+    if not accepted:
+        return None
+    return sorted(cid for cid, ok in accepted.items() if ok)
 
 
 def plan_adopt(
-    rendered: dict[str, bytes], target: str, repo: Path, config: ProjectConfig
+    vendored: dict[str, bytes],
+    target: str,
+    repo: Path,
+    config: ProjectConfig,
+    known_ids: list[str] | None = None,
 ) -> AdoptPlan:
-    """Name-by-name changes of every hand-kept file that syncing ``target`` into ``repo`` replaces."""
-    files = target_files(rendered, target, config)
-    generated = {rel: public_names(content) for rel, content in files.items()}
+    """Every change that syncing ``target`` into ``repo`` makes to its hand-kept package."""
     plan = AdoptPlan()
+    package = config.package(target)
+    elsewhere = misplaced(repo, target, package)
+    if elsewhere:
+        plan.changes.append(Change(target, package, package, "contracts", elsewhere,
+                                   refuse="config"))  # fmt: skip
+        return plan
+    files = target_files(vendored, target, config)
+    hand_kept: dict[str, bytes] = {}
     for rel in sorted(files):
         dest = repo / rel
         if not dest.is_file():
+            plan.changes.append(Change(target, rel, PurePosixPath(rel).name, "file",
+                                       "new file (generated)"))  # fmt: skip
             continue
         current = dest.read_bytes()
         if split_generated(current) is not None:
             continue  # already contractgen's: sync's own checks apply
+        hand_kept[rel] = current
+        plan.changes.append(Change(target, rel, PurePosixPath(rel).name, "file",
+                                   "hand-kept file replaced by the generated one"))  # fmt: skip
+    stamped, own = extra_files(files, repo, package)
+    for rel in stamped:
+        plan.changes.append(Change(target, rel, PurePosixPath(rel).name, "file",
+                                   "removed (stamped by contractgen; no contract produces it)"))  # fmt: skip
+    if own:
+        plan.notes.append(f"{target}: {len(own)} module(s) of the repo's own in {package}/ are "
+                          "left alone: " + ", ".join(PurePosixPath(r).name for r in own))  # fmt: skip
+    if not hand_kept:
+        return plan
+    root, dotted = import_root(repo, package)
+    static_new = {rel: public_names(content, dotted) for rel, content in files.items()}
+    static_old = {}
+    for rel, content in hand_kept.items():
         try:
-            old = public_names(current)
+            static_old[rel] = public_names(content, dotted)
         except SyntaxError as exc:
-            raise ValueError(f"{dest}: does not parse ({exc.msg}, line {exc.lineno})") from None
-        new = generated[rel]
+            raise ValueError(
+                f"{repo / rel}: does not parse ({exc.msg}, line {exc.lineno})"
+            ) from None
+    for rel, old in static_old.items():
+        new = static_new[rel]
         for name in sorted(set(old) | set(new)):
             if name not in old:
-                plan.changes.append(NameChange(target, rel, name, "added", new=new[name]))
+                plan.changes.append(Change(target, rel, name, "added", "new name", new=new[name]))
             elif name not in new:
-                elsewhere = sorted(r for r, names in generated.items() if name in names)
-                plan.changes.append(
-                    NameChange(
-                        target,
-                        rel,
-                        name,
-                        "dropped",
-                        old=old[name],
-                        provided_by=elsewhere[0] if elsewhere else "",
-                    )  # fmt: skip
-                )
-            elif _comparable(old[name]) != _comparable(new[name]):
-                plan.changes.append(
-                    NameChange(target, rel, name, "changed", old=old[name], new=new[name])
-                )
+                elsewhere_names = sorted(r for r, ns in static_new.items() if name in ns)
+                hint = (f"; still defined in {elsewhere_names[0]} (import it from there)"
+                        if elsewhere_names else "")  # fmt: skip
+                plan.changes.append(Change(target, rel, name, "dropped",
+                                           f"public name removed{hint}", old=old[name],
+                                           refuse="--allow-drop"))  # fmt: skip
+    # import both versions and compare their behaviour
+    stems = sorted({PurePosixPath(rel).stem for rel in hand_kept} | {"runtime_policy"})
+    stems = [s for s in stems if s != "__init__"]
+    by_stem = {PurePosixPath(rel).stem: rel for rel in files}
+    names = {PurePosixPath(rel).stem: sorted(static_old.get(rel, {})) for rel in hand_kept}
+    ids = sorted({*(known_ids or []), *PUBLIC_IDS, "unknown_contract"})
+    ids.remove("unknown_contract")
+    ids.append("unknown_contract")
+    old_report = probe(root, dotted, [s for s in stems if s in names], names, ids)
+    with tempfile.TemporaryDirectory(prefix="contractgen-adopt-") as tmp:
+        new_root = Path(tmp)
+        for rel, content in files.items():
+            dest = new_root.joinpath(*dotted.split("."), PurePosixPath(rel).name)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(content)
+        new_report = probe(new_root, dotted, [s for s in stems if s in names], names, ids)
+    for where, report in (("hand-kept", old_report), ("generated", new_report)):
+        for stem, error in report["errors"].items():
+            plan.notes.append(f"{target}: could not import the {where} {stem}: {error}; its "
+                              "values are not compared")  # fmt: skip
+    changes, run, differ = _dynamic(target, old_report, new_report, by_stem)
+    plan.changes += changes
+    plan.probes[target] = (run, differ)
+    today = _implemented_today(old_report)
+    declared = config.declared.get(target)
+    if today is not None:
+        if declared is None:
+            plan.changes.append(Change(
+                target, package, "contracts", "contracts",
+                f"the repo implements {', '.join(today) or 'no contract'} today, but "
+                f"contractgen.toml declares no contract set for {target} (every contract would "
+                f"be vendored and accepted). Declare it:\n{config_lines(target, package, tuple(today))}",
+                refuse="config",
+            ))  # fmt: skip
+        else:
+            plan.changes.append(Change(target, package, "contracts", "contracts",
+                                       f"implements today: {', '.join(today)}; declared in "
+                                       f"contractgen.toml: {', '.join(declared)}"))  # fmt: skip
     return plan

@@ -16,6 +16,15 @@ def _package_dir(name: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+# What contractgen.toml declares for each target (a wheel ships no contractgen.toml; a test keeps
+# the two equal): the contracts the public repos implement today.
+BUILTIN_DECLARED: dict[str, tuple[str, ...]] = {
+    "launcher": ("qwen3_dense_true_on_policy_v1",),
+    "megatron": ("qwen3_dense_true_on_policy_v1",),
+    "sglang": ("qwen3_dense_true_on_policy_v1",),
+}
+
+
 @cache
 def builtin_config() -> ProjectConfig:
     """The project config of contractgen's own checkout (editable install) or of its package data."""
@@ -31,4 +40,5 @@ def builtin_config() -> ProjectConfig:
         generated_dir=generated or config.generated_dir,
         packages=config.packages,
         no_init=config.no_init,
+        declared=dict(BUILTIN_DECLARED),
     )

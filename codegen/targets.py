@@ -87,11 +87,11 @@ TARGETS: dict[str, Target] = {
             repo="miles",
             default_package="miles/true_on_policy",
             policy_class="LauncherTrueOnPolicyRuntimePolicy",
-            contract_class="LauncherTrueOnPolicyContract",
+            contract_class="TrueOnPolicyContract",  # miles' own class name
             id_constant_is_object=True,
             summary="Miles launcher",
             role="launcher",
-            contract_class_aliases=("TrueOnPolicyContract",),
+            contract_class_aliases=("LauncherTrueOnPolicyContract",),
             lookup_param="name",
         ),
     )

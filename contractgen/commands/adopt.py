@@ -2,31 +2,82 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
-from ..codegen.adopt import AdoptPlan, NameChange, plan_adopt
+from ..codegen.adopt import AdoptPlan, Change, plan_adopt
 from ..codegen.sync import sync
 from ._common import EXIT_DRIFT, EXIT_OK, fail, handle_errors, parse_repo_options, project_from
 
-
-def _short(text: str, limit: int = 90) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 15] + f"… ({len(text)} chars)"
+SIGNS = {"added": "+", "dropped": "-", "file": "*", "contracts": "="}
 
 
-def _line(c: NameChange, allowed: set[str]) -> str:
-    where = f"{c.target}:{c.file}"
+def _status(c: Change, refused: set[int]) -> str:
+    if not c.refuse:
+        return ""
+    if id(c) in refused:
+        if c.refuse == "config":
+            return " [REFUSED: fix contractgen.toml]"
+        return f" [REFUSED: {c.refuse} {c.name.split('(', 1)[0]}]"
+    return f" [allowed: {c.refuse}]"
+
+
+def _line(c: Change, refused: set[int]) -> str:
+    values = f": {c.old} -> {c.new}" if c.old or c.new else ""
     if c.kind == "added":
-        return f"  + {where}: {c.name} = {_short(c.new)}"
-    if c.kind == "changed":
-        return f"  ~ {where}: {c.name}: {_short(c.old, 60)} -> {_short(c.new, 60)}"
-    if c.provided_by:
-        return f"  - {where}: {c.name} (still provided by {c.provided_by})"
-    if c.name in allowed:
-        return f"  - {where}: {c.name} (dropped: --allow-drop {c.name})"
-    return f"  - {where}: {c.name} (REFUSED: dropping a public name)"
+        values = f" = {c.new}"
+    elif c.kind == "dropped" and c.old:
+        values = f" (was {c.old})"
+    detail = c.detail.replace("\n", "\n      ")
+    return (f"  {SIGNS.get(c.kind, '~')} {c.target}:{c.file}: {c.name}: {detail}{values}"
+            f"{_status(c, refused)}")  # fmt: skip
+
+
+def _summary(plan: AdoptPlan) -> str:
+    counts = {k: sum(c.kind == k for c in plan.changes)
+              for k in ("added", "dropped", "field", "param", "value", "error", "file")}  # fmt: skip
+    probes = "; ".join(
+        f"{t}: {d} of {r} probes differ" for t, (r, d) in sorted(plan.probes.items())
+    )
+    text = ", ".join(f"{n} {k}" for k, n in counts.items())
+    return text + (f" ({probes})" if probes else "")
+
+
+def _markdown(plan: AdoptPlan, refused: set[int], written: int | None) -> str:
+    lines = ["## Adopt contractgen's generated true-on-policy package", ""]
+    targets = sorted({c.target for c in plan.changes})
+    lines.append(
+        "Replaces the hand-kept true-on-policy modules of "
+        + ", ".join(f"`{t}`" for t in targets)
+        + " with the ones `contractgen sync` generates, after a name-by-name and value-by-value "
+        "comparison of both versions (`contractgen adopt`)."
+    )
+    lines += ["", f"**Summary:** {_summary(plan)}.", ""]
+    if refused:
+        lines += ["### Refused (nothing written until allowed or fixed)", ""]
+        lines += [f"- {_line(c, refused).strip()}" for c in plan.changes if id(c) in refused]
+        lines.append("")
+    sections = (
+        ("Files", ("file",)),
+        ("Contracts implemented", ("contracts",)),
+        ("Removed names, fields and parameters", ("dropped",)),
+        ("Changed values and errors", ("value", "error", "changed")),
+        ("Changed fields and parameters", ("field", "param")),
+        ("Added names", ("added",)),
+    )
+    for title, kinds in sections:
+        rows = [c for c in plan.changes if c.kind in kinds and id(c) not in refused]
+        if rows:
+            lines += [f"### {title}", ""]
+            lines += [f"- {_line(c, refused).strip()}" for c in rows]
+            lines.append("")
+    if plan.notes:
+        lines += ["### Notes", "", *(f"- {n}" for n in plan.notes), ""]
+    if written is not None:
+        lines += [f"{written} file(s) written.", ""]
+    return "\n".join(lines)
 
 
 @click.command("adopt")
@@ -36,51 +87,87 @@ def _line(c: NameChange, allowed: set[str]) -> str:
 )  # fmt: skip
 @click.option(
     "--allow-drop", "allow", multiple=True, metavar="NAME",
-    help="A public name the generated package may drop (repeat for several).",
+    help="A public name, field or parameter the generated package may drop (repeat for several).",
 )  # fmt: skip
-@click.option("--dry-run", is_flag=True, help="Report the name-by-name changes; write nothing.")
+@click.option(
+    "--allow-change", "allow_change", multiple=True, metavar="NAME",
+    help="A public name whose probed values, errors, fields or parameters may change (repeat).",
+)  # fmt: skip
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
+    show_default=True, help="text for people, json for tools, markdown for a PR description.",
+)  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Report the changes; write nothing.")
 @click.pass_context
 @handle_errors
 def command(
-    ctx: click.Context, repos: tuple[str, ...], allow: tuple[str, ...], dry_run: bool
+    ctx: click.Context,
+    repos: tuple[str, ...],
+    allow: tuple[str, ...],
+    allow_change: tuple[str, ...],
+    fmt: str,
+    dry_run: bool,
 ) -> None:
-    """Replace a hand-kept vendored package with the generated one, after a semantic diff.
+    """Replace a hand-kept vendored package with the generated one, after a review-grade diff.
 
-    Reports, name by name, what each file sync would overwrite gains (+), changes (~) or drops
-    (-). Exit 1 (nothing written) when a public name would be dropped that no generated module
-    provides and --allow-drop does not name; else syncs the package (the repo's own other files
-    are left alone).
+    Reports, name by name, what each replaced file gains (+), changes (~) or drops (-): fields,
+    parameters, constants, error types and messages, and the results of the public functions
+    over a probe grid (both versions imported), each difference one line, never cut. Exit 1,
+    nothing written, when it would drop a name, field or parameter (unless --allow-drop NAME),
+    change a probed value, error or signature (unless --allow-change NAME), write beside the
+    package the repo really uses, or vendor a contract set contractgen.toml does not declare.
     """
     project = project_from(ctx)
     targets = parse_repo_options(repos)
     for target, path in targets:
         if not path.is_dir():
             fail(f"error: --repo {target}={path}: not a directory")
-    allowed = set(allow)
     plan = AdoptPlan()
+    ids = [lc.id for lc in project.contracts]
     for target, path in targets:
         try:
-            plan.changes += plan_adopt(project.vendored, target, path, project.config).changes
+            one = plan_adopt(project.vendored, target, path, project.config, ids)
         except ValueError as exc:
             fail(f"error: {exc}")
-    for c in plan.changes:
-        click.echo(_line(c, allowed))
-    counts = {k: sum(c.kind == k for c in plan.changes) for k in ("added", "changed", "dropped")}
-    summary = ", ".join(f"{n} {k}" for k, n in counts.items())
-    refused = plan.refused(allowed)
-    if refused:
-        names = ", ".join(sorted({c.name for c in refused}))
+        plan.changes += one.changes
+        plan.probes.update(one.probes)
+        plan.notes += one.notes
+    refused_list = plan.refused(set(allow), set(allow_change))
+    refused = {id(c) for c in refused_list}
+    written = None
+    if not refused_list and not dry_run:
+        sync_plan, files = sync(project.vendored, targets, project.config, force=True)
+        if sync_plan.refused:  # e.g. a symlink leading out of the repo
+            for f in sync_plan.refused:
+                click.echo(f"refused: {f.problem}", err=True)
+            sys.exit(EXIT_DRIFT)
+        written = len(files)
+    if fmt == "json":
+        click.echo(json.dumps({
+            "ok": not refused_list,
+            "written": written,
+            "changes": [dict(c.to_json(), refused=id(c) in refused) for c in plan.changes],
+            "probes": {t: {"run": r, "differ": d} for t, (r, d) in plan.probes.items()},
+            "notes": plan.notes,
+        }, indent=2))  # fmt: skip
+    elif fmt == "markdown":
+        click.echo(_markdown(plan, refused, written))
+    else:
+        for c in plan.changes:
+            click.echo(_line(c, refused))
+        for note in plan.notes:
+            click.echo(f"note: {note}")
+    if refused_list and fmt == "text":
+        click.echo(f"adopt: {_summary(plan)}; nothing written")
+    if refused_list:
+        names = ", ".join(sorted({c.name.split("(", 1)[0] for c in refused_list}))
         click.echo(
-            f"adopt: refused, it would drop public name(s) {names}; keep them in a contract or "
-            "template, or pass --allow-drop NAME for each (nothing written)",
+            f"adopt: refused ({len(refused_list)} change(s): {names}); allow each with "
+            "--allow-drop NAME / --allow-change NAME, or fix contractgen.toml (nothing written)",
             err=True,
         )
         sys.exit(EXIT_DRIFT)
-    if dry_run:
-        click.echo(f"adopt --dry-run: {summary}; nothing written")
-        sys.exit(EXIT_OK)
-    _, written = sync(project.vendored, targets, project.config, force=True)
-    for f in written:
-        verb = "removed" if f.action == "remove" else f"{f.action}d"
-        click.echo(f"{verb} {f.target}:{f.repo / f.rel}")
-    click.echo(f"adopt: {summary}; {len(written)} file(s) written")
+    if fmt == "text":
+        done = "nothing written" if dry_run else f"{written} file(s) written"
+        click.echo(f"adopt{' --dry-run' if dry_run else ''}: {_summary(plan)}; {done}")
+    sys.exit(EXIT_OK)

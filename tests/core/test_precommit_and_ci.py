@@ -19,7 +19,7 @@ HOOKS = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
 BY_ID = {h["id"]: h for h in HOOKS}
 DOC = (ROOT / "docs" / "sibling-ci.md").read_text()
 VERIFY = ROOT / BY_ID["contractgen-verify-vendored"]["entry"]
-GENERATED_NAMES = ("__init__.py", "schema.py", "runtime_policy.py")
+GENERATED_NAMES = ("__init__.py", "contracts.py", "schema.py", "runtime_policy.py")
 
 
 def _synced_repo(tmp_path: Path, target: str) -> Path:
@@ -45,7 +45,7 @@ def test_hook_file_pattern(package: str) -> None:
     pattern = re.compile(BY_ID["contractgen-verify-vendored"]["files"])
     for name in GENERATED_NAMES:
         assert pattern.search(f"{package}/{name}")
-    for other in ("contracts.py", "config.py", "matmul.py"):
+    for other in ("config.py", "matmul.py", "norm.py"):
         assert not pattern.search(f"{package}/{other}")
 
 

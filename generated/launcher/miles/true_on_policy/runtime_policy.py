@@ -12,7 +12,7 @@
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_moe_true_on_policy_v1 sha256:617762a39957d6bb44e2dd2d989541b469bdd511bdde9a1d24750121eb539839
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
-# canonical-sha256: 60ef2ef76c0e5b0d74a751eae2bdd861ffed7747d2d55b88d207b57807fcc27c
+# canonical-sha256: 4a9e57d83977a98510f555185e8c330083e9c5f058ec51df0889d999dcf17881
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -206,7 +206,7 @@ def _resolve(rule: tuple, config: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class LauncherTrueOnPolicyContract:
+class TrueOnPolicyContract:
     """Miles launcher adapter from a shared contract schema to its runtime policy."""
 
     schema: TrueOnPolicyContractSchema
@@ -283,22 +283,22 @@ class LauncherTrueOnPolicyContract:
         }
 
 
-LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
+LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = TrueOnPolicyContract(
     schema=LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 LLAMA3_DENSE_TRUE_ON_POLICY_CONTRACT = LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
-QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
+QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
-QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = LauncherTrueOnPolicyContract(
+QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
 )
-QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
+QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 QWEN3_MOE_TRUE_ON_POLICY_CONTRACT = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
-QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = LauncherTrueOnPolicyContract(
+QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
 )
 
@@ -310,9 +310,9 @@ QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT
 
 # The public module's name for the contract class.
-TrueOnPolicyContract = LauncherTrueOnPolicyContract
+LauncherTrueOnPolicyContract = TrueOnPolicyContract
 
-_CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
+_CONTRACT_BY_NAME: dict[str, TrueOnPolicyContract] = {
     "llama3_dense_true_on_policy_v1": LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
@@ -321,7 +321,7 @@ _CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
 }
 
 
-def get_true_on_policy_contract(name: str) -> LauncherTrueOnPolicyContract:
+def get_true_on_policy_contract(name: str) -> TrueOnPolicyContract:
     """The contract ``name`` names, if this repository implements it.
 
     Any other id raises UnknownContractError (a ValueError) with the public wording:
@@ -364,8 +364,8 @@ def resolve_true_on_policy_runtime_policy(config: Any) -> LauncherTrueOnPolicyRu
 __all__ = [
     "CONTRACT_IDS",
     "DEFAULT_RUNTIME_POLICY",
-    "LauncherTrueOnPolicyContract",
     "LauncherTrueOnPolicyRuntimePolicy",
+    "TrueOnPolicyContract",
     "get_true_on_policy_contract",
     "policy_for",
     "resolve_true_on_policy_runtime_policy",

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
-# canonical-sha256: 849e77e4c677049e3f1774d550980ff59aaf8d4a7d2428fe7fca975c3aa9d02b
+# canonical-sha256: c0f5ae623da7da5a1e541428f9f4342e5778ad67f6cb036773678b21a138b3b2
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -134,7 +134,7 @@ def _resolve(rule: tuple, config: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class LauncherTrueOnPolicyContract:
+class TrueOnPolicyContract:
     """Miles launcher adapter from a shared contract schema to its runtime policy."""
 
     schema: TrueOnPolicyContractSchema
@@ -211,7 +211,7 @@ class LauncherTrueOnPolicyContract:
         }
 
 
-QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = LauncherTrueOnPolicyContract(
+QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
@@ -220,14 +220,14 @@ QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 
 # The public module's name for the contract class.
-TrueOnPolicyContract = LauncherTrueOnPolicyContract
+LauncherTrueOnPolicyContract = TrueOnPolicyContract
 
-_CONTRACT_BY_NAME: dict[str, LauncherTrueOnPolicyContract] = {
+_CONTRACT_BY_NAME: dict[str, TrueOnPolicyContract] = {
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
 }
 
 
-def get_true_on_policy_contract(name: str) -> LauncherTrueOnPolicyContract:
+def get_true_on_policy_contract(name: str) -> TrueOnPolicyContract:
     """The contract ``name`` names, if this repository implements it.
 
     Any other id raises UnknownContractError (a ValueError) with the public wording:
@@ -270,8 +270,8 @@ def resolve_true_on_policy_runtime_policy(config: Any) -> LauncherTrueOnPolicyRu
 __all__ = [
     "CONTRACT_IDS",
     "DEFAULT_RUNTIME_POLICY",
-    "LauncherTrueOnPolicyContract",
     "LauncherTrueOnPolicyRuntimePolicy",
+    "TrueOnPolicyContract",
     "get_true_on_policy_contract",
     "policy_for",
     "resolve_true_on_policy_runtime_policy",
