@@ -477,13 +477,14 @@ def table(report: dict) -> list[str]:
     lines += [
         "",
         f"{'step':<6}{'pairs exact':>12}  {'max|ratio-1|':>12}  {'kl':>9}  {'loss':>9}  "
-        f"{'reward':>7}  weights",
+        f"{'reward':>7}  {'3-way':>5}  weights",
     ]
     for s in report["steps"]:
         exact = f"{sum(p['exact'] for p in s['pairs'])}/{len(s['pairs'])}"
         lines.append(
             f"{s['step']:<6}{exact:>12}  {s['ratio_max_abs_dev']:>12.3g}  "
             f"{s['kl']:>9.3g}  {s['loss']:>9.4f}  {s['reward_mean']:>7.3f}  "
+            f"{s['three_way']['mismatch_count']:>5}  "
             f"{'synced' if s['weights_synced'] else 'NOT synced'}"
         )
     lines += _grads_lines(report)
