@@ -70,6 +70,11 @@ def to_text(plan: LaunchPlan) -> str:
     if plan.needs_newer_sglang:
         lines += ["", f"needs a newer SGLang than {plan.sglang_release}:"]
         lines += [f"  {flag}: from {where}" for flag, where in plan.needs_newer_sglang]
+    lines += [
+        "",
+        "real SGLang leaves the proven numerics here (the gate runs this project's SGLang numerics):",
+    ]
+    lines += [f"  {op}: {why}" for op, why in plan.unproven_on_real_sglang]
     lines += ["", "applied inside the engines once the contract is named (no flag):"]
     for row in plan.engine_side:
         lines.append(f"  {row.source} = {_show(row.value)}: {row.reason}")
@@ -123,6 +128,9 @@ def to_json_data(plan: LaunchPlan) -> dict[str, Any]:
             {"flag": f, "sglang_release": plan.sglang_release, "from": where}
             for f, where in plan.needs_newer_sglang
         ],
+        "unproven_on_real_sglang": [
+            {"op": op, "why": why} for op, why in plan.unproven_on_real_sglang
+        ],
         "never_pass": [
             {"flag": r.args[0], "table": r.table, "source": r.source, "reason": r.reason}
             for r in plan.forbidden
@@ -157,6 +165,8 @@ def to_shell(plan: LaunchPlan) -> str:
         lines.append(f"# needs a newer SGLang than {plan.sglang_release}: {flag} (from {where})")
     for row in plan.forbidden:
         lines.append(f"# never pass {row.args[0]} ({row.table}): {row.reason}")
+    for op, why in plan.unproven_on_real_sglang:
+        lines.append(f"# real SGLang, not proven here: {op}: {why}")
     lines.append(shlex.join(plan.rollout_command))
     lines.append(shlex.join(plan.trainer_command))
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from typing import Any
 from . import generated
 from .layout import CP_KINDS, Layout, Subject, padded_vocab, validate_layout
 from .tables import (
+    REAL_SGLANG_UNPROVEN,
     ROLLOUT_COMMAND,
     SGLANG_RELEASE,
     TABLES,
@@ -28,6 +29,9 @@ from .tables import (
     Option,
     Row,
 )
+
+# What the trainer runs under every contract, whatever megatron-core defaults to.
+TRAINER_DETERMINISM = {"attention_dropout": 0.0, "hidden_dropout": 0.0}
 
 
 class PlanError(ValueError):
@@ -102,12 +106,63 @@ class LaunchPlan:
         return SGLANG_RELEASE
 
     @property
+    def unproven_on_real_sglang(self) -> tuple[tuple[str, str], ...]:
+        """(op, why) where a real SGLang rollout leaves the numerics proven here."""
+        return REAL_SGLANG_UNPROVEN
+
+    def trainer_conflicts(self, args: list[str] | tuple[str, ...]) -> list[str]:
+        """Each of the user's own trainer arguments that undoes what this plan renders: another
+        value for a rendered option (``--attention-dropout 0.1``) or a flag it forbids."""
+        rendered: dict[str, str | None] = {}
+        for table in ("megatron", "miles"):
+            for row in self._rows(table, "arg"):
+                rendered[row.args[0]] = row.args[1] if len(row.args) > 1 else None
+        forbidden = {r.args[0]: r.reason for r in self.forbidden}
+        out, i = [], 0
+        while i < len(args):
+            flag, value = args[i], None
+            if "=" in flag:
+                flag, value = flag.split("=", 1)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value, i = args[i + 1], i + 1
+            i += 1
+            if flag in forbidden:
+                out.append(f"{flag}: never pass it under this contract ({forbidden[flag]})")
+            elif flag in rendered and rendered[flag] is not None and value is not None:
+                if not _same(value, rendered[flag]):
+                    out.append(f"{flag} {value}: the plan renders {flag} {rendered[flag]}")
+        return out
+
+    def trainer_config_conflicts(self, config: Any) -> list[str]:
+        """Each TransformerConfig field that differs from what this plan's rows set (e.g.
+        megatron-core's default ``hidden_dropout=0.1``)."""
+        out = []
+        for row in self.rows:
+            if row.table not in ("megatron", "miles") or row.kind != "arg" or row.fork_only:
+                continue
+            for name, value in row.config:
+                if isinstance(value, bool | int | float) and hasattr(config, name):
+                    actual = getattr(config, name)
+                    if not _same(actual, value):
+                        out.append(f"{name}={actual!r}: the plan sets {name}={value!r} "
+                                   f"({row.args[0]})")  # fmt: skip
+        return sorted(set(out))
+
+    @property
     def rollout_command(self) -> tuple[str, ...]:
         return (*ROLLOUT_COMMAND, *self.args("sglang"))
 
     @property
     def trainer_command(self) -> tuple[str, ...]:
         return (*TRAINER_COMMAND, *self.args("megatron"), *self.args("miles"))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as plan values: numbers by value (``0`` == ``0.0``), the rest as text."""
+    try:
+        return float(a) == float(b) and not isinstance(a, bool) ^ isinstance(b, bool)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
 
 
 def sources(subject: Subject) -> dict[str, Any]:
@@ -129,6 +184,8 @@ def sources(subject: Subject) -> dict[str, Any]:
         "sglang": generated.runtime_policy("sglang").policy_for(cid, sglang_config),
         "megatron": generated.runtime_policy("megatron").policy_for(cid, megatron_config),
         "identity": schema.get_contract_schema(cid),
+        # every contract's numerics are defined without dropout (megatron-core defaults to 0.1)
+        "trainer": SimpleNamespace(**TRAINER_DETERMINISM),
         "kernel": subject.kernel,
         "model": subject.dims,
         "layout": SimpleNamespace(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 
 import click
 
@@ -51,6 +52,11 @@ _SIZE = click.IntRange(min=1)
     help="Checkpoint of the contract's model profile [default: its first]; `reference` for the reference model.",
 )
 @click.option(
+    "--trainer-args", default="", metavar="ARGS",
+    help="Your own Megatron/miles arguments for the same launch: refused (exit 2) where one "
+    "undoes what the plan renders (e.g. --hidden-dropout 0.1) or is forbidden.",
+)  # fmt: skip
+@click.option(
     "--format", "fmt", type=click.Choice(sorted(FORMATS)), default="text", show_default=True,
     help="text for people, json for tools, shell for `export` lines and the two command lines.",
 )  # fmt: skip
@@ -68,6 +74,7 @@ def command(
     rollout_dp: int,
     world: int | None,
     model: str | None,
+    trainer_args: str,
     fmt: str,
 ) -> None:
     """Validate a layout against the contract's model profile and render the launch.
@@ -95,6 +102,15 @@ def command(
         fail(f"error: {exc}", EXIT_USAGE)
     except KeyError as exc:  # unknown contract or checkpoint: their str lists the known names
         fail(f"error: {exc}", EXIT_USAGE)
+    conflicts = plan.trainer_conflicts(shlex.split(trainer_args))
+    if conflicts:
+        lines = "\n".join(f"  {c}" for c in conflicts)
+        fail(f"error: --trainer-args undo the plan's determinism:\n{lines}", EXIT_USAGE)
+    click.echo(
+        "warning: a real SGLang rollout computes attention (FA3), norms, RoPE and the activation "
+        "with its own kernels, which nothing here compares (see the plan's 'real SGLang' lines)",
+        err=True,
+    )
     if ep > 1:
         click.echo(
             f"warning: --ep {ep}: contractgen gates expert parallelism in the forward only (the "

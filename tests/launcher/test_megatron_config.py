@@ -134,3 +134,29 @@ def test_flag_names_follow_megatron_lm() -> None:
         field = config[0][0]
         expected = HAND_WRITTEN_FLAGS.get(flag) == field or flag == "--" + field.replace("_", "-")
         assert expected, f"{row.source}: {flag} does not set {field} in Megatron-LM"
+
+
+def test_megatron_core_defaults_are_refused_and_the_plan_turns_dropout_off() -> None:
+    """Issue 31: a real TransformerConfig with megatron-core's defaults (attention and hidden
+    dropout 0.1) is refused by the plan's validation; the one built from the rendered args is not,
+    and turning one dropout back on is named."""
+    plan = build_plan(CONTRACT_IDS[0], Layout(tp=2), "Qwen3-0.6B")
+    released, _ = _config_kwargs(plan)
+    assert released["attention_dropout"] == 0.0 and released["hidden_dropout"] == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        default = TransformerConfig(**_model_kwargs(plan.model))
+        rendered = TransformerConfig(**_model_kwargs(plan.model), **released)
+        again = TransformerConfig(
+            **_model_kwargs(plan.model), **{**released, "hidden_dropout": 0.1}
+        )
+    problems = plan.trainer_config_conflicts(default)
+    assert (
+        "attention_dropout=0.1: the plan sets attention_dropout=0.0 (--attention-dropout)"
+        in problems
+    )
+    assert "hidden_dropout=0.1: the plan sets hidden_dropout=0.0 (--hidden-dropout)" in problems
+    assert plan.trainer_config_conflicts(rendered) == []
+    assert plan.trainer_config_conflicts(again) == [
+        "hidden_dropout=0.1: the plan sets hidden_dropout=0.0 (--hidden-dropout)"
+    ]

@@ -60,9 +60,32 @@ def test_valid_layout_exits_0_and_warns_about_the_unreleased_flag() -> None:
     data = json.loads(result.stdout)
     assert data["layout"]["train"]["world"] == 2
     assert result.stderr == (
+        "warning: a real SGLang rollout computes attention (FA3), norms, RoPE and the activation "
+        "with its own kernels, which nothing here compares (see the plan's 'real SGLang' lines)\n"
         "warning: --true-on-policy-contract needs a newer SGLang than 0.5.23 (from the unmerged "
         "true-on-policy PR of sgl-project/sglang, branch sglang-miles)\n"
     )
+    assert [u["op"] for u in data["unproven_on_real_sglang"]] == [
+        "attention", "RMSNorm and QK-norm", "RoPE", "SwiGLU activation", "row-parallel linear",
+    ]  # fmt: skip
+
+
+def test_plan_renders_dropout_off_and_refuses_trainer_args_that_turn_it_on() -> None:
+    """Issue 31: megatron-core defaults attention and hidden dropout to 0.1 (a random, off-policy
+    trainer forward); the plan renders both 0 and refuses your own args that undo it."""
+    data = json.loads(_plan("--contract", V1, "--tp", "2", "--format", "json").stdout)
+    args = data["megatron_args"]
+    for flag in ("--attention-dropout", "--hidden-dropout"):
+        assert args[args.index(flag) + 1] == "0.0"
+    ok = _plan("--contract", V1, "--trainer-args", "--hidden-dropout 0 --attention-dropout=0.0")
+    assert ok.exit_code == 0, ok.stderr
+    for extra, named in (("--hidden-dropout 0.1", "--hidden-dropout 0.1: the plan renders "
+                          "--hidden-dropout 0.0"), ("--attention-dropout=0.05", "--attention-dropout "
+                          "0.05"), ("--sequence-parallel", "--sequence-parallel: never pass it")):  # fmt: skip
+        refused = _plan("--contract", V1, "--tp", "2", "--trainer-args", extra)
+        assert refused.exit_code == 2 and refused.stdout == ""
+        assert refused.stderr.startswith("error: --trainer-args undo the plan's determinism:\n")
+        assert named in refused.stderr
 
 
 def test_invalid_layout_exits_2_on_stderr_only() -> None:
@@ -94,7 +117,7 @@ def test_flags_are_frozen() -> None:
     flags = sorted(opt for p in command.params for opt in p.opts)
     assert flags == [
         "--contract", "--cp", "--dp", "--ep", "--format", "--model", "--pp", "--rollout-dp",
-        "--rollout-tp", "--tp", "--world",
+        "--rollout-tp", "--tp", "--trainer-args", "--world",
     ]  # fmt: skip
 
 

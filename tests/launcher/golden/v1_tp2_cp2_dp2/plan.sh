@@ -6,5 +6,10 @@ export CUBLAS_WORKSPACE_CONFIG=:4096:8
 # needs a newer SGLang than 0.5.23: --true-on-policy-contract (from the unmerged true-on-policy PR of sgl-project/sglang, branch sglang-miles)
 # never pass --enable-flashinfer-allreduce-fusion (sglang): fuses the TP all-reduce with residual add and norm: one rounding instead of the policy's
 # never pass --sequence-parallel (megatron): sequence parallel reduce-scatters in NCCL's order; the fixed-tree TP reduce needs it off
+# real SGLang, not proven here: attention: real SGLang runs FA3 (--attention-backend fa3); nothing here compares its bits
+# real SGLang, not proven here: RMSNorm and QK-norm: real SGLang runs its own norm kernels; not compared here
+# real SGLang, not proven here: RoPE: real SGLang runs its own rotary kernel; not compared here
+# real SGLang, not proven here: SwiGLU activation: real SGLang runs its own fused SiLU-and-mul; not compared here
+# real SGLang, not proven here: row-parallel linear: SGLang's matmul_tp_persistent bits were shown equal to the contract's linear by hand on GPU, not in CI
 python -m sglang.launch_server --model-path Qwen3-0.6B --tp-size 2 --dp-size 1 --enable-deterministic-inference --attention-backend fa3 --dtype bfloat16 --true-on-policy-contract qwen3_dense_true_on_policy_v1 --no-enable-fused-qk-norm-rope --enforce-disable-flashinfer-allreduce-fusion
-python train.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --context-parallel-size 2 --cp-comm-type a2a --true-on-policy-contract qwen3_dense_true_on_policy_v1 --transformer-impl local --use-cpu-initialization --batch-invariant-mode --attention-backend flash --no-bias-swiglu-fusion --no-rope-fusion --bf16 --make-vocab-size-divisible-by 128 --rollout-num-gpus-per-engine 2 --deterministic-mode --true-on-policy-mode --recompute-logprobs-via-prefill
+python train.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --context-parallel-size 2 --cp-comm-type a2a --true-on-policy-contract qwen3_dense_true_on_policy_v1 --transformer-impl local --use-cpu-initialization --batch-invariant-mode --attention-backend flash --no-bias-swiglu-fusion --no-rope-fusion --bf16 --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 128 --rollout-num-gpus-per-engine 2 --deterministic-mode --true-on-policy-mode --recompute-logprobs-via-prefill
