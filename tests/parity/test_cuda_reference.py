@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import run_parity
+from conftest import run_parity
 
 pytestmark = [
     pytest.mark.gpu,
