@@ -261,3 +261,16 @@ def test_adopt_never_writes_a_second_package_elsewhere(tmp_path: Path) -> None:
         )
         assert 'package = "miles_megatron_plugins/true_on_policy"' in result.stderr + result.output
         assert files_under(repos["Megatron-LM"]) == before
+
+
+def test_a_wheel_has_the_same_builtin_config_as_the_checkout() -> None:
+    """A wheel ships no contractgen.toml: its built-in contract sets are a constant, kept equal to
+    the checkout's config here (so the sibling CI recipe means the same with a pip install)."""
+    from contractgen.codegen.config import load_config
+    from contractgen.codegen.paths import BUILTIN_DECLARED
+    from contractgen.codegen.targets import TARGETS
+
+    checkout = load_config(ROOT)
+    assert checkout.declared == BUILTIN_DECLARED
+    assert checkout.packages == {t: TARGETS[t].default_package for t in TARGETS}
+    assert checkout.no_init == frozenset(t for t in TARGETS if not TARGETS[t].default_init)
