@@ -42,12 +42,21 @@ class ProjectConfig:
     declared: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # where each target's ``contracts`` is set, for errors about an id
     declared_where: dict[str, str] = field(default_factory=dict)
+    # Targets that also vendor the kernel module (``kernels = true``; default off):
+    # ``tp_invariant_ops.py``, our Triton linear and tree all-reduce with SGLang's signatures.
+    kernels: frozenset[str] = frozenset()
+    # where each target's ``kernels`` is set, for errors about it
+    kernels_where: dict[str, str] = field(default_factory=dict)
 
     def package(self, target: str) -> str:
         return self.packages[get_target(target).name]
 
     def vendors_init(self, target: str) -> bool:
         return get_target(target).name not in self.no_init
+
+    def vendors_kernels(self, target: str) -> bool:
+        """Whether ``target`` opted in to the vendored kernel module (``kernels = true``)."""
+        return get_target(target).name in self.kernels
 
     def declares(self, target: str) -> bool:
         """Whether ``contractgen.toml`` names the contracts ``target`` implements."""
@@ -162,6 +171,8 @@ def load_config(root: Path) -> ProjectConfig:
     no_init: set[str] = {name for name, t in TARGETS.items() if not t.default_init}
     declared: dict[str, tuple[str, ...]] = {}
     declared_where: dict[str, str] = {}
+    kernels: set[str] = set()
+    kernels_where: dict[str, str] = {}
     targets = data.get("targets") or {}
     if not isinstance(targets, dict):
         raise error(
@@ -172,8 +183,21 @@ def load_config(root: Path) -> ProjectConfig:
         table = f"targets.{name}"
         if name not in TARGETS:
             raise error(table, f"unknown target (known: {', '.join(sorted(TARGETS))})", table)
-        if not isinstance(entry, dict) or set(entry) - {"package", "init", "contracts"}:
-            raise error(table, "only 'package', 'init' and 'contracts' may be set", table)
+        if not isinstance(entry, dict) or set(entry) - {"package", "init", "contracts", "kernels"}:
+            raise error(
+                table, "only 'package', 'init', 'contracts' and 'kernels' may be set", table
+            )
+        if "kernels" in entry:
+            if not isinstance(entry["kernels"], bool):
+                raise error(
+                    f"{table}.kernels",
+                    f"must be true or false (got {entry['kernels']!r}); kernels = true vendors "
+                    "tp_invariant_ops.py (the Triton linear and tree all-reduce)",
+                    table,
+                )
+            if entry["kernels"]:
+                kernels.add(name)
+            kernels_where[name] = "{}:{}:{}".format(shown, *_position(text, "kernels", table))
         if "contracts" in entry:
             ids = entry["contracts"]
             if (
@@ -220,6 +244,8 @@ def load_config(root: Path) -> ProjectConfig:
         generated_where="{}:{}:{}".format(shown, *_position(text, "generated")),
         declared=declared,
         declared_where=declared_where,
+        kernels=frozenset(kernels),
+        kernels_where=kernels_where,
     )
 
 

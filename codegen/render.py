@@ -417,8 +417,48 @@ def render_vendored(
     """
     every = sorted(contracts, key=lambda lc: lc.id)
     selected = selected_contracts(every, config, target)
+    env = _environment()
+    base = PurePosixPath(config.package(target))
     files = _render_target(
-        _environment(), TARGETS[target], selected, every, config, {}, set(),
-        PurePosixPath(config.package(target)), with_init=config.vendors_init(target),
+        env, TARGETS[target], selected, every, config, {}, set(), base,
+        with_init=config.vendors_init(target),
     )  # fmt: skip
+    if config.vendors_kernels(target):
+        files.update(_render_kernels(env, target, selected, config, base))
     return dict(sorted(files.items()))
+
+
+def _render_kernels(
+    env: jinja2.Environment,
+    target: str,
+    selected: list[LoadedContract],
+    config: ProjectConfig,
+    base: PurePosixPath,
+) -> dict[str, bytes]:
+    """The opt-in kernel module (``kernels = true``), stamped like every vendored file."""
+    from .config import CONFIG_NAME, ConfigError
+    from .kernels_module import (
+        MODULE_NAME,
+        KernelsModuleError,
+        check_numerics,
+        render_kernels_module,
+    )
+
+    where = config.kernels_where.get(target, f"{CONFIG_NAME}:1:1")
+    try:
+        check_numerics(
+            {lc.id: lc.contract.kernel_policy.model_dump(mode="json") for lc in selected},
+            f"{where}: targets.{target}.kernels",
+        )
+    except KernelsModuleError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        body, kernel_sources = render_kernels_module(env, [lc.id for lc in selected])
+    except KernelsModuleError as exc:  # our kernel source lacks what the template calls
+        raise RenderError(str(exc)) from None
+    fingerprints = {
+        lc.id: contract_fingerprint(lc.contract.model_dump(mode="json")) for lc in selected
+    }
+    path = str(base / MODULE_NAME)
+    sources = [*_source_names(selected, config), *kernel_sources]
+    return {path: _stamp(body, sources, fingerprints, path, set())}
