@@ -44,7 +44,8 @@ def sequential(units: list[Tree]) -> Tree:
 
 
 def tile_tree(first: int, count: int, order: str) -> Tree:
-    """The combination tree of tiles ``first .. first+count-1`` computed on one rank."""
+    """The combination tree of tiles ``first .. first+count-1`` computed on one rank
+    (``fixed_runs`` has no tile tree: a run is one dot, see ``fixed_runs_problem``)."""
     tiles = list(range(first, first + count))
     if order == "binary":
         return pairwise(tiles)
@@ -81,9 +82,31 @@ def flatten(tree: Tree) -> list[int]:
     return out
 
 
+def fixed_runs_problem(k: int, k_block: int, tp: int, runs: int | None) -> str | None:
+    """Why ``fixed_runs`` cannot split K over ``tp`` ranks bit-identically, or None.
+
+    The order is a binary tree over ``runs`` equal runs (each run one float32 dot, never cut).
+    A rank holding ``runs / tp`` adjacent runs (a power of two, as ``runs`` and ``tp`` are)
+    holds a whole subtree, and the pairwise all-reduce over ranks is the tree's top: so the
+    split is exact exactly when every run is whole tiles and ``tp`` divides ``runs``."""
+    if runs is None or runs < 1 or runs & (runs - 1):
+        return f"matmul_k_runs must be a power of two for 'fixed_runs' (got {runs})"
+    if k % (k_block * runs):
+        return (
+            f"K={k} does not split into {runs} runs of whole {k_block}-wide tiles "
+            f"(K/{runs}={k / runs:g}, needs a multiple of {k_block})"
+        )
+    if runs % tp:
+        return f"TP={tp} does not divide the {runs} runs of K={k} (each rank needs whole runs)"
+    return None
+
+
 @lru_cache(maxsize=4096)
-def split_problem(k: int, k_block: int, tp: int, order: str) -> str | None:
-    """Why a row-parallel K cannot be split over ``tp`` ranks bit-identically, or None if it can."""
+def split_problem(k: int, k_block: int, tp: int, order: str, runs: int | None = None) -> str | None:
+    """Why a row-parallel K cannot be split over ``tp`` ranks bit-identically, or None if it can.
+    ``runs``: ``matmul_k_runs`` (the ``fixed_runs`` order only)."""
+    if order == "fixed_runs":
+        return fixed_runs_problem(k, k_block, tp, runs)
     if k % (k_block * tp):
         return (
             f"K={k} does not split into whole {k_block}-wide tiles over TP={tp} "

@@ -17,7 +17,7 @@ import jinja2
 from ..schema.loader import LoadedContract
 from ..schema.models import (
     MOE_DIMS_FIELDS,
-    MOE_KERNEL_FIELDS,
+    OPTIONAL_KERNEL_FIELDS,
     REFERENCE_ONLY_DIMS_FIELDS,
     SCHEMA_VERSION,
     KernelPolicy,
@@ -289,7 +289,7 @@ def _schema_context(contracts: list[LoadedContract]) -> dict:
             if cid not in {lc.id for lc in contracts}  # a contract with that id takes over
         ],
         "ids_tuple": _seq([py_str(lc.id) for lc in contracts], "(", ")"),
-        "kernel_fields": _field_docs(KernelPolicy, optional=MOE_KERNEL_FIELDS),
+        "kernel_fields": _field_docs(KernelPolicy, optional=OPTIONAL_KERNEL_FIELDS),
         "dims_fields": _field_docs(ModelDims, skip=("rope", *OPTIONAL_DIMS_FIELDS)),
         "dims_optional_fields": _field_docs(ModelDims, skip=_not(ModelDims, OPTIONAL_DIMS_FIELDS)),
         "contract_data": py_literal(data),

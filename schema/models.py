@@ -251,11 +251,14 @@ class KernelPolicy(_Model):
     matmul_accumulation_dtype: Dtype = Field(
         description="dtype tile partials are produced in and summed in."
     )
-    matmul_tile_order: Literal["sglang_first_level", "binary"] = Field(
+    matmul_tile_order: Literal["sglang_first_level", "binary", "fixed_runs"] = Field(
         description=(
             "'sglang_first_level': runs of first_level_block(T) tiles summed in sequence, then a "
             "binary tree over the runs (SGLang's TP-invariant row linear); 'binary': a plain "
-            "binary tree over all tiles."
+            "binary tree over all tiles; 'fixed_runs': K cut into matmul_k_runs equal runs, each "
+            "one dot product accumulated in float32 over its k_block-wide tiles (no rounding "
+            "inside a run), the runs summed by a binary tree in float32 that the TP all-reduce "
+            "continues (a row-parallel rank holds matmul_k_runs / TP whole runs), rounded once."
         )
     )
     all_reduce: Literal["fixed_tree", "nccl"] = Field(
@@ -284,6 +287,14 @@ class KernelPolicy(_Model):
     )
     logsoftmax_vocab_block: PositiveInt = Field(
         description="Vocab chunk of the fixed-order max / sum-exp reduction."
+    )
+    # The fixed_runs order's run count: set exactly under that order.
+    matmul_k_runs: PositiveInt | None = Field(
+        default=None,
+        description=(
+            "'fixed_runs' only: the number of equal K runs of the full (unsplit) reduction, a "
+            "power of two that every allowed TP size divides; absent for the other orders."
+        ),
     )
     # Mixture of experts: set exactly when the contract's family has an MoE block (absent from a
     # dense contract's canonical data, so dense fingerprints do not move).
@@ -352,16 +363,19 @@ class KernelPolicy(_Model):
     )
 
     @model_serializer(mode="wrap")
-    def _omit_unset_moe(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # A dense contract's kernel policy serialises as before the MoE fields existed.
+    def _omit_unset_optional(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # A contract's kernel policy serialises as before its unset optional fields existed.
         data = handler(self)
-        for key in MOE_KERNEL_FIELDS:
+        for key in OPTIONAL_KERNEL_FIELDS:
             if key in data and data[key] is None:
                 del data[key]
         return data
 
 
 MOE_KERNEL_FIELDS = tuple(f for f in KernelPolicy.model_fields if f.startswith("moe_"))
+# Kernel-policy fields absent from a contract's canonical data when unset, so the fingerprints
+# of contracts written before they existed do not move.
+OPTIONAL_KERNEL_FIELDS = ("matmul_k_runs", *MOE_KERNEL_FIELDS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -230,12 +230,66 @@ def check_dims(c: Contract) -> Iterator[Finding]:
             )
             row_parallel = family.row_parallel(d) if family is not None and moe_ok else ()
             for _, field, k in row_parallel:
-                why = split_problem(k, kp.matmul_k_block, tp, kp.matmul_tile_order)
+                why = split_problem(
+                    k, kp.matmul_k_block, tp, kp.matmul_tile_order, kp.matmul_k_runs
+                )
                 if why:
                     found.setdefault(field, why)
         hint = "list the TP sizes this checkpoint supports in tp_sizes"
         for field, message in found.items():
             yield f"{path}.{field}", f"{message}; {hint}"
+
+
+def check_fixed_runs(c: Contract) -> Iterator[Finding]:
+    """``matmul_k_runs`` is set exactly under ``fixed_runs``, which accumulates in float32 and
+    needs every allowed TP size to divide the run count (per-checkpoint K is ``check_dims``')."""
+    kp = c.kernel_policy
+    path = "kernel_policy.matmul_k_runs"
+    if kp.matmul_tile_order != "fixed_runs":
+        if kp.matmul_k_runs is not None:
+            yield (
+                path,
+                (
+                    f"is only read by matmul_tile_order 'fixed_runs' (got '{kp.matmul_tile_order}'); "
+                    "remove it"
+                ),
+            )
+        return
+    runs = kp.matmul_k_runs
+    if runs is None:
+        yield path, "is required when matmul_tile_order is 'fixed_runs' (a power of two, e.g. 8)"
+        return
+    if not _is_power_of_two(runs):
+        yield (
+            path,
+            (
+                f"must be a power of two (got {runs}; nearest: "
+                f"{_nearest([1, 2, 4, 8, 16, 32, 64], runs)})"
+            ),
+        )
+        return
+    if kp.matmul_accumulation_dtype != "float32":
+        yield (
+            "kernel_policy.matmul_accumulation_dtype",
+            (
+                "must be float32 under matmul_tile_order 'fixed_runs' (a run is one float32 dot; "
+                f"got {kp.matmul_accumulation_dtype})"
+            ),
+        )
+    for where, sizes in (
+        ("parallel.training.tp", c.parallel.training.tp),
+        ("parallel.rollout.tp", c.parallel.rollout.tp),
+    ):
+        bad = [tp for tp in sizes if runs % tp]
+        if bad:
+            yield (
+                where,
+                (
+                    f"TP={bad[0]} does not divide kernel_policy.matmul_k_runs={runs} (a row-parallel "
+                    f"rank holds matmul_k_runs / TP whole runs); allowed: "
+                    f"{[t for t in sizes if runs % t == 0]}"
+                ),
+            )
 
 
 def check_vocab_block(c: Contract) -> Iterator[Finding]:
@@ -360,6 +414,7 @@ RULES: tuple[Callable[[Contract], Iterator[Finding]], ...] = (
     check_unique_sizes,
     check_tree_needs_power_of_two,
     check_dims,
+    check_fixed_runs,
     check_vocab_block,
     check_layers_vs_pp,
     check_policy_consistency,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ._dtypes import dtype_of
-from .all_reduce import all_reduce_for
-from .matmul import invariant_matmul
+from .all_reduce import all_reduce_for, world_size
+from .matmul import invariant_matmul, shard_policy
 
 
 def row_parallel_linear(
@@ -15,10 +15,12 @@ def row_parallel_linear(
     """Rank-local subtree ``x_local @ w_local.T`` in the accumulation dtype, then the policy
     all-reduce finishes the tree, then one cast to ``x``'s dtype.
 
-    At TP=1 this is exactly ``invariant_matmul(x, w, kp)``.
+    At TP=1 this is exactly ``invariant_matmul(x, w, kp)``. The rank's K is ``shard_policy``'s
+    share of the full K's runs.
     """
     acc = dtype_of(kp.matmul_accumulation_dtype)
-    partial_MN = invariant_matmul(x_MKlocal, w_NKlocal, kp, out_dtype=acc)
+    local = shard_policy(kp, world_size(group))
+    partial_MN = invariant_matmul(x_MKlocal, w_NKlocal, local, out_dtype=acc)
     return all_reduce_for(kp)(partial_MN, group).to(x_MKlocal.dtype)
 
 

@@ -30,8 +30,10 @@ tiles, which the contract's layout validation guarantees for the shapes it admit
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +68,8 @@ def _binary(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 TILE_ORDERS: dict[str, Callable[[Sequence[torch.Tensor]], torch.Tensor]] = {
     "sglang_first_level": _sglang_first_level,
     "binary": _binary,
+    # the parts are the runs (each one float32 dot over its K range): a binary tree over them
+    "fixed_runs": _binary,
 }
 
 
@@ -159,10 +163,56 @@ class _RunStack:
 
 
 def _run_length(order: str, num_tiles: int) -> int:
-    """Tiles per sequential first-level run in the named order (then runs are pairwise summed)."""
+    """Tiles per sequential first-level run in the named order (then runs are pairwise summed).
+    ``fixed_runs`` takes its run length from the policy: ``fixed_run_width``."""
     if order not in TILE_ORDERS:
         raise ValueError(f"unknown matmul_tile_order {order!r}; known: {sorted(TILE_ORDERS)}")
+    if order == "fixed_runs":
+        raise ValueError("'fixed_runs' runs are matmul_k_runs equal runs: use fixed_run_width")
     return first_level_block(num_tiles) if order == "sglang_first_level" else 1
+
+
+def fixed_run_width(k: int, kp) -> int:
+    """K per run under ``fixed_runs``: ``k / kp.matmul_k_runs``, whole ``matmul_k_block`` tiles.
+    ``k`` is the K this call sees: a row-parallel rank passes ``shard_policy(kp, tp)``."""
+    runs, block = getattr(kp, "matmul_k_runs", None), kp.matmul_k_block
+    if not runs:
+        raise ValueError("matmul_tile_order 'fixed_runs' needs kernel_policy.matmul_k_runs")
+    if k % (runs * block):
+        raise ValueError(
+            f"K={k} is not {runs} runs of whole {block}-wide tiles (kernel_policy "
+            "matmul_k_runs, matmul_k_block): the contract's layout rules admit no such shape"
+        )
+    return k // runs
+
+
+_SHARD_POLICIES: dict[tuple[int, int], tuple[object, object]] = {}
+
+
+def shard_policy(kp, tp: int):
+    """The policy a row-parallel rank of ``tp`` runs on its K shard. Under ``fixed_runs`` the
+    full K's ``matmul_k_runs`` runs are split over the ranks, so a rank's K holds
+    ``matmul_k_runs / tp`` of them (a whole subtree; the tree all-reduce adds the top). The other
+    orders derive their runs from the K they see, and are returned unchanged. Cached per policy
+    object (the decode loop calls this per layer)."""
+    if tp == 1 or getattr(kp, "matmul_tile_order", None) != "fixed_runs":
+        return kp
+    key = (id(kp), tp)
+    hit = _SHARD_POLICIES.get(key)
+    if hit is not None and hit[0] is kp:
+        return hit[1]
+    runs = kp.matmul_k_runs
+    if runs % tp:
+        raise ValueError(
+            f"TP={tp} does not divide kernel_policy.matmul_k_runs={runs}: each rank needs whole runs"
+        )
+    local = (
+        dataclasses.replace(kp, matmul_k_runs=runs // tp)
+        if dataclasses.is_dataclass(kp)
+        else SimpleNamespace(**{**vars(kp), "matmul_k_runs": runs // tp})
+    )
+    _SHARD_POLICIES[key] = (kp, local)
+    return local
 
 
 # Output elements per panel of ``streamed_matmul`` (4 Mi: 16 MiB per float32 accumulator). An
@@ -194,29 +244,36 @@ def streamed_matmul(
     *,
     out_dtype: torch.dtype | None = None,
     panel_elements: int = PANEL_ELEMENTS,
+    run_tiles: int | None = None,
 ) -> torch.Tensor:
     """``combine_tiles(tile_partials(x, w, k_block, acc), order)`` (cast to ``out_dtype``,
     default ``acc_dtype``) without holding the ``T`` partials, one output panel at a time
     (``_panels``): per panel, one GEMM per K tile, rounded to ``acc_dtype``, added into its run
     in order, each finished run pushed onto a ``_RunStack``, the panel's total cast into the
-    output. Extra memory: O(log T) accumulators of one panel."""
+    output. Extra memory: O(log T) accumulators of one panel. ``run_tiles``: tiles per run
+    (``fixed_runs``, whose runs the policy fixes; else the order's ``_run_length``)."""
     M, N = x_MK.shape[0], w_NK.shape[0]
     panels = _panels(M, N, panel_elements)
     if len(panels) == 1:
-        y = _streamed_panel(x_MK, w_NK, k_block, acc_dtype, order)
+        y = _streamed_panel(x_MK, w_NK, k_block, acc_dtype, order, run_tiles)
         return y if out_dtype is None else y.to(out_dtype)
     out = torch.empty((M, N), dtype=out_dtype or acc_dtype, device=x_MK.device)
     for m0, m1, n0, n1 in panels:
-        y = _streamed_panel(x_MK[m0:m1], w_NK[n0:n1], k_block, acc_dtype, order)
+        y = _streamed_panel(x_MK[m0:m1], w_NK[n0:n1], k_block, acc_dtype, order, run_tiles)
         out[m0:m1, n0:n1] = y if out_dtype is None else y.to(out_dtype)
     return out
 
 
 def _streamed_panel(
-    x_MK: torch.Tensor, w_NK: torch.Tensor, k_block: int, acc_dtype: torch.dtype, order: str
+    x_MK: torch.Tensor,
+    w_NK: torch.Tensor,
+    k_block: int,
+    acc_dtype: torch.dtype,
+    order: str,
+    run_tiles: int | None = None,
 ) -> torch.Tensor:
     T = max(1, math.ceil(x_MK.shape[1] / k_block))
-    block = _run_length(order, T)
+    block = run_tiles or _run_length(order, T)
     stack = _RunStack()
     for r in range(0, T, block):
         run_MN = _tile_product(x_MK, w_NK, r, k_block).to(acc_dtype)
@@ -250,9 +307,13 @@ def reference_matmul(
     lead = x_MK.shape[:-1]
     x2 = x_MK.reshape(-1, x_MK.shape[-1])
     acc = dtype_of(kp.matmul_accumulation_dtype)
+    order = tile_order or kp.matmul_tile_order
+    run_tiles = None
+    if order == "fixed_runs":  # each run's k_block tiles accumulated in order, runs pairwise
+        run_tiles = fixed_run_width(x2.shape[1], kp) // kp.matmul_k_block
     y_MN = streamed_matmul(
-        x2, w_NK, kp.matmul_k_block, acc, tile_order or kp.matmul_tile_order,
-        out_dtype=out_dtype or x_MK.dtype,
+        x2, w_NK, kp.matmul_k_block, acc, order, out_dtype=out_dtype or x_MK.dtype,
+        run_tiles=run_tiles,
     )  # fmt: skip
     return y_MN.reshape(*lead, w_NK.shape[0])
 

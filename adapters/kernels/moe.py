@@ -52,6 +52,7 @@ def router_logits(x_TH: torch.Tensor, w_EH: torch.Tensor, kp) -> torch.Tensor:
     router_kp = SimpleNamespace(
         matmul_k_block=kp.matmul_k_block,
         matmul_tile_order=kp.matmul_tile_order,
+        matmul_k_runs=getattr(kp, "matmul_k_runs", None),
         matmul_accumulation_dtype=kp.moe_router_logits_dtype,
     )
     return invariant_matmul(x_TH.to(rd), w_EH.to(rd), router_kp, out_dtype=rd)

@@ -128,8 +128,12 @@ def _row_parallel_k(s: Subject, *, experts: bool = True) -> tuple[tuple[str, int
 def _tile_split(name: str, k: int, t: int, kernel: Any) -> str | None:
     """TP must give every rank a whole subtree of the contract's K-tile order."""
     block = kernel.matmul_k_block
-    if t == 1 or split_problem(k, block, t, kernel.matmul_tile_order) is None:
+    runs = getattr(kernel, "matmul_k_runs", None)
+    why = None if t == 1 else split_problem(k, block, t, kernel.matmul_tile_order, runs)
+    if why is None:
         return None  # the tree proof decides; the rest says why in the launcher's terms
+    if kernel.matmul_tile_order == "fixed_runs":
+        return f"cannot split {name} exactly: {why}"
     if k % block:
         return f"cannot split {name} (K={k} is not a whole number of {block}-wide tiles) exactly"
     tiles = k // block

@@ -52,9 +52,11 @@ def _row_linear_fixed_tree(x, w, kp, group, matmul):
 
 
 def _row_linear_collective(x, w, kp, group, matmul):
-    """megatron's own reduce: ``torch.distributed.all_reduce`` (ring / backend-chosen order)."""
-    partial = matmul(x, w, kp)
-    if torch.distributed.get_world_size(group) == 1:
+    """megatron's own reduce: ``torch.distributed.all_reduce`` (ring / backend-chosen order) of
+    the rank's local product (its K shard's runs: ``shard_policy``)."""
+    tp = torch.distributed.get_world_size(group)
+    partial = matmul(x, w, kernel_module("matmul").shard_policy(kp, tp))
+    if tp == 1:
         return partial
     partial = partial.clone()
     torch.distributed.all_reduce(partial, group=group)

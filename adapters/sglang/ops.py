@@ -22,7 +22,7 @@ import torch
 from .kernels import stock
 from .kernels._dtypes import dtype_of
 from .kernels.all_reduce import all_reduce_for
-from .kernels.matmul import invariant_matmul
+from .kernels.matmul import invariant_matmul, shard_policy
 from .kernels.norm import rms_norm
 from .kernels.residual import residual_add
 from .kernels.rope import apply_rope
@@ -36,6 +36,15 @@ def _column_linear(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
 def _row_partial(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
     """The rank's subtree in the accumulation dtype (the all-reduce finishes the tree)."""
     return invariant_matmul(x, w, kp, out_dtype=dtype_of(kp.matmul_accumulation_dtype))
+
+
+def _row_partial_of_shard(tp: int) -> Callable:
+    """``_row_partial`` on a rank of ``tp``: its K is ``shard_policy(kp, tp)``'s runs."""
+
+    def row_partial(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
+        return _row_partial(x, w, shard_policy(kp, tp))
+
+    return row_partial
 
 
 def _stock_row_partial(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
@@ -141,9 +150,12 @@ def resolve_ops(kp, rp, tp_size: int) -> RolloutOps:
     }
     all_reduce = all_reduce_for(kp) if on["deterministic_tree_all_reduce"] else chosen["all_reduce"]
     mlp_all_reduce = all_reduce if on["disable_reduce_scatter"] else chosen["mlp_all_reduce"]
+    row_partial = chosen["row_partial"]
+    if row_partial is _row_partial and tp_size > 1:  # the rank's share of the K runs
+        row_partial = _row_partial_of_shard(tp_size)
     return RolloutOps(
         column_linear=chosen["column_linear"],
-        row_partial=chosen["row_partial"],
+        row_partial=row_partial,
         attn_reduce_residual=partial(chosen["attn_reduce_residual"], all_reduce=all_reduce),
         mlp_reduce_residual=partial(chosen["mlp_reduce_residual"], all_reduce=mlp_all_reduce),
         mlp_all_reduce=mlp_all_reduce,

@@ -17,7 +17,11 @@ _DTYPE_FLIP = {"bfloat16": "float32", "float16": "float32", "float32": "bfloat16
 
 # kernel-policy string fields: the other legal choice
 KERNEL_ALTERNATIVES: dict[str, dict[Any, Any]] = {
-    "matmul_tile_order": {"sglang_first_level": "binary", "binary": "sglang_first_level"},
+    "matmul_tile_order": {
+        "sglang_first_level": "binary",
+        "binary": "sglang_first_level",
+        "fixed_runs": "binary",
+    },
     "all_reduce": {"fixed_tree": "nccl", "nccl": "fixed_tree"},
     "moe_topk_tie_break": {
         "lowest_expert_id": "highest_expert_id",
@@ -94,6 +98,8 @@ def flipped(field: str, value: Any, kind: str) -> Any:
     """The value a fault injects in place of ``value``."""
     if isinstance(value, bool):
         return not value
+    if field == "matmul_k_runs":  # half the runs, each twice as long: another tree and runs
+        return value // 2 if value > 1 else 2
     if isinstance(value, int):
         # An eighth of a power-of-two block, not a half: the kernels sum blocks with a pairwise
         # tree, and a complete pairwise tree over 2n equals two n-trees added, so halving a block

@@ -408,6 +408,7 @@ def test_check_json_shape(project: Path, repos) -> None:
         "llama3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
+        "qwen3_dense_true_on_policy_v3",
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
     ]
@@ -430,6 +431,7 @@ def test_list_json_shape() -> None:
         "llama3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
+        "qwen3_dense_true_on_policy_v3",
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
     ]

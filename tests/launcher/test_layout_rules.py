@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,10 +20,14 @@ from contractgen.adapters.launcher.layout import (
 from contractgen.codegen.vendored import load_target
 
 # the cases below name Qwen3 checkpoints; Llama 3 layouts: test_llama3_layouts.py
+# The Qwen3 dense contracts with SGLang's tile order (v1, v2): one set of layout rules. v3's
+# fixed runs split 4B's K at TP=8 too, and its reference model is another: its own tests below.
 CONTRACT_IDS = tuple(
     cid
     for cid in load_target("launcher").schema.CONTRACT_IDS
     if load_target("launcher").schema.model_profile_for(cid).family == "qwen3_dense"
+    and load_target("launcher").schema.kernel_policy_for(cid).matmul_tile_order
+    == "sglang_first_level"
 )
 
 # (model, layout) pairs every shipped contract allows.
@@ -256,3 +261,27 @@ def test_the_launcher_tile_rule_is_the_tree_proof() -> None:
             for tp in (2, 3, 4, 8):
                 launcher = _tile_split("down_proj", k, tp, kernel)
                 assert (launcher is None) == (split_problem(k, 128, tp, order) is None), (k, tp)
+
+
+V3 = "qwen3_dense_true_on_policy_v3"
+
+
+def test_v3_fixed_runs_split_qwen3_4b_at_tp8() -> None:
+    """9728 = 8 runs of 1216: each of 8 ranks holds one whole run (v1's 76 tiles of 128 do not
+    split into 8 whole subtrees: test_error_wording_tp8_on_4b)."""
+    validate_layout(V3, Layout(tp=8, rollout_tp=8), "Qwen3-4B")
+    validate_layout(V3, Layout(tp=4, pp=2, rollout_tp=8), "Qwen3-4B")
+
+
+def test_fixed_runs_split_message_names_runs_and_tiles() -> None:
+    from contractgen.adapters.launcher.layout import _tile_split
+
+    kernel = SimpleNamespace(matmul_k_block=64, matmul_tile_order="fixed_runs", matmul_k_runs=8)
+    assert _tile_split("down_proj", 4096, 4, kernel) is None
+    why = _tile_split("down_proj", 1000 * 8, 2, kernel)
+    assert why == (
+        "cannot split down_proj exactly: K=8000 does not split into 8 runs of whole 64-wide "
+        "tiles (K/8=1000, needs a multiple of 64)"
+    )
+    kernel4 = SimpleNamespace(matmul_k_block=64, matmul_tile_order="fixed_runs", matmul_k_runs=4)
+    assert "TP=8 does not divide the 4 runs" in _tile_split("o_proj", 4096, 8, kernel4)

@@ -44,7 +44,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._dtypes import dtype_of
 from .._streams import stream_key
-from ..matmul import _run_length, reference_matmul
+from ..matmul import _run_length, fixed_run_width, reference_matmul
 
 # Triton's CPU interpreter (CI): same kernels, each tile's dot through ``interpreter_dot``.
 INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -117,11 +117,11 @@ GROUP_M = 8
 
 
 @triton.jit
-def _tile_dot(
+def _tile_operands(
     x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):  # fmt: skip
-    """One K tile: ``x[rows, k0:k0+BK] @ w[cols, k0:k0+BK].T`` in float32 (zero padded).
+    """One K tile's operands ``x[rows, k0:k0+BK]`` and ``w[cols, k0:k0+BK].T`` (zero padded).
     Row offsets are int64: an LM head's ``[tokens, vocab]`` is past 2**31 elements at 16k tokens
     (16,384 x 151,936), where int32 offsets wrap and the access faults. ``EVEN_K`` (K a multiple
     of the tile): no mask along K, which would vary along the contiguous dimension and keep the
@@ -139,9 +139,32 @@ def _tile_dot(
     b = tl.load(
         w_ptr + offs_n.to(tl.int64)[None, :] * swn + offs_k[:, None], mask=b_mask, other=0.0
     )
+    return a, b
+
+
+@triton.jit
+def _tile_dot(
+    x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """One K tile: ``x[rows, k0:k0+BK] @ w[cols, k0:k0+BK].T`` in float32 (``_tile_operands``)."""
+    a, b = _tile_operands(x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K, EVEN_K)
     if INTERPRET:
         return interpreter_dot(a, b)
     return tl.dot(a, b)
+
+
+@triton.jit
+def _tile_dot_into(
+    acc, x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """``fixed_runs``: one K tile's products accumulated into the run's float32 ``acc`` by the
+    tensor core (``tl.dot(a, b, acc)``: no rounding between the tiles of a run)."""
+    a, b = _tile_operands(x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K, EVEN_K)
+    if INTERPRET:
+        return acc + interpreter_dot(a, b)
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -153,6 +176,16 @@ def _tile_dot_tma(x_desc, w_desc, off_m, off_n, k0):
     if INTERPRET:
         return interpreter_dot(a, tl.trans(b))
     return tl.dot(a, b.T)
+
+
+@triton.jit
+def _tile_dot_tma_into(acc, x_desc, w_desc, off_m, off_n, k0):
+    """``_tile_dot_into`` through TMA descriptors."""
+    a = x_desc.load([off_m, k0])
+    b = w_desc.load([off_n, k0])
+    if INTERPRET:
+        return acc + interpreter_dot(a, tl.trans(b))
+    return tl.dot(a, b.T, acc)
 
 
 @triton.jit
@@ -187,10 +220,18 @@ def _add(a, b, ACC: tl.constexpr):
 @triton.jit
 def _run(
     x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN: tl.constexpr, ACC: tl.constexpr,
-    BK: tl.constexpr, EVEN_K: tl.constexpr,
+    BK: tl.constexpr, EVEN_K: tl.constexpr, FUSED: tl.constexpr,
 ):  # fmt: skip
-    """Run ``r``: its ``RUN`` tiles, each rounded to ``ACC``, added left to right."""
+    """Run ``r``: its ``RUN`` tiles, each rounded to ``ACC``, added left to right; ``FUSED``
+    (``fixed_runs``): accumulated in one float32 dot, rounded once to ``ACC``."""
     t0 = r * RUN
+    if FUSED:
+        acc = tl.zeros((offs_m.shape[0], offs_n.shape[0]), tl.float32)
+        for j in range(RUN):
+            acc = _tile_dot_into(
+                acc, x_ptr, w_ptr, offs_m, offs_n, (t0 + j) * BK, M, N, K, sxm, swn, BK, EVEN_K
+            )  # fmt: skip
+        return _round(acc, ACC)
     acc = _round(
         _tile_dot(x_ptr, w_ptr, offs_m, offs_n, t0 * BK, M, N, K, sxm, swn, BK, EVEN_K), ACC
     )
@@ -292,7 +333,7 @@ def _step(
 def _runs_tree(
     x_ptr, w_ptr, x_desc, w_desc, pid_m, pid_n, M, N, K, sxm, swn, RUN: tl.constexpr,
     NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, FUSED: tl.constexpr,
 ):  # fmt: skip
     """All K tiles of output tile (``pid_m``, ``pid_n``) in one (pipelined) loop, through
     ``_step``; each tile's operands by pointer loads or, with ``TMA``, through the descriptors."""
@@ -306,16 +347,34 @@ def _runs_tree(
     s5 = s0
     s6 = s0
     run = s0
-    for t in range(0, RUN * NUM_RUNS):
-        if TMA:
-            p = _tile_dot_tma(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, t * BLOCK_K)
-        else:
-            p = _tile_dot(
-                x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
+    if FUSED:  # fixed_runs: a run's tiles accumulate in the dot's float32 accumulator
+        fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for t in range(0, RUN * NUM_RUNS):
+            if TMA:
+                fused = _tile_dot_tma_into(
+                    fused, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, t * BLOCK_K
+                )  # fmt: skip
+            else:
+                fused = _tile_dot_into(
+                    fused, x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn,
+                    BLOCK_K, EVEN_K,
+                )  # fmt: skip
+            if t % RUN == RUN - 1:
+                s0, s1, s2, s3, s4, s5, s6 = _push(
+                    _round(fused, ACC), t // RUN + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
+                )  # fmt: skip
+                fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    else:
+        for t in range(0, RUN * NUM_RUNS):
+            if TMA:
+                p = _tile_dot_tma(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, t * BLOCK_K)
+            else:
+                p = _tile_dot(
+                    x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn, BLOCK_K, EVEN_K
+                )  # fmt: skip
+            run, s0, s1, s2, s3, s4, s5, s6 = _step(
+                _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
             )  # fmt: skip
-        run, s0, s1, s2, s3, s4, s5, s6 = _step(
-            _round(p, ACC), t, run, s0, s1, s2, s3, s4, s5, s6, RUN, NUM_RUNS, ACC
-        )  # fmt: skip
     return _total(s0, s1, s2, s3, s4, s5, s6, NUM_RUNS)
 
 
@@ -325,7 +384,7 @@ def _mm_persistent(
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, NUM_PROGS: tl.constexpr,
     ITERS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, TMA: tl.constexpr,
+    EVEN_K: tl.constexpr, TMA: tl.constexpr, FUSED: tl.constexpr,
 ):  # fmt: skip
     """Operands by pointer (``x_ptr``, ``w_ptr``) or, with ``TMA``, through the descriptors
     (``x_desc``, ``w_desc``); the other pair is None."""
@@ -339,7 +398,7 @@ def _mm_persistent(
         if tile < grid_m * grid_n:
             _mm_tile(
                 x_ptr, w_ptr, x_desc, w_desc, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym,
-                RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA,
+                RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA, FUSED,
             )  # fmt: skip
 
 
@@ -360,13 +419,13 @@ def _mm_tile(
     x_ptr, w_ptr, x_desc, w_desc, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym,
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, FUSED: tl.constexpr,
 ):  # fmt: skip
     """One output tile (``_tile_coords`` places it)."""
     pid_m, pid_n = _tile_coords(tile, grid_m, grid_n, GROUP_M)
     y = _runs_tree(
         x_ptr, w_ptr, x_desc, w_desc, pid_m, pid_n, M, N, K, sxm, swn, RUN, NUM_RUNS, ACC,
-        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA,
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, TMA, FUSED,
     )  # fmt: skip
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -378,15 +437,19 @@ def _mm_tile(
 def _group_sum(
     x_ptr, w_ptr, offs_m, offs_n, r0, M, N, K, sxm, swn, RUN: tl.constexpr,
     GROUP: tl.constexpr, ACC: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+    FUSED: tl.constexpr,
 ):  # fmt: skip
     """Runs ``r0 .. r0 + GROUP - 1`` summed through the binary counter: with ``GROUP`` a power
     of two and ``r0`` a multiple of it, a whole subtree of the counter over all runs, so the
     same adds in the same order."""
-    c = _run(x_ptr, w_ptr, offs_m, offs_n, r0, M, N, K, sxm, swn, RUN, ACC, BK, EVEN_K)
+    c = _run(x_ptr, w_ptr, offs_m, offs_n, r0, M, N, K, sxm, swn, RUN, ACC, BK, EVEN_K, FUSED)
     if GROUP > 1:
         s0, s1, s2, s3, s4, s5, s6 = _push(c, 1, c, c, c, c, c, c, c, GROUP, ACC)
         for i in tl.static_range(1, GROUP):
-            c = _run(x_ptr, w_ptr, offs_m, offs_n, r0 + i, M, N, K, sxm, swn, RUN, ACC, BK, EVEN_K)
+            c = _run(
+                x_ptr, w_ptr, offs_m, offs_n, r0 + i, M, N, K, sxm, swn, RUN, ACC, BK, EVEN_K,
+                FUSED,
+            )  # fmt: skip
             s0, s1, s2, s3, s4, s5, s6 = _push(c, i + 1, s0, s1, s2, s3, s4, s5, s6, GROUP, ACC)
         c = _total(s0, s1, s2, s3, s4, s5, s6, GROUP)
     return c
@@ -397,6 +460,7 @@ def _mm_runs(
     x_ptr, w_ptr, ws_ptr, y_ptr, count_ptr, M, N, K, sxm, swn, swr, swm, sym,
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP: tl.constexpr,
+    FUSED: tl.constexpr,
 ):  # fmt: skip
     """Small M: program (output tile, r) sums the ``GROUP`` adjacent runs from ``r * GROUP``
     (``_group_sum``), writes that partial to ``ws[r]`` and counts itself in the tile's counter;
@@ -414,7 +478,7 @@ def _mm_runs(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c = _group_sum(
         x_ptr, w_ptr, offs_m, offs_n, r * GROUP, M, N, K, sxm, swn, RUN, GROUP, ACC, BLOCK_K,
-        EVEN_K,
+        EVEN_K, FUSED,
     )  # fmt: skip
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     rows = offs_m.to(tl.int64)[:, None] * swm + offs_n[None, :]
@@ -489,7 +553,10 @@ def _launch(
     acc: torch.dtype,
     persistent: LaunchShape | None = None,
     small: LaunchShape | None = None,
+    fused: bool = False,
 ) -> torch.Tensor:
+    """``runs`` = K tiles / ``run``; ``fused`` (``fixed_runs``): a run's tiles accumulate in one
+    float32 dot instead of being rounded and added one by one."""
     M, K = x_MK.shape
     N = w_NK.shape[0]
     runs = max(1, math.ceil(K / k_block)) // run
@@ -514,7 +581,7 @@ def _launch(
         _mm_runs[(gn, parts, gm)](
             x_MK, w_NK, ws_RMN, y_MN, _counters(x_MK.device, gm * gn), M, N, K, x_MK.stride(0),
             w_NK.stride(0), ws_RMN.stride(0), ws_RMN.stride(1), y_MN.stride(0), run, runs,
-            _TL[acc], small.block_m, small.block_n, k_block, K % k_block == 0, group,
+            _TL[acc], small.block_m, small.block_n, k_block, K % k_block == 0, group, fused,
             num_warps=small.num_warps,
             num_stages=small.num_stages,
         )  # fmt: skip
@@ -529,7 +596,7 @@ def _launch(
     _mm_persistent[(progs,)](
         None if tma else x_MK, None if tma else w_NK, x_desc, w_desc, y_MN, M, N, K,
         x_MK.stride(0), w_NK.stride(0), y_MN.stride(0), run, runs, _TL[acc], progs, iters,
-        persistent.block_m, persistent.block_n, k_block, GROUP_M, K % k_block == 0, tma,
+        persistent.block_m, persistent.block_n, k_block, GROUP_M, K % k_block == 0, tma, fused,
         num_warps=persistent.num_warps, num_stages=persistent.num_stages,
     )  # fmt: skip
     return y_MN
@@ -584,17 +651,25 @@ def _descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
                             block_shape=[rows, cols])  # fmt: skip
 
 
+def _tiles_per_run(k: int, kp, order: str) -> tuple[int, bool]:
+    """(K tiles per run, fused) for ``order``: ``fixed_runs`` has ``matmul_k_runs`` fused runs
+    (``fixed_run_width``); the other orders round every tile (``_run_length``)."""
+    if order == "fixed_runs":
+        return fixed_run_width(k, kp) // kp.matmul_k_block, True
+    return _run_length(order, max(1, math.ceil(k / kp.matmul_k_block))), False
+
+
 def supports(x_MK: torch.Tensor, w_NK: torch.Tensor, kp, order: str) -> bool:
     """Tensor-core tiles need 16-bit operands of one dtype; the counter needs a power-of-two run
-    count (always so for ``sglang_first_level``; ``binary`` over a non-power-of-two tile count
-    runs the reference)."""
+    count (always so for ``sglang_first_level`` and ``fixed_runs``; ``binary`` over a
+    non-power-of-two tile count runs the reference)."""
     acc = dtype_of(kp.matmul_accumulation_dtype)
     if x_MK.dtype not in (torch.bfloat16, torch.float16) or w_NK.dtype != x_MK.dtype:
         return False
     if acc not in _TL or kp.matmul_k_block % 16:
         return False
     T = max(1, math.ceil(x_MK.shape[-1] / kp.matmul_k_block))
-    runs = T // _run_length(order, T)
+    runs = T // _tiles_per_run(x_MK.shape[-1], kp, order)[0]
     return runs & (runs - 1) == 0 and runs <= 64
 
 
@@ -603,9 +678,9 @@ class _Matmul(torch.autograd.Function):
     ``dW = dY^T X`` (float32 GEMMs; gradients need not be bitwise)."""
 
     @staticmethod
-    def forward(ctx, x_MK, w_NK, k_block, run, acc):
+    def forward(ctx, x_MK, w_NK, k_block, run, acc, fused):
         ctx.save_for_backward(x_MK, w_NK)
-        return _launch(x_MK, w_NK, k_block, run, acc)
+        return _launch(x_MK, w_NK, k_block, run, acc, fused=fused)
 
     @staticmethod
     def backward(ctx, g_MN):
@@ -613,7 +688,7 @@ class _Matmul(torch.autograd.Function):
         g = g_MN.float()
         dx = (g @ w_NK.float()).to(x_MK.dtype) if ctx.needs_input_grad[0] else None
         dw = (g.T @ x_MK.float()).to(w_NK.dtype) if ctx.needs_input_grad[1] else None
-        return dx, dw, None, None, None
+        return dx, dw, None, None, None, None
 
 
 def triton_matmul(
@@ -633,10 +708,9 @@ def triton_matmul(
     x2 = x_MK.reshape(-1, x_MK.shape[-1]).contiguous()
     w2 = w_NK.contiguous()
     acc = dtype_of(kp.matmul_accumulation_dtype)
-    T = max(1, math.ceil(x2.shape[1] / kp.matmul_k_block))
-    run = _run_length(order, T)
+    run, fused = _tiles_per_run(x2.shape[1], kp, order)
     if torch.is_grad_enabled() and (x2.requires_grad or w2.requires_grad):
-        y_MN = _Matmul.apply(x2, w2, kp.matmul_k_block, run, acc)
+        y_MN = _Matmul.apply(x2, w2, kp.matmul_k_block, run, acc, fused)
     else:  # rollout and logprob passes: no autograd node (host time counts at decode sizes)
-        y_MN = _launch(x2, w2, kp.matmul_k_block, run, acc)
+        y_MN = _launch(x2, w2, kp.matmul_k_block, run, acc, fused=fused)
     return y_MN.to(out_dtype or x_MK.dtype).reshape(*lead, w_NK.shape[0])

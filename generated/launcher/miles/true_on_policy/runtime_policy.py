@@ -4,15 +4,17 @@
 #   contracts/llama3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
+#   contracts/qwen3_dense_true_on_policy_v3.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
+#   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
-# canonical-sha256: 4a9e57d83977a98510f555185e8c330083e9c5f058ec51df0889d999dcf17881
+# canonical-sha256: e88ab3bcc08a971edd2e0d9c92ed2ebd18a7da53ba7978c6670b43b8aa136250
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -31,6 +33,7 @@ from .schema import (
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     TrueOnPolicyContractSchema,
@@ -149,6 +152,21 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "recompute_logprobs_via_prefill": ("const", True),
     },
     "qwen3_dense_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "enable_deterministic_inference": ("const", True),
+        "transformer_impl": ("const", "local"),
+        "use_cpu_initialization": ("const", True),
+        "batch_invariant_mode": ("const", True),
+        "no_bias_swiglu_fusion": ("const", True),
+        "no_rope_fusion": ("const", True),
+        "nccl_algo": ("const", "Ring"),
+        "nvte_allow_nondeterministic_algo": ("const", False),
+        "cublas_workspace_config": ("const", ":4096:8"),
+        "deterministic_mode": ("const", True),
+        "true_on_policy_mode": ("const", True),
+        "recompute_logprobs_via_prefill": ("const", False),
+    },
+    "qwen3_dense_true_on_policy_v3": {
         "enabled": ("const", True),
         "enable_deterministic_inference": ("const", True),
         "transformer_impl": ("const", "local"),
@@ -294,6 +312,9 @@ QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
 )
+QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT = TrueOnPolicyContract(
+    schema=QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
+)
 QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
 )
@@ -306,6 +327,7 @@ QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = TrueOnPolicyContract(
 LLAMA3_DENSE_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT
+QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT
 
@@ -316,6 +338,7 @@ _CONTRACT_BY_NAME: dict[str, TrueOnPolicyContract] = {
     "llama3_dense_true_on_policy_v1": LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
+    "qwen3_dense_true_on_policy_v3": QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
 }

@@ -4,15 +4,17 @@
 #   contracts/llama3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
+#   contracts/qwen3_dense_true_on_policy_v3.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
+#   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
-# canonical-sha256: ca2ddd483a1ce5d2b4e2df56f9954bb4c3262ae3d4ddefb73563c9145d2044f2
+# canonical-sha256: b3171ffe5b6a0bdc88ba012741c9c2fb6938934c37c48f6438eb6c86ccf73195
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -31,6 +33,7 @@ from .schema import (
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     TrueOnPolicyContractSchema,
@@ -41,6 +44,7 @@ from .schema import (
 LLAMA3_DENSE_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
+QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
 
@@ -136,6 +140,17 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "disable_fused_qk_norm_mrope": ("const", True),
     },
     "qwen3_dense_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "force_bfloat16_dense_tensor_math": ("const", True),
+        "force_bfloat16_lm_head": ("const", True),
+        "disable_reduce_scatter": ("const", True),
+        "disable_mlp_allreduce_fusion": ("const", True),
+        "disable_flashinfer_allreduce_fusion": ("when", "rollout_tp", True, False),
+        "tp_invariant_row_linear": ("when", "rollout_tp", True, False),
+        "deterministic_tree_all_reduce": ("when", "rollout_tp", True, False),
+        "disable_fused_qk_norm_mrope": ("const", True),
+    },
+    "qwen3_dense_true_on_policy_v3": {
         "enabled": ("const", True),
         "force_bfloat16_dense_tensor_math": ("const", True),
         "force_bfloat16_lm_head": ("const", True),
@@ -269,6 +284,9 @@ QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = SGLangTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
 )
+QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT = SGLangTrueOnPolicyContract(
+    schema=QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
+)
 QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = SGLangTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
 )
@@ -281,6 +299,7 @@ _CONTRACT_BY_NAME: dict[str, SGLangTrueOnPolicyContract] = {
     "llama3_dense_true_on_policy_v1": LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
+    "qwen3_dense_true_on_policy_v3": QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
 }

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# canonical-sha256: 9c8c0be4565bd3b464ae784faf669bbcf651a9a114ee122046fe713003c966e6
+# canonical-sha256: 31c9dc6cfe44b1b77b53363ac11cd7a81b6270d2ffe09dd11ed687d14262ff88
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -91,7 +91,7 @@ class KernelPolicy:
     matmul_k_block: int
     # dtype tile partials are produced in and summed in.
     matmul_accumulation_dtype: str
-    # 'sglang_first_level': runs of first_level_block(T) tiles summed in sequence, then a binary tree over the runs (SGLang's TP-invariant row linear); 'binary': a plain binary tree over all tiles.
+    # 'sglang_first_level': runs of first_level_block(T) tiles summed in sequence, then a binary tree over the runs (SGLang's TP-invariant row linear); 'binary': a plain binary tree over all tiles; 'fixed_runs': K cut into matmul_k_runs equal runs, each one dot product accumulated in float32 over its k_block-wide tiles (no rounding inside a run), the runs summed by a binary tree in float32 that the TP all-reduce continues (a row-parallel rank holds matmul_k_runs / TP whole runs), rounded once.
     matmul_tile_order: str
     # 'fixed_tree': gather the rank partials and sum adjacent pairs level by level, identical on every rank; 'nccl': torch.distributed.all_reduce (order chosen by NCCL).
     all_reduce: str
@@ -113,6 +113,8 @@ class KernelPolicy:
     logsoftmax_dtype: str
     # Vocab chunk of the fixed-order max / sum-exp reduction.
     logsoftmax_vocab_block: int
+    # 'fixed_runs' only: the number of equal K runs of the full (unsplit) reduction, a power of two that every allowed TP size divides; absent for the other orders.
+    matmul_k_runs: int | None = None
     # dtype of the router matmul's operands, tile partials and logits (the batch-invariant matmul, router weight replicated on every TP rank).
     moe_router_logits_dtype: str | None = None
     # dtype of the softmax over all experts' logits (fixed-order sum) and of the top-k weights and their normalisation.
