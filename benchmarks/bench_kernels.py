@@ -141,7 +141,7 @@ def bench_linear(args, kp, tm, res):
             row["batch_invariant"] = all(
                 torch.equal(triton_matmul(x[i : i + 1], w, kp)[0], y[i]) for i in idx
             )
-            if dev == "cuda":
+            if dev == "cuda" and kp.matmul_tile_order == "sglang_first_level":
                 row["equals_mimic"] = torch.equal(y, mimic_matmul(x, w, kp))
                 if sg is not None:
                     ys = sg.matmul_tp_persistent(x, w.t())
@@ -153,11 +153,13 @@ def bench_linear(args, kp, tm, res):
             print(json.dumps(row), flush=True)
         # TP=2 split (row-parallel): both halves + the fixed tree == TP=1
         if K % 256 == 0:
+            from contractgen.adapters.kernels.matmul import shard_policy
+
             x = _r(64, K, device=dev, seed=3)
             acc = getattr(torch, kp.matmul_accumulation_dtype)
-            h = K // 2
-            a = triton_matmul(x[:, :h].contiguous(), w[:, :h].contiguous(), kp, out_dtype=acc)
-            b = triton_matmul(x[:, h:].contiguous(), w[:, h:].contiguous(), kp, out_dtype=acc)
+            h, half = K // 2, shard_policy(kp, 2)
+            a = triton_matmul(x[:, :h].contiguous(), w[:, :h].contiguous(), half, out_dtype=acc)
+            b = triton_matmul(x[:, h:].contiguous(), w[:, h:].contiguous(), half, out_dtype=acc)
             res.setdefault("tp2_split_equal", {})[name] = torch.equal(
                 (a + b).to(x.dtype), triton_matmul(x, w, kp)
             )
@@ -457,6 +459,7 @@ def main(argv=None) -> int:
                     help="attention: which rows to run")  # fmt: skip
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--contract", default=CONTRACT, help="whose kernel policy (default: v1)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.device == "cpu":  # the Triton kernels run in the interpreter (set before they load)
@@ -464,9 +467,10 @@ def main(argv=None) -> int:
     from contractgen.adapters.kernels.registry import backend_for
     from contractgen.codegen.vendored import load_target
 
-    kp = load_target("sglang").schema.kernel_policy_for(CONTRACT)
+    kp = load_target("sglang").schema.kernel_policy_for(args.contract)
     tm = Timer(args.device)
     res = {
+        "contract": args.contract,
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "backend": backend_for(args.device),

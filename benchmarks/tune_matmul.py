@@ -145,17 +145,17 @@ def main() -> None:
     ap.add_argument("--skip", choices=["persistent", "small"], help="leave one launch out")
     ap.add_argument("--ceiling", action="store_true",
                     help="also time a plain Triton GEMM (not the contract) at large M")  # fmt: skip
+    ap.add_argument("--contract", default=CONTRACT, help="whose kernel policy (default: v1)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
 
-    from contractgen.adapters.kernels.matmul import _run_length
     from contractgen.adapters.kernels.triton import matmul as tmm
     from contractgen.codegen.vendored import load_target
 
     S = tmm.LaunchShape
-    kp = load_target("sglang").schema.kernel_policy_for(CONTRACT)
+    kp = load_target("sglang").schema.kernel_policy_for(args.contract)
     acc = getattr(torch, kp.matmul_accumulation_dtype)
     dev = args.device
     shapes = SHAPES
@@ -172,11 +172,13 @@ def main() -> None:
             continue
         for name, N, K in shapes:
             w = _r(N, K, device=dev, seed=1, scale=K**-0.5)
-            run = _run_length(kp.matmul_tile_order, math.ceil(K / kp.matmul_k_block))
+            run, fused = tmm._tiles_per_run(K, kp, kp.matmul_tile_order)
             for M in ms:
                 x = _r(M, K, device=dev, seed=2)
-                shipped = tmm._launch(x, w, kp.matmul_k_block, run, acc).to(x.dtype)
-                mimic_ok = dev == "cuda" and torch.equal(shipped, mimic_matmul(x, w, kp))
+                shipped = tmm._launch(x, w, kp.matmul_k_block, run, acc, fused=fused).to(x.dtype)
+                mimic_ok = (
+                    dev == "cuda" and not fused and torch.equal(shipped, mimic_matmul(x, w, kp))
+                )
                 cublas = time_ms(lambda x=x, w=w: F.linear(x, w))
                 if launch == "persistent" and args.ceiling and dev == "cuda":
                     plain = ceiling_kernel()
@@ -191,14 +193,17 @@ def main() -> None:
                         rows.append(row)
                         print(json.dumps(row), flush=True)
                 for shape in cands:
+                    kw = {launch: shape}
 
-                    def call(x=x, w=w, run=run, kw={launch: shape}, small=launch == "small"):  # noqa: B006
+                    def call(x=x, w=w, run=run, kw=kw, small=launch == "small", fused=fused):
                         if not small:
-                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, **kw)
+                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, fused=fused,
+                                               **kw)  # fmt: skip
                         real = tmm._programs  # more SMs than tiles: the per-run launch
                         tmm._programs = lambda device: 10_000
                         try:
-                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, **kw)
+                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, fused=fused,
+                                               **kw)  # fmt: skip
                         finally:
                             tmm._programs = real
 
