@@ -146,6 +146,8 @@ def main() -> None:
     ap.add_argument("--ceiling", action="store_true",
                     help="also time a plain Triton GEMM (not the contract) at large M")  # fmt: skip
     ap.add_argument("--contract", default=CONTRACT, help="whose kernel policy (default: v1)")
+    ap.add_argument("--persistent-grid", help="bm:bn:warps:stages:pps:tma(0/1),... instead of ours")
+    ap.add_argument("--small-grid", help="bm:bn:warps:stages:runs_per_program,... instead of ours")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.device == "cpu":
@@ -164,9 +166,23 @@ def main() -> None:
     tm = Timer(dev)
     time_ms = tm.graph_ms if args.cuda_graph and dev == "cuda" else tm.ms
     rows = []
+
+    def grid(text, make):
+        return [make(*map(int, c.split(":"))) for c in text.split(",")]
+
+    persistent = (
+        grid(args.persistent_grid, lambda bm, bn, w, st, pps, tma: S(bm, bn, w, st, pps, bool(tma)))
+        if args.persistent_grid
+        else persistent_candidates()
+    )
+    small = (
+        grid(args.small_grid, lambda bm, bn, w, st, g: S(bm, bn, w, st, runs_per_program=g))
+        if args.small_grid
+        else small_candidates()
+    )
     for launch, ms, cands in (
-        ("persistent", [int(m) for m in args.large_ms.split(",")], persistent_candidates()),
-        ("small", [int(m) for m in args.small_ms.split(",")], small_candidates()),
+        ("persistent", [int(m) for m in args.large_ms.split(",")], persistent),
+        ("small", [int(m) for m in args.small_ms.split(",")], small),
     ):
         if launch == args.skip:
             continue

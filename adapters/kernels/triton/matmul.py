@@ -347,23 +347,23 @@ def _runs_tree(
     s5 = s0
     s6 = s0
     run = s0
-    if FUSED:  # fixed_runs: a run's tiles accumulate in the dot's float32 accumulator
-        fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for t in range(0, RUN * NUM_RUNS):
-            if TMA:
-                fused = _tile_dot_tma_into(
-                    fused, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, t * BLOCK_K
-                )  # fmt: skip
-            else:
-                fused = _tile_dot_into(
-                    fused, x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn,
-                    BLOCK_K, EVEN_K,
-                )  # fmt: skip
-            if t % RUN == RUN - 1:
-                s0, s1, s2, s3, s4, s5, s6 = _push(
-                    _round(fused, ACC), t // RUN + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
-                )  # fmt: skip
-                fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if FUSED:  # fixed_runs: each run one float32 accumulator, its tiles a plain pipelined loop
+        for r in tl.static_range(NUM_RUNS):  # unrolled: the counter's levels are static
+            fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for j in range(RUN):
+                k0 = (r * RUN + j) * BLOCK_K
+                if TMA:
+                    fused = _tile_dot_tma_into(
+                        fused, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0
+                    )  # fmt: skip
+                else:
+                    fused = _tile_dot_into(
+                        fused, x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K,
+                        EVEN_K,
+                    )  # fmt: skip
+            s0, s1, s2, s3, s4, s5, s6 = _push(
+                _round(fused, ACC), r + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
+            )  # fmt: skip
     else:
         for t in range(0, RUN * NUM_RUNS):
             if TMA:
