@@ -78,7 +78,12 @@ def test_v3_policy_is_fixed_runs_in_float32(kp3):
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-@pytest.mark.parametrize("m,k,n", [(9, 1024, 70), (3, 1536, 130)])
+@pytest.mark.parametrize(
+    "m,k,n",
+    [(9, 1024, 70), (3, 1536, 130),
+     # on an H200 the whole batch takes the persistent launch, one row the per-run launch
+     pytest.param(520, 1024, 1100, marks=pytest.mark.skipif(not CUDA, reason="GPU-sized"))],
+)  # fmt: skip
 def test_fixed_runs_batch_and_decode_invariant(kp3, backend, m, k, n):
     """A row's bits do not depend on the other rows of the call (one row: the decode step)."""
     mm = BACKENDS[backend]
@@ -137,13 +142,37 @@ def test_fixed_runs_launch_and_tile_choices_keep_bits(kp3, monkeypatch):
         y = tmm._launch(x, w, kp3.matmul_k_block, run, torch.float32, persistent=shape,
                         fused=True)  # fmt: skip
         assert torch.equal(_bits(y.to(BF)), _bits(full)), shape
-    small = [tmm.SMALL_M, tmm.LaunchShape(16, 32, 4, 3, runs_per_program=4)]
+    small = [tmm.SMALL_FUSED, tmm.LaunchShape(64, 32, 4, 3, runs_per_program=4)]
     with monkeypatch.context() as m:
         m.setattr(tmm, "_programs", lambda device: 10_000)  # the per-run launch
         for shape in small:
             y = tmm._launch(x[:3], w, kp3.matmul_k_block, run, torch.float32, small=shape,
                             fused=True)  # fmt: skip
             assert torch.equal(_bits(y.to(BF)), _bits(full[:3])), shape
+
+
+def test_fused_runs_take_64_row_tiles_on_every_launch(kp3):
+    """The shipped shapes for fused runs are 64-row tiles of one warpgroup on both launches
+    (``SMALL_FUSED`` says why), whatever M; v1's per-tile order keeps its 16-row decode tile."""
+    for m in (1, 16, 64):
+        for runs in (1, 2, 8):
+            shape = tmm.small_shape(m, runs, fused=True)
+            assert (shape.block_m, shape.num_warps) == (64, 4)
+    assert tmm.small_shape(1, 8).block_m == 16
+
+
+@pytest.mark.skipif(
+    not CUDA, reason="a fact of the GPU's tensor cores (the interpreter has one dot)"
+)
+def test_twin_a_16_row_tile_gives_fused_runs_other_bits(kp3, monkeypatch):
+    """On the GPU, a run accumulated by a 16-row tile's instruction differs from the 64-row
+    tile's (what put v3's decode step off the trainer before ``SMALL_FUSED``)."""
+    monkeypatch.setattr(tmm, "_programs", lambda device: 10_000)  # the per-run launch
+    x, w = _r(64, 2560), _r(512, 2560, seed=1)
+    run = fixed_run_width(2560, kp3) // kp3.matmul_k_block
+    a = tmm._launch(x, w, 64, run, torch.float32, small=tmm.SMALL_FUSED, fused=True)
+    b = tmm._launch(x, w, 64, run, torch.float32, small=tmm.SMALL_M, fused=True)
+    assert not torch.equal(_bits(a), _bits(b))
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

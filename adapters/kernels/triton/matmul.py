@@ -347,23 +347,23 @@ def _runs_tree(
     s5 = s0
     s6 = s0
     run = s0
-    if FUSED:  # fixed_runs: each run one float32 accumulator, its tiles a plain pipelined loop
-        for r in tl.static_range(NUM_RUNS):  # unrolled: the counter's levels are static
-            fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            for j in range(RUN):
-                k0 = (r * RUN + j) * BLOCK_K
-                if TMA:
-                    fused = _tile_dot_tma_into(
-                        fused, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0
-                    )  # fmt: skip
-                else:
-                    fused = _tile_dot_into(
-                        fused, x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K,
-                        EVEN_K,
-                    )  # fmt: skip
-            s0, s1, s2, s3, s4, s5, s6 = _push(
-                _round(fused, ACC), r + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
-            )  # fmt: skip
+    if FUSED:  # fixed_runs: a run's tiles accumulate in the dot's float32 accumulator
+        fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for t in range(0, RUN * NUM_RUNS):
+            if TMA:
+                fused = _tile_dot_tma_into(
+                    fused, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, t * BLOCK_K
+                )  # fmt: skip
+            else:
+                fused = _tile_dot_into(
+                    fused, x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn,
+                    BLOCK_K, EVEN_K,
+                )  # fmt: skip
+            if t % RUN == RUN - 1:
+                s0, s1, s2, s3, s4, s5, s6 = _push(
+                    _round(fused, ACC), t // RUN + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
+                )  # fmt: skip
+                fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     else:
         for t in range(0, RUN * NUM_RUNS):
             if TMA:
@@ -560,7 +560,7 @@ def _launch(
     M, K = x_MK.shape
     N = w_NK.shape[0]
     runs = max(1, math.ceil(K / k_block)) // run
-    small = small or small_shape(M, runs)
+    small = small or small_shape(M, runs, fused)
     split = persistent or PERSISTENT  # the per-run launch takes what this tile cannot fill
     grid_m, grid_n = triton.cdiv(M, split.block_m), triton.cdiv(N, split.block_n)
     progs = _programs(x_MK.device)
@@ -586,7 +586,7 @@ def _launch(
             num_stages=small.num_stages,
         )  # fmt: skip
         return y_MN
-    persistent = persistent or persistent_shape(x_MK, w_NK, runs)
+    persistent = persistent or persistent_shape(x_MK, w_NK, runs, fused)
     grid_m, grid_n = triton.cdiv(M, persistent.block_m), triton.cdiv(N, persistent.block_n)
     progs = min(progs * persistent.programs_per_sm, grid_m * grid_n)
     iters = triton.next_power_of_2(triton.cdiv(grid_m * grid_n, progs))
@@ -602,9 +602,22 @@ def _launch(
     return y_MN
 
 
-def small_shape(M: int, runs: int) -> LaunchShape:
+# fixed_runs (v3): a run accumulates into the tensor core's float32 accumulator, and there the
+# instruction shows. On an H200 a 16-row tile (Ampere-style mma) gave other bits than 64-row tiles
+# (Hopper wgmma) for the same run: the v3 gate's decode step (4 rows) was off the trainer's
+# prefill by 0.0187 (2026-12-03, BENCHMARKS.md). Per-tile rounding (v1) hid it: a dot started from
+# zero agrees on both. So fused runs take 64-row tiles of one warpgroup on every launch; the
+# sweep's best per-run shape (tune_matmul.py under CUDA graphs: 1.28x cuBLAS geometric mean over
+# the Qwen3-4B projections at M = 1, 16, 64) and persistent shapes below 128 x 128, whose
+# float32 counter of 8 runs spills (45x cuBLAS time).
+SMALL_FUSED = LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, runs_per_program=2)
+
+
+def small_shape(M: int, runs: int, fused: bool = False) -> LaunchShape:
     """The shipped per-run launch shape for ``M`` rows and ``runs`` runs (``SMALL_M`` and its
-    neighbours say why); the shape changes no bit, only the time."""
+    neighbours say why); the shape changes no bit, only the time (``fused``: ``SMALL_FUSED``)."""
+    if fused:
+        return SMALL_FUSED if runs >= 2 else replace(SMALL_FUSED, runs_per_program=1)
     if M <= SMALL_ROWS:
         return SMALL_M
     if runs >= GROUP_FROM_RUNS:
@@ -612,11 +625,15 @@ def small_shape(M: int, runs: int) -> LaunchShape:
     return SMALL_M_WIDE
 
 
-def persistent_shape(x_MK: torch.Tensor, w_NK: torch.Tensor, runs: int) -> LaunchShape:
+def persistent_shape(
+    x_MK: torch.Tensor, w_NK: torch.Tensor, runs: int, fused: bool = False
+) -> LaunchShape:
     """The shipped persistent launch shape for this call (``PERSISTENT`` and its neighbours say
-    why); the shape changes no bit, only the time."""
+    why); the shape changes no bit, only the time (``fused``: 64 x 64, ``SMALL_FUSED`` says why)."""
     if not tma_fits(x_MK, w_NK):
         return PERSISTENT_POINTER
+    if fused:
+        return PERSISTENT
     M, N = x_MK.shape[0], w_NK.shape[0]
     waves = LARGE_WAVES * _programs(x_MK.device)
 
