@@ -32,6 +32,7 @@ from contractgen.adapters.kernels.matmul import (  # noqa: E402
 from contractgen.adapters.kernels.triton import matmul as tmm  # noqa: E402
 from contractgen.codegen.vendored import load_target  # noqa: E402
 
+pytestmark = [pytest.mark.gpu] if CUDA else []
 DEV = "cuda" if CUDA else "cpu"
 BF = torch.bfloat16
 V3 = "qwen3_dense_true_on_policy_v3"
