@@ -162,18 +162,32 @@ def test_fused_runs_take_64_row_tiles_on_every_launch(kp3):
     assert tmm.small_shape(1, 8).block_m == 16
 
 
-@pytest.mark.skipif(
-    not CUDA, reason="a fact of the GPU's tensor cores (the interpreter has one dot)"
-)
-def test_twin_a_16_row_tile_gives_fused_runs_other_bits(kp3, monkeypatch):
-    """On the GPU, a run accumulated by a 16-row tile's instruction differs from the 64-row
-    tile's (what put v3's decode step off the trainer before ``SMALL_FUSED``)."""
-    monkeypatch.setattr(tmm, "_programs", lambda device: 10_000)  # the per-run launch
-    x, w = _r(64, 2560), _r(512, 2560, seed=1)
-    run = fixed_run_width(2560, kp3) // kp3.matmul_k_block
-    a = tmm._launch(x, w, 64, run, torch.float32, small=tmm.SMALL_FUSED, fused=True)
-    b = tmm._launch(x, w, 64, run, torch.float32, small=tmm.SMALL_M, fused=True)
-    assert not torch.equal(_bits(a), _bits(b))
+@pytest.mark.parametrize("k", [512, 2560])  # runs of one tile (8 x 64) and of five
+def test_fused_runs_agree_on_every_launch(kp3, k, monkeypatch):
+    """Persistent (TMA and pointer loads) and per-run launches (16- and 64-row tiles, one or two
+    runs a program), at 4, 64 and 130 rows: the same bits. Runs of one tile are where Triton
+    folded the counter's add into the dot (``_ieee_add``)."""
+    S = tmm.LaunchShape
+    x, w = _r(130, k), _r(128, k, seed=1)
+    run = fixed_run_width(k, kp3) // kp3.matmul_k_block
+
+    def launch(x, **kw):
+        return tmm._launch(x, w, kp3.matmul_k_block, run, torch.float32, fused=True, **kw)
+
+    small = [S(64, 64, 4, 3, runs_per_program=2), S(16, 64, 4, 3),
+             S(16, 64, 4, 3, runs_per_program=2)]  # fmt: skip
+    with monkeypatch.context() as m:
+        m.setattr(tmm, "_programs", lambda device: 10_000)
+        ref = launch(x, small=S(64, 64, 4, 3))
+        for M in (4, 64, 130):
+            for shape in small:
+                assert torch.equal(_bits(launch(x[:M], small=shape)), _bits(ref[:M])), (M, shape)
+    with monkeypatch.context() as m:
+        m.setattr(tmm, "_programs", lambda device: 1)  # one persistent program, every tile
+        for M in (4, 64, 130):
+            for shape in (S(64, 64, 4, 3, 2, True), S(64, 64, 4, 3, 2, False)):
+                got = launch(x[:M].contiguous(), persistent=shape)
+                assert torch.equal(_bits(got), _bits(ref[:M])), (M, shape)
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -198,10 +212,11 @@ def test_fixed_runs_fields_change_the_bits(kp3, backend):
     mm = BACKENDS[backend]
     x, w = _r(4, 1536), _r(64, 1536, seed=1)  # 24 tiles: 8 runs of 3
     base = _bits(mm(x, w, kp3, out_dtype=torch.float32))
+    flips = [{"matmul_k_runs": 4}, {"matmul_accumulation_dtype": "bfloat16"}]
+    if not CUDA:  # on an H200 a run's k16 instructions chain the same whatever the tile width
+        flips.append({"matmul_k_block": 32})
     for flip in (
-        {"matmul_k_runs": 4},
-        {"matmul_k_block": 32},
-        {"matmul_accumulation_dtype": "bfloat16"},
+        *flips,
         {"matmul_tile_order": "binary"},  # sglang_first_level: 8 runs of 3 here too
     ):
         y = mm(x, w, dataclasses.replace(kp3, **flip), out_dtype=torch.float32)

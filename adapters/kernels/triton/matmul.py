@@ -213,8 +213,26 @@ def _round(v, ACC: tl.constexpr):
 
 @triton.jit
 def _add(a, b, ACC: tl.constexpr):
-    """``a + b`` as torch adds two ``ACC`` tensors: in float32, rounded once to ``ACC``."""
+    """``a + b`` as torch adds two ``ACC`` tensors: in float32, rounded once to ``ACC``. A float32
+    sum is one IEEE add (``_ieee_add``), never folded into a dot's accumulator."""
+    if ACC == tl.float32:
+        return _ieee_add(a, b)
     return _round(a.to(tl.float32) + b.to(tl.float32), ACC)
+
+
+@triton.jit
+def _ieee_add(a, b):
+    """``a + b`` in float32, round to nearest, as an opaque instruction. Triton rewrites
+    ``dot(x, y, 0) + c`` into ``dot(x, y, c)`` (the tensor core adds ``c`` in its accumulator,
+    with other bits); under ``fixed_runs`` a run of one tile is such a dot, and the counter's add
+    of it was folded in some launches and not in others (an H200, 2026-12-03:
+    ``benchmarks/diag_fixed_runs.py``: one-tile runs differed between launches, longer runs
+    agreed). With ``add.rn.f32`` the add stays an add. The interpreter has no PTX."""
+    if INTERPRET:
+        return a + b
+    return tl.inline_asm_elementwise(
+        "add.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1
+    )
 
 
 @triton.jit
@@ -602,14 +620,10 @@ def _launch(
     return y_MN
 
 
-# fixed_runs (v3): a run accumulates into the tensor core's float32 accumulator, and there the
-# instruction shows. On an H200 a 16-row tile (Ampere-style mma) gave other bits than 64-row tiles
-# (Hopper wgmma) for the same run: the v3 gate's decode step (4 rows) was off the trainer's
-# prefill by 0.0187 (2026-12-03, BENCHMARKS.md). Per-tile rounding (v1) hid it: a dot started from
-# zero agrees on both. So fused runs take 64-row tiles of one warpgroup on every launch; the
-# sweep's best per-run shape (tune_matmul.py under CUDA graphs: 1.28x cuBLAS geometric mean over
-# the Qwen3-4B projections at M = 1, 16, 64) and persistent shapes below 128 x 128, whose
-# float32 counter of 8 runs spills (45x cuBLAS time).
+# fixed_runs (v3): the per-run launch takes 64 x 64 tiles, two runs a program: the sweep's best
+# (tune_matmul.py under CUDA graphs, H200, 2026-12-03: 1.28x cuBLAS geometric mean over the
+# Qwen3-4B projections at M = 1, 16, 64; 16-row tiles 1.29-1.31x); persistent launches stay
+# below 128 x 128, where the float32 counter of 8 runs spills (45x cuBLAS time).
 SMALL_FUSED = LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, runs_per_program=2)
 
 
