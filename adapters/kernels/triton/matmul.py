@@ -231,7 +231,7 @@ def _ieee_add(a, b):
     if INTERPRET:
         return a + b
     return tl.inline_asm_elementwise(
-        "add.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        "add.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
     )
 
 
@@ -639,6 +639,14 @@ def small_shape(M: int, runs: int, fused: bool = False) -> LaunchShape:
     return SMALL_M_WIDE
 
 
+def persistent_shape_for_fused() -> LaunchShape:
+    """fixed_runs' persistent shape: 64 x 64 with 4 warps, two programs per SM, the sweep's
+    fastest (3.0x cuBLAS time, H200, 2026-12-03; 64 x 128 with 8 warps 3.3x). Not yet good: at
+    runs of 5 tiles ptxas spills (255 registers, 284 B; so does 64 x 128), and 128 x 128
+    spills its float32 counter (45x). BENCHMARKS.md, "v3 linear", says what is left."""
+    return PERSISTENT
+
+
 def persistent_shape(
     x_MK: torch.Tensor, w_NK: torch.Tensor, runs: int, fused: bool = False
 ) -> LaunchShape:
@@ -647,7 +655,7 @@ def persistent_shape(
     if not tma_fits(x_MK, w_NK):
         return PERSISTENT_POINTER
     if fused:
-        return PERSISTENT
+        return persistent_shape_for_fused()
     M, N = x_MK.shape[0], w_NK.shape[0]
     waves = LARGE_WAVES * _programs(x_MK.device)
 
