@@ -24,6 +24,11 @@ def command(ctx: click.Context, repos: tuple[str, ...], dry_run: bool, force: bo
 
     Refuses (exit 1, nothing written) to overwrite a vendored file whose content no longer matches
     its own fingerprint unless --force; never writes outside the vendored package.
+
+    With `kernels = true` under `[targets.NAME]` in contractgen.toml it also writes the stamped,
+    self-contained kernel module `tp_invariant_ops.py` (torch + triton only) with SGLang's
+    `matmul_tp_persistent(A, B, bias=None)` and `tree_all_reduce_sum(x, device_group=None)`, cut
+    from contractgen's own kernels (v1 numerics only; docs/sibling-ci.md).
     """
     project = project_from(ctx)
     targets = parse_repo_options(repos)
