@@ -22,6 +22,10 @@ bf16 tensor-core tile dots) obtains the invariances:
   each output element has the same blocks, K tiles and combine order whatever the panel.
 * TP invariance: a row-parallel rank holding a whole subtree of tiles computes that subtree; the
   fixed-tree all-reduce (``all_reduce.py``) finishes the tree.
+* ``fixed_runs`` (v3): K is ``kp.matmul_k_runs`` equal runs whatever K is, each run its tiles'
+  float32 partials added in order (no rounding inside a run), the runs a binary tree in float32.
+  A rank's K under TP is ``matmul_k_runs / TP`` of the full K's runs, so a row-parallel call
+  passes ``shard_policy(kp, tp)``; the other orders derive their runs from the K they are given.
 
 K not a multiple of the block: the last tile is zero-padded to the block width (the documented
 fallback). That is still batch invariant, but TP invariance then needs each rank's K to be whole

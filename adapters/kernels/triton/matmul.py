@@ -5,7 +5,9 @@ operands with float32 accumulation (what SGLang's ``matmul_tp_persistent`` and a
 ``torch.mm(..., out_dtype=float32)`` compute), rounded to the accumulation dtype; the tiles of a
 first-level run are added one after another, and finished runs are combined by a binary counter
 (adjacent pairwise, an odd leftover carried, as ``matmul.pairwise_sum``). Every add is float32 of
-the two rounded values, rounded again, as torch's bf16 add.
+the two rounded values, rounded again, as torch's bf16 add. Under ``fixed_runs`` (``FUSED``) a
+run's tiles accumulate in the dot's own float32 accumulator (``tl.dot(a, b, acc)``) and the
+counter adds float32 runs with an opaque ``add.rn.f32`` (``_ieee_add`` says why).
 
 Invariances: each output element's arithmetic (its K tiles, their dots, the order) never changes
 with M, N, the call or the launch shape, so a row's bits depend on that row and its column's
