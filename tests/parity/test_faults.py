@@ -96,7 +96,9 @@ def test_catalogue_flips_every_moe_field():
     kp = sg.schema.kernel_policy_for(moe)
     faults = catalogue(kp, sg.runtime_policy.policy_for(moe), mg.runtime_policy.policy_for(moe))
     kernel = {f.field for f in faults if f.kind == "kernel"}
-    assert kernel == {f.name for f in dataclasses.fields(kp)}
+    # every field the contract sets (matmul_k_runs is fixed_runs' only: unset here)
+    assert kernel == {f.name for f in dataclasses.fields(kp) if getattr(kp, f.name) is not None}
+    assert kp.matmul_k_runs is None and "matmul_k_runs" not in kernel
     for name in sorted(n for n in kernel if n.startswith("moe_")):
         value = getattr(kp, name)
         assert flipped(name, value, "kernel") not in (value, None), name
