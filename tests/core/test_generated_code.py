@@ -139,11 +139,13 @@ def test_import_with_python_dash_S(target: str, tmp_path: Path) -> None:
     assert report["file"].startswith(str(base)), report
     assert report["ids"] == [
         "llama3_dense_true_on_policy_v1",
+        "llama3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v3",
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
+        "qwen3_moe_true_on_policy_v3",
     ]
     assert report["bad"] == []
     assert report["policy"] == "llama3_dense_true_on_policy_v1"

@@ -406,11 +406,13 @@ def test_check_json_shape(project: Path, repos) -> None:
     assert report["ok"] is False
     assert report["contracts"] == [
         "llama3_dense_true_on_policy_v1",
+        "llama3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v3",
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
+        "qwen3_moe_true_on_policy_v3",
     ]
     assert report["files"] == 12
     kinds = sorted((d["kind"], d["where"]) for d in report["drift"])
@@ -429,11 +431,13 @@ def test_list_json_shape() -> None:
     rows = json.loads(result.output)
     assert [r["id"] for r in rows] == [
         "llama3_dense_true_on_policy_v1",
+        "llama3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v3",
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
+        "qwen3_moe_true_on_policy_v3",
     ]
     for r in rows:
         assert set(r) == {"id", "family", "logprob_contract", "supersedes", "fingerprint", "file"}

@@ -19,8 +19,10 @@ CONTRACTS = [
     "qwen3_dense_true_on_policy_v2",
     "qwen3_dense_true_on_policy_v3",
     "llama3_dense_true_on_policy_v1",
+    "llama3_dense_true_on_policy_v2",
     "qwen3_moe_true_on_policy_v1",
     "qwen3_moe_true_on_policy_v2",
+    "qwen3_moe_true_on_policy_v3",
 ]
 
 

@@ -2,19 +2,23 @@
 # Change the contract file or the template, then run `contractgen generate`.
 # Sources:
 #   contracts/llama3_dense_true_on_policy_v1.yaml
+#   contracts/llama3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
+#   contracts/qwen3_moe_true_on_policy_v3.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
+#   llama3_dense_true_on_policy_v2 sha256:3a426b63d920b6e772f0f26039fae893d35126c33dede580a5158284adc8c05e
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
-# canonical-sha256: e88ab3bcc08a971edd2e0d9c92ed2ebd18a7da53ba7978c6670b43b8aa136250
+#   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
+# canonical-sha256: a1caa547791aa82bb96e622fb9d60b05bd2be950660ab521febe638fbc9079f1
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -31,11 +35,13 @@ from .schema import (
     CONTRACT_DATA,
     CONTRACT_IDS,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
+    LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
@@ -136,6 +142,21 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "true_on_policy_mode": ("const", True),
         "recompute_logprobs_via_prefill": ("const", True),
     },
+    "llama3_dense_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "enable_deterministic_inference": ("const", True),
+        "transformer_impl": ("const", "local"),
+        "use_cpu_initialization": ("const", True),
+        "batch_invariant_mode": ("const", True),
+        "no_bias_swiglu_fusion": ("const", True),
+        "no_rope_fusion": ("const", True),
+        "nccl_algo": ("const", "Ring"),
+        "nvte_allow_nondeterministic_algo": ("const", False),
+        "cublas_workspace_config": ("const", ":4096:8"),
+        "deterministic_mode": ("const", True),
+        "true_on_policy_mode": ("const", True),
+        "recompute_logprobs_via_prefill": ("const", True),
+    },
     "qwen3_dense_true_on_policy_v1": {
         "enabled": ("const", True),
         "enable_deterministic_inference": ("const", True),
@@ -197,6 +218,21 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "recompute_logprobs_via_prefill": ("const", True),
     },
     "qwen3_moe_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "enable_deterministic_inference": ("const", True),
+        "transformer_impl": ("const", "local"),
+        "use_cpu_initialization": ("const", True),
+        "batch_invariant_mode": ("const", True),
+        "no_bias_swiglu_fusion": ("const", True),
+        "no_rope_fusion": ("const", True),
+        "nccl_algo": ("const", "Ring"),
+        "nvte_allow_nondeterministic_algo": ("const", False),
+        "cublas_workspace_config": ("const", ":4096:8"),
+        "deterministic_mode": ("const", True),
+        "true_on_policy_mode": ("const", True),
+        "recompute_logprobs_via_prefill": ("const", False),
+    },
+    "qwen3_moe_true_on_policy_v3": {
         "enabled": ("const", True),
         "enable_deterministic_inference": ("const", True),
         "transformer_impl": ("const", "local"),
@@ -305,6 +341,9 @@ LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = TrueOnPolicyContract(
     schema=LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 LLAMA3_DENSE_TRUE_ON_POLICY_CONTRACT = LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
+LLAMA3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = TrueOnPolicyContract(
+    schema=LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
+)
 QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
@@ -322,25 +361,32 @@ QWEN3_MOE_TRUE_ON_POLICY_CONTRACT = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
 )
+QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT = TrueOnPolicyContract(
+    schema=QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
+)
 
 # As in miles, the bare ``<ID>`` constant is the contract object (not the id string).
 LLAMA3_DENSE_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
+LLAMA3_DENSE_TRUE_ON_POLICY_V2 = LLAMA3_DENSE_TRUE_ON_POLICY_V2_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT
+QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT
 
 # The public module's name for the contract class.
 LauncherTrueOnPolicyContract = TrueOnPolicyContract
 
 _CONTRACT_BY_NAME: dict[str, TrueOnPolicyContract] = {
     "llama3_dense_true_on_policy_v1": LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
+    "llama3_dense_true_on_policy_v2": LLAMA3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_dense_true_on_policy_v3": QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
+    "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
 }
 
 

@@ -2,19 +2,23 @@
 # Change the contract file or the template, then run `contractgen generate`.
 # Sources:
 #   contracts/llama3_dense_true_on_policy_v1.yaml
+#   contracts/llama3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
+#   contracts/qwen3_moe_true_on_policy_v3.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
+#   llama3_dense_true_on_policy_v2 sha256:3a426b63d920b6e772f0f26039fae893d35126c33dede580a5158284adc8c05e
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
-# canonical-sha256: fa7ac47dcd7fd4f994a3ebef20e145f165bafefccf680324b9e53885755d5a58
+#   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
+# canonical-sha256: 6614155d70f6ae97af6ec3446ce0165e53bee3e9eaad0b0f4dda45b448bcbad3
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -32,22 +36,26 @@ from .schema import (
     CONTRACT_DATA,
     CONTRACT_IDS,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
+    LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
 
 # As in the public Megatron-LM and SGLang modules, the bare ``<ID>`` constant is the id string.
 LLAMA3_DENSE_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
+LLAMA3_DENSE_TRUE_ON_POLICY_V2 = LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
+QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA.name
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,25 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "use_sglang_residual_pair": ("const", True),
         "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
     },
+    "llama3_dense_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "use_sglang_backend": ("const", True),
+        "batch_invariant_mode": ("config", "batch_invariant_mode", False),
+        "disable_rope_fusion": ("const", True),
+        "disable_bias_swiglu_fusion": ("const", True),
+        "attention_backend": ("const", "fa3_varlen"),
+        "cp_layout": ("when", "ulysses_cp", "ulysses_a2a", None),
+        "cast_attention_input_to_dense_math_dtype": ("const", True),
+        "cast_qk_norm_input_before_weight_mul": ("const", True),
+        "cast_qk_after_rope_to_dense_math_dtype": ("const", True),
+        "cast_lm_head_input_to_weight_dtype": ("const", True),
+        "deterministic_row_parallel_reduce": ("const", True),
+        "defer_ulysses_cp_loss_scaling_to_grad_sum": ("const", True),
+        "apply_logits_contract": ("const", True),
+        "use_sglang_final_norm": ("const", True),
+        "use_sglang_residual_pair": ("const", True),
+        "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
+    },
     "qwen3_dense_true_on_policy_v1": {
         "enabled": ("const", True),
         "use_sglang_backend": ("const", True),
@@ -238,6 +265,25 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
     },
     "qwen3_moe_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "use_sglang_backend": ("const", True),
+        "batch_invariant_mode": ("config", "batch_invariant_mode", False),
+        "disable_rope_fusion": ("const", True),
+        "disable_bias_swiglu_fusion": ("const", True),
+        "attention_backend": ("const", "fa3_varlen"),
+        "cp_layout": ("when", "ulysses_cp", "ulysses_a2a", None),
+        "cast_attention_input_to_dense_math_dtype": ("const", True),
+        "cast_qk_norm_input_before_weight_mul": ("const", True),
+        "cast_qk_after_rope_to_dense_math_dtype": ("const", True),
+        "cast_lm_head_input_to_weight_dtype": ("const", True),
+        "deterministic_row_parallel_reduce": ("const", True),
+        "defer_ulysses_cp_loss_scaling_to_grad_sum": ("const", True),
+        "apply_logits_contract": ("const", True),
+        "use_sglang_final_norm": ("const", True),
+        "use_sglang_residual_pair": ("const", True),
+        "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
+    },
+    "qwen3_moe_true_on_policy_v3": {
         "enabled": ("const", True),
         "use_sglang_backend": ("const", True),
         "batch_invariant_mode": ("config", "batch_invariant_mode", False),
@@ -350,6 +396,9 @@ LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = MegatronTrueOnPolicyContract(
     schema=LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 LLAMA3_DENSE_TRUE_ON_POLICY_CONTRACT = LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
+LLAMA3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = MegatronTrueOnPolicyContract(
+    schema=LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
+)
 QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = MegatronTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
@@ -367,14 +416,19 @@ QWEN3_MOE_TRUE_ON_POLICY_CONTRACT = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = MegatronTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
 )
+QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT = MegatronTrueOnPolicyContract(
+    schema=QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
+)
 
 _CONTRACT_BY_NAME: dict[str, MegatronTrueOnPolicyContract] = {
     "llama3_dense_true_on_policy_v1": LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
+    "llama3_dense_true_on_policy_v2": LLAMA3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_dense_true_on_policy_v3": QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
+    "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
 }
 
 

@@ -2,19 +2,23 @@
 # Change the contract file or the template, then run `contractgen generate`.
 # Sources:
 #   contracts/llama3_dense_true_on_policy_v1.yaml
+#   contracts/llama3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
+#   contracts/qwen3_moe_true_on_policy_v3.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
+#   llama3_dense_true_on_policy_v2 sha256:3a426b63d920b6e772f0f26039fae893d35126c33dede580a5158284adc8c05e
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
-# canonical-sha256: ddc10d7a41f4fb7219962168ac3bdc3ada38c672300c2fb1265be3ee7f30d6db
+#   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
+# canonical-sha256: 1f55578bd6ff79296d0eeeb0c289ef34f02719e1305b00c39bfbb3d54277c5ce
 """Public contract names of the true-on-policy package, as the sglang repository's own
 modules import them (``from .contracts import ...``): the schema's aliases and constants and the
 runtime policy's contract objects, in one place. Standard library only.
@@ -27,6 +31,8 @@ from .runtime_policy import (
     LLAMA3_DENSE_TRUE_ON_POLICY_CONTRACT,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
+    LLAMA3_DENSE_TRUE_ON_POLICY_V2,
+    LLAMA3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT,
     QWEN3_DENSE_TRUE_ON_POLICY_V1,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
@@ -39,6 +45,8 @@ from .runtime_policy import (
     QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     QWEN3_MOE_TRUE_ON_POLICY_V2,
     QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
+    QWEN3_MOE_TRUE_ON_POLICY_V3,
+    QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
     SGLangTrueOnPolicyContract,
     SGLangTrueOnPolicyRuntimePolicy,
     get_true_on_policy_contract,
@@ -49,11 +57,13 @@ from .runtime_policy import (
 from .schema import (
     CONTRACT_IDS,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
+    LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
     KernelContract,
     LogprobContract,
     ModelFamily,
@@ -69,6 +79,9 @@ __all__ = [
     "LLAMA3_DENSE_TRUE_ON_POLICY_V1",
     "LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT",
     "LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA",
+    "LLAMA3_DENSE_TRUE_ON_POLICY_V2",
+    "LLAMA3_DENSE_TRUE_ON_POLICY_V2_CONTRACT",
+    "LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA",
     "QWEN3_DENSE_TRUE_ON_POLICY_CONTRACT",
     "QWEN3_DENSE_TRUE_ON_POLICY_V1",
     "QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT",
@@ -86,6 +99,9 @@ __all__ = [
     "QWEN3_MOE_TRUE_ON_POLICY_V2",
     "QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT",
     "QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA",
+    "QWEN3_MOE_TRUE_ON_POLICY_V3",
+    "QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT",
+    "QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA",
     "KernelContract",
     "LogprobContract",
     "ModelFamily",

@@ -2,19 +2,23 @@
 # Change the contract file or the template, then run `contractgen generate`.
 # Sources:
 #   contracts/llama3_dense_true_on_policy_v1.yaml
+#   contracts/llama3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
+#   contracts/qwen3_moe_true_on_policy_v3.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
+#   llama3_dense_true_on_policy_v2 sha256:3a426b63d920b6e772f0f26039fae893d35126c33dede580a5158284adc8c05e
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
-# canonical-sha256: b3171ffe5b6a0bdc88ba012741c9c2fb6938934c37c48f6438eb6c86ccf73195
+#   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
+# canonical-sha256: 16e948a6377db79101776d56e9ea8a0c0658b5cfd0675471faeb6f45d69d0e02
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -31,22 +35,26 @@ from .schema import (
     CONTRACT_DATA,
     CONTRACT_IDS,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
+    LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
+    QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
 
 # As in the public Megatron-LM and SGLang modules, the bare ``<ID>`` constant is the id string.
 LLAMA3_DENSE_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
+LLAMA3_DENSE_TRUE_ON_POLICY_V2 = LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
+QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA.name
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,17 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "deterministic_tree_all_reduce": ("when", "rollout_tp", True, False),
         "disable_fused_qk_norm_mrope": ("const", True),
     },
+    "llama3_dense_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "force_bfloat16_dense_tensor_math": ("const", True),
+        "force_bfloat16_lm_head": ("const", True),
+        "disable_reduce_scatter": ("const", True),
+        "disable_mlp_allreduce_fusion": ("const", True),
+        "disable_flashinfer_allreduce_fusion": ("when", "rollout_tp", True, False),
+        "tp_invariant_row_linear": ("when", "rollout_tp", True, False),
+        "deterministic_tree_all_reduce": ("when", "rollout_tp", True, False),
+        "disable_fused_qk_norm_mrope": ("const", True),
+    },
     "qwen3_dense_true_on_policy_v1": {
         "enabled": ("const", True),
         "force_bfloat16_dense_tensor_math": ("const", True),
@@ -173,6 +192,17 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "disable_fused_qk_norm_mrope": ("const", True),
     },
     "qwen3_moe_true_on_policy_v2": {
+        "enabled": ("const", True),
+        "force_bfloat16_dense_tensor_math": ("const", True),
+        "force_bfloat16_lm_head": ("const", True),
+        "disable_reduce_scatter": ("const", True),
+        "disable_mlp_allreduce_fusion": ("const", True),
+        "disable_flashinfer_allreduce_fusion": ("when", "rollout_tp", True, False),
+        "tp_invariant_row_linear": ("when", "rollout_tp", True, False),
+        "deterministic_tree_all_reduce": ("when", "rollout_tp", True, False),
+        "disable_fused_qk_norm_mrope": ("const", True),
+    },
+    "qwen3_moe_true_on_policy_v3": {
         "enabled": ("const", True),
         "force_bfloat16_dense_tensor_math": ("const", True),
         "force_bfloat16_lm_head": ("const", True),
@@ -277,6 +307,9 @@ LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = SGLangTrueOnPolicyContract(
     schema=LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
 LLAMA3_DENSE_TRUE_ON_POLICY_CONTRACT = LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
+LLAMA3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = SGLangTrueOnPolicyContract(
+    schema=LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
+)
 QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT = SGLangTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
 )
@@ -294,14 +327,19 @@ QWEN3_MOE_TRUE_ON_POLICY_CONTRACT = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = SGLangTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
 )
+QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT = SGLangTrueOnPolicyContract(
+    schema=QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
+)
 
 _CONTRACT_BY_NAME: dict[str, SGLangTrueOnPolicyContract] = {
     "llama3_dense_true_on_policy_v1": LLAMA3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
+    "llama3_dense_true_on_policy_v2": LLAMA3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_dense_true_on_policy_v3": QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
+    "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
 }
 
 
