@@ -51,6 +51,7 @@ SMALL_SHAPES = [("q_small", 128, 512), ("down_small", 64, 1024)]
 def _static_tile(
     x_desc, w_desc, off_m, off_n, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    WS: tl.constexpr,
 ):  # fmt: skip
     s0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     s1 = s0
@@ -61,7 +62,7 @@ def _static_tile(
     s6 = s0
     for r in tl.static_range(NUM_RUNS):
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for j in tl.range(RUN, num_stages=STAGES):
+        for j in tl.range(RUN, num_stages=STAGES, warp_specialize=WS):
             k0 = (r * RUN + j) * BLOCK_K
             a = x_desc.load([off_m, k0])
             b = w_desc.load([off_n, k0])
@@ -80,6 +81,7 @@ def _static_persistent(
     x_desc, w_desc, y_ptr, M, N, sym, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
     NUM_PROGS: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr, OUT: tl.constexpr,
+    WS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     grid_m = tl.cdiv(M, BLOCK_M)
@@ -90,7 +92,7 @@ def _static_persistent(
             pid_m, pid_n = tm._tile_coords(tile, grid_m, grid_n, GROUP_M)
             y = _static_tile(
                 x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, RUN, NUM_RUNS, BLOCK_M,
-                BLOCK_N, BLOCK_K, STAGES,
+                BLOCK_N, BLOCK_K, STAGES, WS,
             )  # fmt: skip
             offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -99,7 +101,91 @@ def _static_persistent(
             tl.store(ptrs, tm._round(y, OUT), mask=mask)
 
 
-def static_launch(x, w, kp, bm, bn, warps, stages, pps, f32_out=False):
+@triton.jit
+def _push_scratch(c, n, lv_ptrs, level_stride, LOG: tl.constexpr):
+    """Finished run ``n`` (1-based, a runtime value) into a binary counter whose levels live in
+    a per-program float32 scratch (``lv_ptrs`` + ``l * level_stride``): from level 0 up, a level
+    whose bit of ``n`` is 0 is added on the left (``level + c``, as ``_push``) and the carry goes
+    up; the first level whose bit is 1 stores the carry. After the last run (``n == 2**LOG``)
+    the whole sum is stored at level ``LOG``. Each thread stores and loads the same elements
+    (one pointer tensor), so its own program order orders them."""
+    done = n < 0  # False, as a runtime scalar the branches can carry
+    for lvl in tl.static_range(LOG + 1):
+        if not done:
+            if lvl == LOG or ((n >> lvl) & 1) == 1:
+                tl.store(lv_ptrs + lvl * level_stride, c)
+                done = n >= 0
+            else:
+                c = tm._ieee_add(tl.load(lv_ptrs + lvl * level_stride), c)
+    return c
+
+
+@triton.jit
+def _flat_persistent(
+    x_desc, w_desc, y_ptr, lv_ptr, M, N, sym, RUN: tl.constexpr, NUM_RUNS: tl.constexpr,
+    LOG: tl.constexpr, NUM_PROGS: tl.constexpr, ITERS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
+    OUT: tl.constexpr,
+):  # fmt: skip
+    """One pipelined loop over every K tile of the output tile (the next run's loads are issued
+    while this run's last dots finish); a finished run goes into the counter, whose levels live
+    in scratch, so the dot's accumulator is the loop's only carried tile."""
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    lv_ptrs = lv_ptr + pid.to(tl.int64) * ((LOG + 1) * BLOCK_M * BLOCK_N) + rows[:, None] * BLOCK_N
+    lv_ptrs = lv_ptrs + cols[None, :]
+    for i in range(ITERS):
+        tile = pid + i * NUM_PROGS
+        if tile < grid_m * grid_n:
+            pid_m, pid_n = tm._tile_coords(tile, grid_m, grid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for t in tl.range(0, RUN * NUM_RUNS, num_stages=STAGES):
+                a = x_desc.load([off_m, t * BLOCK_K])
+                b = w_desc.load([off_n, t * BLOCK_K])
+                if tm.INTERPRET:
+                    acc = acc + tm.interpreter_dot(a, tl.trans(b))
+                else:
+                    acc = tl.dot(a, b.T, acc)
+                if t % RUN == RUN - 1:
+                    _push_scratch(acc, t // RUN + 1, lv_ptrs, BLOCK_M * BLOCK_N, LOG)
+                    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            y = tl.load(lv_ptrs + LOG * BLOCK_M * BLOCK_N)
+            offs_m = off_m + rows
+            offs_n = off_n + cols
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :]
+            tl.store(ptrs, tm._round(y, OUT), mask=mask)
+
+
+def flat_launch(x, w, kp, bm, bn, warps, stages, pps):
+    M, K = x.shape
+    N = w.shape[0]
+    bk = kp.matmul_k_block
+    run, _ = tm._tiles_per_run(K, kp, kp.matmul_tile_order)
+    runs = (K // bk) // run
+    log = runs.bit_length() - 1
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    progs = min(tm._programs(x.device) * pps, tiles)
+    iters = triton.next_power_of_2(triton.cdiv(tiles, progs))
+    lv = torch.empty(progs * (log + 1) * bm * bn, dtype=torch.float32, device=x.device)
+    xd = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, bk])
+    wd = TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, bk])
+    k = _flat_persistent[(progs,)](
+        xd, wd, y, lv, M, N, y.stride(0), run, runs, log, progs, iters, bm, bn, bk, tm.GROUP_M,
+        stages, tm._TL[x.dtype], num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    LAST_COMPILED["regs"] = getattr(k, "n_regs", None)
+    LAST_COMPILED["spills"] = getattr(k, "n_spills", None)
+    return y
+
+
+def static_launch(x, w, kp, bm, bn, warps, stages, pps, f32_out=False, ws=False):
     M, K = x.shape
     N = w.shape[0]
     bk = kp.matmul_k_block
@@ -115,7 +201,7 @@ def static_launch(x, w, kp, bm, bn, warps, stages, pps, f32_out=False):
     wd = TensorDescriptor(w, list(w.shape), list(w.stride()), [bn, bk])
     k = _static_persistent[(progs,)](
         xd, wd, y, M, N, y.stride(0), run, runs, progs, iters, bm, bn, bk, tm.GROUP_M, stages,
-        tm._TL[out], num_warps=warps, num_stages=stages,
+        tm._TL[out], ws, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     LAST_COMPILED["regs"] = getattr(k, "n_regs", None)
     LAST_COMPILED["spills"] = getattr(k, "n_spills", None)
@@ -126,17 +212,22 @@ LAST_COMPILED: dict = {}
 
 
 CANDIDATES = [  # (structure, block_m, block_n, warps, stages, programs per SM)
-    ("static", 128, 128, 8, 3, 1),
     ("static", 128, 128, 8, 4, 1),
-    ("static", 128, 64, 8, 3, 1),
-    ("static", 128, 64, 4, 3, 1),
-    ("static", 64, 128, 4, 3, 1),
-    ("static", 64, 128, 8, 3, 1),
-    ("static", 128, 256, 8, 3, 1),
-    ("static", 64, 64, 4, 3, 2),
-    ("static_f32out", 128, 128, 8, 3, 1),
+    ("static", 128, 128, 8, 5, 1),
+    ("flat", 128, 128, 8, 4, 1),
+    ("flat", 128, 128, 8, 5, 1),
+    ("flat", 128, 128, 8, 3, 1),
+    ("flat", 128, 256, 8, 3, 1),
+    ("flat", 128, 64, 4, 4, 2),
+    ("flat", 64, 128, 4, 4, 2),
+    ("flat", 64, 64, 4, 4, 2),
 ]
-SMALL_CANDIDATES = [("static", 64, 64, 4, 2, 1), ("static", 32, 64, 4, 2, 1)]
+SMALL_CANDIDATES = [
+    ("static", 64, 64, 4, 2, 1),
+    ("static", 32, 64, 4, 2, 1),
+    ("flat", 64, 64, 4, 2, 1),
+    ("flat", 32, 64, 4, 2, 2),
+]
 
 
 def time_ms(fn, cuda: bool) -> float:
@@ -179,10 +270,13 @@ def main() -> None:
                            block_n=bn, num_warps=warps, num_stages=stages, programs_per_sm=pps)  # fmt: skip
 
                 f32_out = struct.endswith("f32out")
+                ws = struct.endswith("_ws")
 
                 def call(x=x, w=w, bm=bm, bn=bn, warps=warps, stages=stages, pps=pps,
-                         f32=f32_out):  # fmt: skip
-                    return static_launch(x, w, kp, bm, bn, warps, stages, pps, f32)
+                         f32=f32_out, ws=ws, flat=struct == "flat"):  # fmt: skip
+                    if flat:
+                        return flat_launch(x, w, kp, bm, bn, warps, stages, pps)
+                    return static_launch(x, w, kp, bm, bn, warps, stages, pps, f32, ws)
 
                 try:
                     y = call()

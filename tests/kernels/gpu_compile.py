@@ -76,7 +76,7 @@ def cases():
             f"_mm_persistent even_k={even_k}", matmul._mm_persistent,
             dict(RUN=2, NUM_RUNS=16, ACC=tl.bfloat16, NUM_PROGS=264, ITERS=4, BLOCK_M=mm.block_m,
                  BLOCK_N=mm.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M, EVEN_K=even_k,
-                 TMA=False, FUSED=False, x_desc=None, w_desc=None),
+                 TMA=False, FUSED=False, OUT=tl.bfloat16, x_desc=None, w_desc=None),
             dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
         )  # fmt: skip
     for tma, run, runs in ((matmul.PERSISTENT, 2, 16),
@@ -86,28 +86,31 @@ def cases():
             f"_mm_persistent tma {tma.block_m}x{tma.block_n} runs={runs}", matmul._mm_persistent,
             dict(RUN=run, NUM_RUNS=runs, ACC=tl.bfloat16, NUM_PROGS=264, ITERS=4,
                  BLOCK_M=tma.block_m, BLOCK_N=tma.block_n, BLOCK_K=128, GROUP_M=matmul.GROUP_M,
-                 EVEN_K=True, TMA=True, FUSED=False, x_ptr=None, w_ptr=None),
+                 EVEN_K=True, TMA=True, FUSED=False, OUT=tl.bfloat16, x_ptr=None,
+                 w_ptr=None),
             dict(num_warps=tma.num_warps, num_stages=tma.num_stages),
             dict(x_desc=(tma.block_m, 128), w_desc=(tma.block_n, 128)),
         )  # fmt: skip
     # fixed_runs (v3): 8 fused runs of one tile (K = 512) and of five (K = 2560), 64-wide tiles
     for run in (1, 5):
-        mm = matmul.persistent_shape_for_fused()
-        yield (
-            f"_mm_persistent fused tma {mm.block_m}x{mm.block_n} run={run}", matmul._mm_persistent,
-            dict(RUN=run, NUM_RUNS=8, ACC=tl.float32, NUM_PROGS=264, ITERS=4,
-                 BLOCK_M=mm.block_m, BLOCK_N=mm.block_n, BLOCK_K=64, GROUP_M=matmul.GROUP_M,
-                 EVEN_K=True, TMA=True, FUSED=True, x_ptr=None, w_ptr=None),
-            dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
-            dict(x_desc=(mm.block_m, 64), w_desc=(mm.block_n, 64)),
-        )  # fmt: skip
+        for mm in (matmul.PERSISTENT_FUSED, matmul.PERSISTENT_FUSED_NARROW):
+            yield (
+                f"_mm_persistent fused tma {mm.block_m}x{mm.block_n} run={run}",
+                matmul._mm_persistent,
+                dict(RUN=run, NUM_RUNS=8, ACC=tl.float32, NUM_PROGS=264, ITERS=4,
+                     BLOCK_M=mm.block_m, BLOCK_N=mm.block_n, BLOCK_K=64, GROUP_M=matmul.GROUP_M,
+                     EVEN_K=True, TMA=True, FUSED=True, OUT=tl.bfloat16, x_ptr=None,
+                     w_ptr=None),
+                dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
+                dict(x_desc=(mm.block_m, 64), w_desc=(mm.block_n, 64)),
+            )  # fmt: skip
         shape = matmul.small_shape(1, 8, fused=True)
         yield (
             f"_mm_runs fused {shape.block_m}x{shape.block_n} group={shape.runs_per_program} "
             f"run={run}", matmul._mm_runs,
             dict(RUN=run, NUM_RUNS=8, ACC=tl.float32, BLOCK_M=shape.block_m,
                  BLOCK_N=shape.block_n, BLOCK_K=64, EVEN_K=True, GROUP=shape.runs_per_program,
-                 FUSED=True),
+                 FUSED=True, OUT=tl.bfloat16),
             dict(num_warps=shape.num_warps, num_stages=shape.num_stages),
         )  # fmt: skip
     for shape, run, runs in ((matmul.small_shape(1, 4), 5, 4), (matmul.small_shape(64, 4), 5, 4),
@@ -116,7 +119,8 @@ def cases():
         yield (
             f"_mm_runs {shape.block_m}x{shape.block_n} group={group}", matmul._mm_runs,
             dict(RUN=run, NUM_RUNS=runs, ACC=tl.bfloat16, BLOCK_M=shape.block_m,
-                 BLOCK_N=shape.block_n, BLOCK_K=128, EVEN_K=True, GROUP=group, FUSED=False),
+                 BLOCK_N=shape.block_n, BLOCK_K=128, EVEN_K=True, GROUP=group, FUSED=False,
+                 OUT=tl.bfloat16),
             dict(num_warps=shape.num_warps, num_stages=shape.num_stages),
         )  # fmt: skip
     for group, rows, warps in ((1, attention.BLOCK_Q, attention.NUM_WARPS),

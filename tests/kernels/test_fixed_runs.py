@@ -162,6 +162,47 @@ def test_fused_runs_take_64_row_tiles_on_every_launch(kp3):
     assert tmm.small_shape(1, 8).block_m == 16
 
 
+def test_fused_persistent_shape_is_wide_where_its_tiles_fill_the_gpu(kp3, monkeypatch):
+    """128 x 128 where there are at least as many tiles as programs, else 64 x 64 (two
+    programs per SM); the interpreter always takes the narrow tile (float64 products)."""
+    monkeypatch.setattr(tmm, "INTERPRET", False)
+    wide, narrow = tmm.PERSISTENT_FUSED, tmm.PERSISTENT_FUSED_NARROW
+    assert (wide.block_m, wide.block_n, narrow.block_m, narrow.block_n) == (128, 128, 64, 64)
+    assert tmm.persistent_shape_for_fused(8192, 4096, 132) == wide  # 64 x 32 tiles
+    assert tmm.persistent_shape_for_fused(1024, 2048, 128) == wide  # 8 x 16 = 128 tiles
+    assert tmm.persistent_shape_for_fused(1024, 2048, 132) == narrow  # fewer than programs
+    monkeypatch.setattr(tmm, "INTERPRET", True)
+    assert tmm.persistent_shape_for_fused(8192, 4096, 132) == narrow
+
+
+@pytest.mark.parametrize("k", [512, 2560])
+def test_fused_sum_is_rounded_once_in_the_kernel_as_torch_rounds_it(kp3, k, monkeypatch):
+    """fixed_runs stores its float32 sum in the output dtype (nearest even, in the epilogue):
+    the same bits as storing float32 and rounding with ``.to``, on both launches; with bf16
+    values placed at rounding ties (the low 16 bits exactly 0x8000) so ties-to-even shows."""
+    x, w = _r(130, k), _r(96, k, seed=1)
+    run = fixed_run_width(k, kp3) // kp3.matmul_k_block
+    for programs in (10_000, 1):  # the per-run launch, then the persistent one
+        with monkeypatch.context() as m:
+            m.setattr(tmm, "_programs", lambda device, n=programs: n)
+            wide = tmm._launch(x, w, kp3.matmul_k_block, run, torch.float32, fused=True)
+            narrow = tmm._launch(x, w, kp3.matmul_k_block, run, torch.float32, fused=True,
+                                 out=BF)  # fmt: skip
+        assert wide.dtype == torch.float32 and narrow.dtype == BF
+        assert torch.equal(_bits(narrow), _bits(wide.to(BF))), programs
+    # ties: a + half an ulp of a, exact in float32, halfway between two bf16 values
+    a = (1 + torch.arange(128) / 128.0).to(BF)  # every 8-bit significand in [1, 2)
+    xt = torch.zeros(128, k, dtype=BF)
+    xt[:, 0], xt[:, 1] = a, 2.0**-8
+    wt = torch.zeros(64, k, dtype=BF)
+    wt[:, :2] = 1.0
+    exact = (xt.float() @ wt.float().T)[:, 0]
+    got = tmm._launch(xt, wt, kp3.matmul_k_block, run, torch.float32, fused=True, out=BF)[:, 0]
+    assert torch.equal(_bits(got), _bits(exact.to(BF)))
+    up = got.float() > a.float()
+    assert up.any() and not up.all()  # odd significands rounded up, even ones down
+
+
 @pytest.mark.parametrize("k", [512, 2560])  # runs of one tile (8 x 64) and of five
 def test_fused_runs_agree_on_every_launch(kp3, k, monkeypatch):
     """Persistent (TMA and pointer loads) and per-run launches (16- and 64-row tiles, one or two

@@ -6,8 +6,10 @@ operands with float32 accumulation (what SGLang's ``matmul_tp_persistent`` and a
 first-level run are added one after another, and finished runs are combined by a binary counter
 (adjacent pairwise, an odd leftover carried, as ``matmul.pairwise_sum``). Every add is float32 of
 the two rounded values, rounded again, as torch's bf16 add. Under ``fixed_runs`` (``FUSED``) a
-run's tiles accumulate in the dot's own float32 accumulator (``tl.dot(a, b, acc)``) and the
-counter adds float32 runs with an opaque ``add.rn.f32`` (``_ieee_add`` says why).
+run's tiles accumulate in the dot's own float32 accumulator (``tl.dot(a, b, acc)``), the runs
+are unrolled at compile time (``_runs_tree``), the counter adds float32 runs with an opaque
+``add.rn.f32`` (``_ieee_add`` says why), and the sum is rounded once to the output dtype in the
+epilogue.
 
 Invariances: each output element's arithmetic (its K tiles, their dots, the order) never changes
 with M, N, the call or the launch shape, so a row's bits depend on that row and its column's
@@ -214,6 +216,15 @@ def _round(v, ACC: tl.constexpr):
 
 
 @triton.jit
+def _to_out(v, ACC: tl.constexpr, OUT: tl.constexpr):
+    """A finished ``ACC`` sum in the output dtype ``OUT``: unchanged where they agree, else
+    rounded once (``_round``: float32 to bf16 nearest even, as torch's ``.to``)."""
+    if OUT == ACC:
+        return v
+    return _round(v, OUT)
+
+
+@triton.jit
 def _add(a, b, ACC: tl.constexpr):
     """``a + b`` as torch adds two ``ACC`` tensors: in float32, rounded once to ``ACC``. A float32
     sum is one IEEE add (``_ieee_add``), never folded into a dot's accumulator."""
@@ -367,23 +378,29 @@ def _runs_tree(
     s5 = s0
     s6 = s0
     run = s0
-    if FUSED:  # fixed_runs: a run's tiles accumulate in the dot's float32 accumulator
-        fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for t in range(0, RUN * NUM_RUNS):
-            if TMA:
-                fused = _tile_dot_tma_into(
-                    fused, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, t * BLOCK_K
-                )  # fmt: skip
-            else:
-                fused = _tile_dot_into(
-                    fused, x_ptr, w_ptr, offs_m, offs_n, t * BLOCK_K, M, N, K, sxm, swn,
-                    BLOCK_K, EVEN_K,
-                )  # fmt: skip
-            if t % RUN == RUN - 1:
-                s0, s1, s2, s3, s4, s5, s6 = _push(
-                    _round(fused, ACC), t // RUN + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
-                )  # fmt: skip
-                fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if FUSED:
+        # fixed_runs: the runs unrolled at compile time, each one pipelined loop whose tiles
+        # accumulate in the dot's float32 accumulator, and the push into the counter resolved
+        # at compile time: no runtime branch in the loop, and a counter level is live only
+        # between the runs that fill and empty it. One runtime loop over all tiles with the
+        # push under ``if`` (the form before 2026-12-04) kept every level loop carried and ran
+        # 6.5-8x cuBLAS time on an H200; this form 1.2-1.8x (BENCHMARKS.md, "v3 linear").
+        for r in tl.static_range(NUM_RUNS):
+            fused = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for j in tl.range(RUN):
+                k0 = (r * RUN + j) * BLOCK_K
+                if TMA:
+                    fused = _tile_dot_tma_into(
+                        fused, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0
+                    )  # fmt: skip
+                else:
+                    fused = _tile_dot_into(
+                        fused, x_ptr, w_ptr, offs_m, offs_n, k0, M, N, K, sxm, swn, BLOCK_K,
+                        EVEN_K,
+                    )  # fmt: skip
+            s0, s1, s2, s3, s4, s5, s6 = _push(
+                _round(fused, ACC), r + 1, s0, s1, s2, s3, s4, s5, s6, NUM_RUNS, ACC
+            )  # fmt: skip
     else:
         for t in range(0, RUN * NUM_RUNS):
             if TMA:
@@ -404,10 +421,11 @@ def _mm_persistent(
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, NUM_PROGS: tl.constexpr,
     ITERS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, TMA: tl.constexpr, FUSED: tl.constexpr,
+    EVEN_K: tl.constexpr, TMA: tl.constexpr, FUSED: tl.constexpr, OUT: tl.constexpr,
 ):  # fmt: skip
     """Operands by pointer (``x_ptr``, ``w_ptr``) or, with ``TMA``, through the descriptors
-    (``x_desc``, ``w_desc``); the other pair is None."""
+    (``x_desc``, ``w_desc``); the other pair is None. ``y`` is stored in ``OUT``: ``ACC``, or
+    under ``fixed_runs`` the caller's dtype (the float32 sum rounded once, in the epilogue)."""
     pid = tl.program_id(0)
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -418,7 +436,7 @@ def _mm_persistent(
         if tile < grid_m * grid_n:
             _mm_tile(
                 x_ptr, w_ptr, x_desc, w_desc, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym,
-                RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA, FUSED,
+                RUN, NUM_RUNS, ACC, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, TMA, FUSED, OUT,
             )  # fmt: skip
 
 
@@ -439,9 +457,9 @@ def _mm_tile(
     x_ptr, w_ptr, x_desc, w_desc, y_ptr, tile, grid_m, grid_n, M, N, K, sxm, swn, sym,
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-    TMA: tl.constexpr, FUSED: tl.constexpr,
+    TMA: tl.constexpr, FUSED: tl.constexpr, OUT: tl.constexpr,
 ):  # fmt: skip
-    """One output tile (``_tile_coords`` places it)."""
+    """One output tile (``_tile_coords`` places it), stored in ``OUT``."""
     pid_m, pid_n = _tile_coords(tile, grid_m, grid_n, GROUP_M)
     y = _runs_tree(
         x_ptr, w_ptr, x_desc, w_desc, pid_m, pid_n, M, N, K, sxm, swn, RUN, NUM_RUNS, ACC,
@@ -450,7 +468,8 @@ def _mm_tile(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
+    ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :]
+    tl.store(ptrs, _to_out(y, ACC, OUT), mask=mask)
 
 
 @triton.jit
@@ -480,7 +499,7 @@ def _mm_runs(
     x_ptr, w_ptr, ws_ptr, y_ptr, count_ptr, M, N, K, sxm, swn, swr, swm, sym,
     RUN: tl.constexpr, NUM_RUNS: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP: tl.constexpr,
-    FUSED: tl.constexpr,
+    FUSED: tl.constexpr, OUT: tl.constexpr,
 ):  # fmt: skip
     """Small M: program (output tile, r) sums the ``GROUP`` adjacent runs from ``r * GROUP``
     (``_group_sum``), writes that partial to ``ws[r]`` and counts itself in the tile's counter;
@@ -503,7 +522,9 @@ def _mm_runs(
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     rows = offs_m.to(tl.int64)[:, None] * swm + offs_n[None, :]
     if PARTS == 1:
-        tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], c, mask=mask)
+        tl.store(
+            y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], _to_out(c, ACC, OUT), mask=mask
+        )  # fmt: skip
     else:
         tl.store(ws_ptr + r.to(tl.int64) * swr + rows, c, mask=mask)
         tl.debug_barrier()
@@ -525,7 +546,7 @@ def _mm_runs(
                 s0, s1, s2, s3, s4, s5, s6 = _push(
                     part, q + 1, s0, s1, s2, s3, s4, s5, s6, PARTS, ACC
                 )  # fmt: skip
-            y = _total(s0, s1, s2, s3, s4, s5, s6, PARTS)
+            y = _to_out(_total(s0, s1, s2, s3, s4, s5, s6, PARTS), ACC, OUT)
             tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sym + offs_n[None, :], y, mask=mask)
 
 
@@ -574,9 +595,13 @@ def _launch(
     persistent: LaunchShape | None = None,
     small: LaunchShape | None = None,
     fused: bool = False,
+    out: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``runs`` = K tiles / ``run``; ``fused`` (``fixed_runs``): a run's tiles accumulate in one
-    float32 dot instead of being rounded and added one by one."""
+    float32 dot instead of being rounded and added one by one. ``out``: the output's dtype
+    (default ``acc``), to which the finished sum is rounded once inside the kernel, as
+    ``.to(out)`` rounds it (nearest even): no float32 ``[M, N]`` round trip through memory."""
+    out = out or acc
     M, K = x_MK.shape
     N = w_NK.shape[0]
     runs = max(1, math.ceil(K / k_block)) // run
@@ -584,7 +609,7 @@ def _launch(
     split = persistent or PERSISTENT  # the per-run launch takes what this tile cannot fill
     grid_m, grid_n = triton.cdiv(M, split.block_m), triton.cdiv(N, split.block_n)
     progs = _programs(x_MK.device)
-    y_MN = torch.empty((M, N), dtype=acc, device=x_MK.device)
+    y_MN = torch.empty((M, N), dtype=out, device=x_MK.device)
     if M == 0 or N == 0:  # nothing to launch (an empty batch)
         return y_MN
     if runs > 1 and (grid_m * grid_n < progs or M <= SMALL_ROWS):
@@ -602,7 +627,7 @@ def _launch(
             x_MK, w_NK, ws_RMN, y_MN, _counters(x_MK.device, gm * gn), M, N, K, x_MK.stride(0),
             w_NK.stride(0), ws_RMN.stride(0), ws_RMN.stride(1), y_MN.stride(0), run, runs,
             _TL[acc], small.block_m, small.block_n, k_block, K % k_block == 0, group, fused,
-            num_warps=small.num_warps,
+            _TL[out], num_warps=small.num_warps,
             num_stages=small.num_stages,
         )  # fmt: skip
         return y_MN
@@ -617,16 +642,25 @@ def _launch(
         None if tma else x_MK, None if tma else w_NK, x_desc, w_desc, y_MN, M, N, K,
         x_MK.stride(0), w_NK.stride(0), y_MN.stride(0), run, runs, _TL[acc], progs, iters,
         persistent.block_m, persistent.block_n, k_block, GROUP_M, K % k_block == 0, tma, fused,
-        num_warps=persistent.num_warps, num_stages=persistent.num_stages,
+        _TL[out], num_warps=persistent.num_warps, num_stages=persistent.num_stages,
     )  # fmt: skip
     return y_MN
 
 
 # fixed_runs (v3): the per-run launch takes 64 x 64 tiles, two runs a program: the sweep's best
 # (tune_matmul.py under CUDA graphs, H200, 2026-12-03: 1.28x cuBLAS geometric mean over the
-# Qwen3-4B projections at M = 1, 16, 64; 16-row tiles 1.29-1.31x); persistent launches stay
-# below 128 x 128, where the float32 counter of 8 runs spills (45x cuBLAS time).
+# Qwen3-4B projections at M = 1, 16, 64; 16-row tiles 1.29-1.31x).
 SMALL_FUSED = LaunchShape(block_m=64, block_n=64, num_warps=4, num_stages=3, runs_per_program=2)
+# The persistent launch, with the runs unrolled (``_runs_tree``): 128 x 128 with 8 warps and 4
+# stages where such tiles fill the GPU, the fastest of benchmarks/tune_fixed_runs.py on an H200
+# (2026-12-04; Qwen3-4B projections at M = 4096 and 8192: 1.21-1.80x cuBLAS time, 5 stages
+# within 4%; 128 x 64 and 64 x 128 2.4-3.0x; 128 x 256 spills 412 registers, 4.4-5.9x). ptxas
+# spills 20 registers of the counter's levels, which live between runs, not in the dot's loop.
+# Fewer tiles than SMs: 64 x 64, two programs per SM (2.4-2.7x on those shapes, all SMs busy).
+PERSISTENT_FUSED = LaunchShape(block_m=128, block_n=128, num_warps=8, num_stages=4, tma=True)
+PERSISTENT_FUSED_NARROW = LaunchShape(
+    block_m=64, block_n=64, num_warps=4, num_stages=4, programs_per_sm=2, tma=True
+)
 
 
 def small_shape(M: int, runs: int, fused: bool = False) -> LaunchShape:
@@ -641,24 +675,28 @@ def small_shape(M: int, runs: int, fused: bool = False) -> LaunchShape:
     return SMALL_M_WIDE
 
 
-def persistent_shape_for_fused() -> LaunchShape:
-    """fixed_runs' persistent shape: 64 x 64 with 4 warps, two programs per SM, the sweep's
-    fastest (3.0x cuBLAS time, H200, 2026-12-03; 64 x 128 with 8 warps 3.3x). Not yet good: at
-    runs of 5 tiles ptxas spills (255 registers, 284 B; so does 64 x 128), and 128 x 128
-    spills its float32 counter (45x). BENCHMARKS.md, "v3 linear", says what is left."""
-    return PERSISTENT
+def persistent_shape_for_fused(
+    M: int = 1 << 20, N: int = 1 << 20, programs: int = 132
+) -> LaunchShape:
+    """fixed_runs' persistent shape for an ``M x N`` output (``PERSISTENT_FUSED`` says why):
+    128 x 128 tiles where there are at least as many as ``programs``, else 64 x 64. The
+    interpreter (CI) cannot hold a 128 x 128 x 64 float64 product: it runs the narrow tile."""
+    wide = PERSISTENT_FUSED
+    if not INTERPRET and triton.cdiv(M, wide.block_m) * triton.cdiv(N, wide.block_n) >= programs:
+        return wide
+    return PERSISTENT_FUSED_NARROW
 
 
 def persistent_shape(
     x_MK: torch.Tensor, w_NK: torch.Tensor, runs: int, fused: bool = False
 ) -> LaunchShape:
     """The shipped persistent launch shape for this call (``PERSISTENT`` and its neighbours say
-    why); the shape changes no bit, only the time (``fused``: 64 x 64, ``SMALL_FUSED`` says why)."""
+    why); the shape changes no bit, only the time (``fused``: ``persistent_shape_for_fused``)."""
     if not tma_fits(x_MK, w_NK):
         return PERSISTENT_POINTER
-    if fused:
-        return persistent_shape_for_fused()
     M, N = x_MK.shape[0], w_NK.shape[0]
+    if fused:
+        return persistent_shape_for_fused(M, N, _programs(x_MK.device))
     waves = LARGE_WAVES * _programs(x_MK.device)
 
     def fills(shape: LaunchShape) -> bool:  # enough tiles for LARGE_WAVES waves of programs
@@ -719,9 +757,9 @@ class _Matmul(torch.autograd.Function):
     ``dW = dY^T X`` (float32 GEMMs; gradients need not be bitwise)."""
 
     @staticmethod
-    def forward(ctx, x_MK, w_NK, k_block, run, acc, fused):
+    def forward(ctx, x_MK, w_NK, k_block, run, acc, fused, out):
         ctx.save_for_backward(x_MK, w_NK)
-        return _launch(x_MK, w_NK, k_block, run, acc, fused=fused)
+        return _launch(x_MK, w_NK, k_block, run, acc, fused=fused, out=out)
 
     @staticmethod
     def backward(ctx, g_MN):
@@ -729,7 +767,7 @@ class _Matmul(torch.autograd.Function):
         g = g_MN.float()
         dx = (g @ w_NK.float()).to(x_MK.dtype) if ctx.needs_input_grad[0] else None
         dw = (g.T @ x_MK.float()).to(w_NK.dtype) if ctx.needs_input_grad[1] else None
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None, None, None, None
 
 
 def triton_matmul(
@@ -750,8 +788,10 @@ def triton_matmul(
     w2 = w_NK.contiguous()
     acc = dtype_of(kp.matmul_accumulation_dtype)
     run, fused = _tiles_per_run(x2.shape[1], kp, order)
+    # fixed_runs rounds its float32 sum once, in the kernel's epilogue, to the caller's dtype
+    out = (out_dtype or x_MK.dtype) if fused and (out_dtype or x_MK.dtype) in _TL else acc
     if torch.is_grad_enabled() and (x2.requires_grad or w2.requires_grad):
-        y_MN = _Matmul.apply(x2, w2, kp.matmul_k_block, run, acc, fused)
+        y_MN = _Matmul.apply(x2, w2, kp.matmul_k_block, run, acc, fused, out)
     else:  # rollout and logprob passes: no autograd node (host time counts at decode sizes)
-        y_MN = _launch(x2, w2, kp.matmul_k_block, run, acc, fused=fused)
+        y_MN = _launch(x2, w2, kp.matmul_k_block, run, acc, fused=fused, out=out)
     return y_MN.to(out_dtype or x_MK.dtype).reshape(*lead, w_NK.shape[0])
