@@ -17,14 +17,16 @@ positions ``0..len-1``; ``q_positions`` is packed the same way (absolute, per se
 
 from __future__ import annotations
 
+import importlib
 import math
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 
 from ._dtypes import dtype_of
 from .reduce import fixed_sum
-from .registry import kernel
+from .registry import backend_for, kernel
 
 # Elements of one ``[queries, heads, chunk, head_dim]`` product tensor: query blocks are sized so
 # that attention's working memory stays bounded at any sequence length (a row's bits do not depend
@@ -291,3 +293,98 @@ def attention_backward(
     impl = kernel("attention_backward", q_LHD.device)
     kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
     return impl(q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp, **kw)
+
+
+# ---- decode with static shapes (a CUDA graph's step) --------------------------------------------
+def reference_decode_attention(
+    q_BHD: torch.Tensor,
+    k_SKD: torch.Tensor,
+    v_SKD: torch.Tensor,
+    positions_B: torch.Tensor,
+    k_starts_B: torch.Tensor,
+    kp,
+    *,
+    max_keys: int,
+    scale: float | None = None,
+    kv_chunk: int | None = None,
+) -> torch.Tensor:
+    """One query per sequence: query ``b`` at absolute position ``positions[b]`` against its keys
+    at rows ``k_starts[b] + 0 .. positions[b]`` of ``k``/``v`` (a KV pool), with no value read on
+    the host: the loop runs a fixed ``ceil(max_keys / chunk)`` chunks whatever the positions.
+    Per query it is ``reference_attention``'s computation: the same chunks at absolute positions
+    in the same order, keys past the query zeroed as its zero padding is, and chunks after the
+    position leaving the state untouched (``torch.where``), so the bits are ``chunked_attention``'s
+    for that query and its keys. Every step is elementwise or a ``fixed_sum`` over a row's own
+    values, so the batch (and its padding rows) changes no row's bits."""
+    chunk = kv_chunk or kp.attention_kv_chunk
+    sd = dtype_of(kp.attention_softmax_dtype)
+    B, H, D = q_BHD.shape
+    S, KVH = k_SKD.shape[:2]
+    rep = H // KVH
+    scale = D**-0.5 if scale is None else scale
+    dev = q_BHD.device
+    pos_B, k0_B = positions_B.to(dev), k_starts_B.to(dev)
+    q_BH1D = q_BHD.to(sd)[:, :, None, :]
+    m_BH = torch.full((B, H), -math.inf, dtype=sd, device=dev)
+    l_BH = torch.zeros((B, H), dtype=sd, device=dev)
+    acc_BHD = torch.zeros((B, H, D), dtype=sd, device=dev)
+    offs_C = torch.arange(chunk, device=dev)
+    for c in range(max(1, math.ceil(max_keys / chunk))):
+        lo = c * chunk
+        seen_BC = (lo + offs_C)[None, :] <= pos_B[:, None]  # the query's keys; past them: zeros
+        rows_BC = torch.where(seen_BC, k0_B[:, None] + lo + offs_C[None, :], 0).clamp(max=S - 1)
+        zero = torch.zeros((), dtype=k_SKD.dtype, device=dev)
+        kc_BCKD = torch.where(seen_BC[:, :, None, None], k_SKD[rows_BC], zero)
+        vc_BCKD = torch.where(seen_BC[:, :, None, None], v_SKD[rows_BC], zero)
+        # GQA: query head h reads kv head h // rep (HF repeat_kv), as reference_attention does
+        kc_BHCD = kc_BCKD.to(sd).repeat_interleave(rep, dim=2).permute(0, 2, 1, 3).contiguous()
+        vc_BHDC = vc_BCKD.to(sd).repeat_interleave(rep, dim=2).permute(0, 2, 3, 1).contiguous()
+        s_BHC = fixed_sum(q_BH1D * kc_BHCD) * scale
+        s_BHC = torch.where(seen_BC[:, None, :], s_BHC, -math.inf)
+        m_new = torch.maximum(m_BH, s_BHC.amax(-1))
+        alpha = torch.exp(m_BH - m_new)
+        p_BHC = torch.exp(s_BHC - m_new[..., None])
+        l_new = l_BH * alpha + fixed_sum(p_BHC)
+        acc_new = acc_BHD * alpha[..., None] + fixed_sum(p_BHC[:, :, None, :] * vc_BHDC)
+        active_B = pos_B >= lo
+        m_BH = torch.where(active_B[:, None], m_new, m_BH)
+        l_BH = torch.where(active_B[:, None], l_new, l_BH)
+        acc_BHD = torch.where(active_B[:, None, None], acc_new, acc_BHD)
+    return (acc_BHD / l_BH[..., None]).to(q_BHD.dtype)
+
+
+# backend -> the decode variant (lazy, as ``registry.BACKENDS``: the torch one never imports triton)
+DECODE_BACKENDS: dict[str, str] = {
+    "torch": "contractgen.adapters.kernels.attention:reference_decode_attention",
+    "triton": "contractgen.adapters.kernels.triton.attention:triton_decode_attention",
+}
+
+
+def decode_attention(
+    q_BHD: torch.Tensor,
+    k_SKD: torch.Tensor,
+    v_SKD: torch.Tensor,
+    positions_B: torch.Tensor,
+    k_starts_B: torch.Tensor,
+    kp,
+    *,
+    max_keys: int,
+    scale: float | None = None,
+    kv_chunk: int | None = None,
+) -> torch.Tensor:
+    """``chunked_attention`` of one query per sequence (``o_BHD``, the same bits) whose launch
+    never depends on a value read on the host: the positions and key rows stay on the device, and
+    ``max_keys`` (the most keys any query may see) fixes the work. What a captured CUDA graph
+    replays (``adapters/sglang/decode_graph.py``). Runs the backend the registry names for
+    ``q``'s device (``registry.backend_for``)."""
+    impl = _decode_impl(backend_for(q_BHD.device))
+    return impl(
+        q_BHD, k_SKD, v_SKD, positions_B, k_starts_B, kp, max_keys=max_keys, scale=scale,
+        kv_chunk=kv_chunk,
+    )  # fmt: skip
+
+
+@cache
+def _decode_impl(backend: str):
+    module, _, attr = DECODE_BACKENDS[backend].partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels import audit
+from .decode_graph import DecodeRunner, unsupported
 from .kernels.logsoftmax import token_logprobs
 from .model import KVCache, ReferenceModel
 from .sampling import SamplingParams, process, sample
@@ -71,9 +73,59 @@ class _Progress:
             print(f"{self.label}: {msg} ({now - self.t0:.1f} s)", file=sys.stderr, flush=True)
 
 
+# ``RolloutEngine(decode=...)``: how running requests decode
+DECODE_MODES = {
+    "auto": "graph on CUDA where the model allows it (one rank, dense, not recording), else eager",
+    "eager": "one packed forward per step: joining prompts and running requests together",
+    "static": "prefill packed, decode on static buffers in batch buckets, run eagerly",
+    "graph": "as static, each bucket's step captured once as a CUDA graph and replayed",
+}
+
+
 class RolloutEngine:
-    def __init__(self, model: ReferenceModel, *, progress: bool = True):
-        self.model, self.progress = model, progress
+    """Continuous batching over ``model``; ``decode`` picks how running requests decode
+    (``DECODE_MODES``). Every mode gives the same bits (``tests/sglang/test_decode_graph.py``)."""
+
+    def __init__(self, model: ReferenceModel, *, progress: bool = True, decode: str = "auto"):
+        if decode not in DECODE_MODES:
+            raise ValueError(
+                f"decode={decode!r} is not a decode mode; known: {sorted(DECODE_MODES)}"
+            )
+        self.model, self.progress, self.decode = model, progress, decode
+        self._runner: DecodeRunner | None = None
+
+    def decode_mode(self) -> str:
+        """The mode ``generate`` runs: ``decode``, with ``auto`` resolved for this model."""
+        if self.decode != "auto":
+            return self.decode
+        cuda = self.model.embed.device.type == "cuda"
+        usable = cuda and unsupported(self.model) is None and not audit.recording_on()
+        return "graph" if usable else "eager"
+
+    def _decode_runner(self, requests: Sequence[Request]) -> DecodeRunner | None:
+        """The static decode runner for ``requests`` (None: eager), kept between runs while it
+        fits them (a new one recaptures its graphs)."""
+        mode = self.decode_mode()
+        if mode == "eager":
+            return None
+        if why := unsupported(self.model):
+            raise ValueError(f"decode={mode!r}: {why}")
+        rows = sum(len(r.prompt) + r.max_new_tokens for r in requests)
+        max_keys = max(len(r.prompt) + r.max_new_tokens for r in requests)
+        runner = self._runner
+        graphs = mode == "graph"
+        if (
+            runner is None
+            or runner.graphs != graphs
+            or not runner.fits(max_keys, len(requests))
+            or runner.pool.rows - runner.max_batch < rows
+        ):
+            runner = DecodeRunner(
+                self.model, rows=rows, max_keys=max_keys, max_batch=len(requests), graphs=graphs
+            )
+        runner.reset()
+        self._runner = runner
+        return runner
 
     @property
     def kp(self):
@@ -86,7 +138,9 @@ class RolloutEngine:
         pending = sorted(requests, key=lambda r: (r.arrival_step, r.rid))
         done: dict[str, Completion] = {}
         running: list[tuple[Request, Completion, KVCache, torch.Generator]] = []
-        pool = self.model.new_kv_pool()  # every request's keys and values, preallocated
+        runner = self._decode_runner(requests) if requests else None
+        # every request's keys and values, preallocated (static: allocated once, never moved)
+        pool = runner.pool if runner is not None else self.model.new_kv_pool()
         prog = _Progress("rollout", self.progress)
         step = 0
         while pending or running:
@@ -99,12 +153,10 @@ class RolloutEngine:
                 cache = KVCache(capacity_hint=len(r.prompt) + r.max_new_tokens, pool=None)
                 cache.make_room(pool, 0)
                 running.append((r, Completion(r.rid, tuple(r.prompt), first_step=step), cache, gen))
-            ids, lens = [], []
-            for r, c, cache, _ in running:
-                new = list(r.prompt) if cache.length == 0 else [c.tokens[-1]]
-                ids.extend(new)
-                lens.append(len(new))
-            logits = self.model.forward(torch.tensor(ids), [x[2] for x in running], lens)
+            if runner is None:
+                logits = self._packed_step(running)
+            else:
+                logits = self._split_step(running, runner)
             still = []
             for row, (r, c, cache, gen) in enumerate(running):
                 tok, lp = sample(logits[row], r.sampling, self.kp, V, gen)
@@ -120,6 +172,37 @@ class RolloutEngine:
             step += 1
             prog(f"step {step}, {len(running)} running, {len(pending)} waiting, {len(done)} done")
         return done
+
+    def _packed_step(self, running) -> torch.Tensor:
+        """One packed forward: the prompts of joining requests and the last token of the others."""
+        ids, lens = [], []
+        for r, c, cache, _ in running:
+            new = list(r.prompt) if cache.length == 0 else [c.tokens[-1]]
+            ids.extend(new)
+            lens.append(len(new))
+        return self.model.forward(torch.tensor(ids), [x[2] for x in running], lens)
+
+    def _split_step(self, running, runner: DecodeRunner) -> list[torch.Tensor]:
+        """Joining requests' prompts in one packed prefill, the others in one static decode step;
+        logits rows in ``running``'s order (the kernels are batch invariant: the same bits as
+        ``_packed_step``)."""
+        rows: list[torch.Tensor | None] = [None] * len(running)
+        new = [i for i, x in enumerate(running) if x[2].length == 0]
+        old = [i for i, x in enumerate(running) if x[2].length > 0]
+        if new:
+            ids = torch.tensor([t for i in new for t in running[i][0].prompt])
+            lens = [len(running[i][0].prompt) for i in new]
+            logits = self.model.forward(ids, [running[i][2] for i in new], lens)
+            for j, i in enumerate(new):
+                rows[i] = logits[j]
+        if old:
+            caches = [running[i][2] for i in old]
+            for cache in caches:
+                cache.make_room(runner.pool, 1)
+            logits = runner.step([running[i][1].tokens[-1] for i in old], caches)
+            for j, i in enumerate(old):
+                rows[i] = logits[j]
+        return rows
 
     def _check(self, requests: Sequence[Request]) -> None:
         """Refuse requests the model cannot serve, naming the request and the limit."""

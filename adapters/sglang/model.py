@@ -19,7 +19,7 @@ One layer, with the casts the trainer must reproduce (h is the residual stream, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -182,6 +182,22 @@ class KVPool:
         self.v: list[torch.Tensor | None] = [None] * layers
         self.rows = 0
         self.regions: dict[int, int] = {}  # start -> rows, of every region in use
+        self.fixed = False  # a static pool (``static``) never grows: its tensors never move
+
+    @classmethod
+    def static(
+        cls, layers: int, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device
+    ) -> KVPool:
+        """A pool of ``rows`` rows allocated now, ``[rows, kv_heads, head_dim]`` per layer, that
+        never grows: every layer's K/V stays at one address (what a captured CUDA graph reads).
+        A region that does not fit is refused."""
+        pool = cls(layers)
+        pool.k = [
+            torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(layers)
+        ]
+        pool.v = [torch.zeros_like(t) for t in pool.k]
+        pool.rows, pool.fixed = rows, True
+        return pool
 
     def reserve(self, rows: int) -> int:
         """The first row of a free region of ``rows`` rows (first fit; grows the pool if none)."""
@@ -213,6 +229,12 @@ class KVPool:
         return self.k[layer], self.v[layer]
 
     def _grow(self, rows: int) -> None:
+        if self.fixed:
+            used = sum(self.regions.values())
+            raise ValueError(
+                f"static KV pool of {self.rows} rows is full ({used} in use): size it for "
+                f"{rows} rows (every request's prompt + max_new_tokens, plus the padding rows)"
+            )
         for t in (self.k, self.v):
             for i, old in enumerate(t):
                 if old is not None:
@@ -426,8 +448,7 @@ class ReferenceModel:
         ``caches[i]``). Returns logits ``[rows, vocab]`` for the last token of every segment, or for
         every token with ``all_logits``. ``layer_outputs`` (a list) receives the residual stream
         ``[T, hidden]`` after every layer, for first-divergence reports."""
-        a, kp, ops, eps = self.arch, self.kp, self.ops, self.arch.norm_eps
-        dense = dtype_of(kp.dense_math_dtype)
+        a, kp = self.arch, self.kp
         dev = self.embed.device
         input_ids = input_ids.to(dev)
         T, D = input_ids.shape[0], a.head_dim
@@ -456,32 +477,57 @@ class ReferenceModel:
         cos, sin = rope_cos_sin(
             positions, D, a.rope_theta, a.rope_scaling, kp, max_position=a.max_position_embeddings
         )
+
+        def attend(i: int, q, k, v) -> torch.Tensor:
+            k_pool, v_pool = pool.write(i, dst, k, v)
+            return chunked_attention(
+                q, k_pool, v_pool, positions, kp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                k_starts=k_starts,
+            )  # fmt: skip
+
         h = self.embed[input_ids].to(dtype_of(kp.residual_dtype))
+        h = self.decoder(h, cos, sin, attend, layer_outputs)
+        for c, n in zip(caches, lengths, strict=True):
+            c.length += n
+        rows = torch.arange(T) if all_logits else cu_q[1:] - 1
+        return self.head(h[rows.to(dev)])
+
+    def decoder(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        layer_outputs: list | None = None,
+    ) -> torch.Tensor:
+        """Every layer over the residual stream ``h`` ``[T, hidden]`` (RoPE ``cos``/``sin`` of
+        its rows' positions). ``attend(layer, q, k, v)`` stores the layer's new keys and values
+        and returns the attention output: the one thing the packed forward and the static decode
+        step (``decode_graph``) do differently."""
+        a, kp, ops, eps = self.arch, self.kp, self.ops, self.arch.norm_eps
+        dense = dtype_of(kp.dense_math_dtype)
+        T, D = h.shape[0], a.head_dim
         for i, L in enumerate(self.layers):
             x = rms_norm(h, L.input_norm, eps, kp).to(dense)
             q = self._qk(ops.column_linear(x, L.q, kp).view(T, self.hl, D), L.q_norm, cos, sin)
             k = self._qk(ops.column_linear(x, L.k, kp).view(T, self.kvl, D), L.k_norm, cos, sin)
             v = ops.column_linear(x, L.v, kp).view(T, self.kvl, D)
-            k_pool, v_pool = pool.write(i, dst, k, v)
-            o = chunked_attention(
-                q, k_pool, v_pool, positions, kp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                k_starts=k_starts,
-            )  # fmt: skip
-            o = o.reshape(T, self.hl * D).to(dense)
+            o = attend(i, q, k, v).reshape(T, self.hl * D).to(dense)
             h = ops.attn_reduce_residual(ops.row_partial(o, L.o, kp), h, kp, self.group)
             x = rms_norm(h, L.post_norm, eps, kp).to(dense)
             h = self.mlps[i](L, x, h)
             if layer_outputs is not None:
                 layer_outputs.append(h)
-        for c, n in zip(caches, lengths, strict=True):
-            c.length += n
-        rows = torch.arange(T) if all_logits else cu_q[1:] - 1
-        rows = rows.to(dev)
-        hf = rms_norm(h[rows], self.final_norm, eps, kp)
-        logits = ops.lm_head(hf, self.lm_head, kp)
+        return h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` of residual-stream rows: final norm, LM head, vocab gathered
+        over TP and trimmed."""
+        hf = rms_norm(h, self.final_norm, self.arch.norm_eps, self.kp)
+        logits = self.ops.lm_head(hf, self.lm_head, self.kp)
         if self.tp > 1:
             logits = torch.cat(all_gather_exact(logits, self.group), dim=1)
-        return logits[:, : a.vocab_size]
+        return logits[:, : self.arch.vocab_size]
 
     # -- weight sync -------------------------------------------------------------------------
     def gathered_weights(self) -> tuple[dict[str, torch.Tensor], list[str]]:

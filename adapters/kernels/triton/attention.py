@@ -311,3 +311,52 @@ def triton_attention(
     if not supports(q_LHD, k_SKD, kp, kv_chunk or kp.attention_kv_chunk):
         return reference_attention(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)
     return _attention_lse(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw)[0]
+
+
+def triton_decode_attention(
+    q_BHD, k_SKD, v_SKD, positions_B, k_starts_B, kp, *, max_keys, scale=None, kv_chunk=None
+):  # fmt: skip
+    """The Triton backend of ``decode_attention``: ``_attn_fwd`` with one block per query (what
+    ``triton_attention`` launches for a decode step), its block table ``[q, q + 1, k_starts[q],
+    positions[q] + 1]`` built on the device, so nothing is read on the host and the launch (grid
+    ``(B, H // head_group(rep, 1))``) depends only on the shapes: a CUDA graph can capture it.
+    The kernel walks the chunks to each block's position, as for ``triton_attention``: the same
+    bits per query (the blocks' order never changed a bit). ``max_keys`` bounds the
+    interpreter's compile-time loop only."""
+    chunk = kv_chunk or kp.attention_kv_chunk
+    if not supports(q_BHD, k_SKD, kp, chunk):
+        from ..attention import reference_decode_attention
+
+        return reference_decode_attention(
+            q_BHD, k_SKD, v_SKD, positions_B, k_starts_B, kp, max_keys=max_keys, scale=scale,
+            kv_chunk=kv_chunk,
+        )  # fmt: skip
+    B, H, D = q_BHD.shape
+    KVH = k_SKD.shape[1]
+    if H % KVH:
+        raise ValueError(
+            f"{H} query heads do not share {KVH} KV heads evenly (GQA needs H % KVH == 0)"
+        )
+    scale = D**-0.5 if scale is None else scale
+    q, k, v = q_BHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
+    o_BHD = torch.empty_like(q)
+    lse_BH = torch.empty((B, H), dtype=torch.float32, device=q.device)
+    if B == 0:
+        return o_BHD
+    group = head_group(H // KVH, 1) if GROUP_HEADS else 1
+    pos = positions_B.to(device=q.device, dtype=torch.int32).contiguous()
+    rows = torch.arange(B, dtype=torch.int32, device=q.device)
+    k0 = k_starts_B.to(device=q.device, dtype=torch.int32)
+    blk = torch.stack([rows, rows + 1, k0, pos + 1], dim=1).contiguous()
+    max_chunks = triton.next_power_of_2(max(1, math.ceil(max_keys / chunk)))
+    tma = TMA_KV and kv_descriptors_fit(k, v)
+    k_desc = _kv_descriptor(k, chunk) if tma else None
+    v_desc = _kv_descriptor(v, chunk) if tma else None
+    _attn_fwd[(B, H // group)](
+        q, k, v, k_desc, v_desc, o_BHD, lse_BH, pos, blk,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        o_BHD.stride(0), o_BHD.stride(1), lse_BH.stride(0), scale * LOG2E,
+        H // KVH, group, chunk, D, BLOCK_Q, max_chunks, WHOLE_CHUNKS, tma,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
+    return o_BHD
