@@ -1,17 +1,23 @@
 """Trainer cost: megatron-core GPTModel with contractgen's ``SGLangSpecProvider`` spec
 (``SGLangGPTModel``, the contract's config from ``make_config``) vs megatron-core's stock
 ``get_gpt_layer_local_spec`` GPTModel (same dims, bf16, ``transformer_impl='local'``, RoPE, causal
-``DotProductAttention``, no fusions: the same non-fused settings make_config uses), one process,
-TP=PP=CP=1, random init (megatron's own), Qwen3-0.6B shapes by default.
+``DotProductAttention``, no fusions: the same non-fused settings make_config uses) vs transformers'
+``Qwen3ForCausalLM`` with SDPA attention and cuBLAS bf16 linears (``hf_sdpa``: what an FSDP/HF
+trainer runs, built as ``../shared/bench/hf_trainer_baseline.py`` builds it), one process,
+TP=PP=CP=1, random init, Qwen3-0.6B shapes by default.
 
-Per model: ``B`` sequences of ``S`` tokens (SGLang: packed into one row with
-``SGLangPackedSeqParams``; stock: a ``[B, S]`` batch), loss = summed vocab-parallel cross entropy;
-timed: forward without grad (the logprob pass), forward with grad, backward. One warm-up
-iteration, then the median of ``--iters``.
+Per model: ``B`` sequences of ``S`` tokens, the same token ids for every model (SGLang: packed into
+one row with ``SGLangPackedSeqParams``; stock and HF: a ``[B, S]`` batch). Loss: megatron's
+vocab-parallel cross entropy summed over every position (megatron models), HF: the baseline's
+``cross_entropy(logits.float()[:, :-1], ids[:, 1:], reduction="sum")``. Timed: forward without
+grad (the logprob pass: logits only, for all three), forward with grad and the loss, backward. One
+warm-up iteration, then the median of ``--iters``; peak memory from the build on. The table gives
+each model's times over ``hf_sdpa``'s.
 
+    python3 benchmarks/bench_trainer.py --device cuda --batch 32 --seq 512 --models sglang,stock,hf_sdpa \
+        --contract v3 --json $OUT/trainer_v3.json   # 16k packed tokens, issue 32's row
     python3 benchmarks/bench_trainer.py --device cuda --json $OUT/trainer.json
-    python3 benchmarks/bench_trainer.py --device cuda --batch 32 --seq 512   # 16k packed tokens
-    python3 benchmarks/bench_trainer.py --device cpu --small     # gloo smoke test
+    python3 benchmarks/bench_trainer.py --device cpu --small --models sglang,stock,hf_sdpa  # smoke
 
 The team's baseline script of 2026-11-30 (``../shared/bench``), kept here so the issue-10 trainer
 row is measured with the same code before and after.
@@ -32,6 +38,8 @@ import torch
 import torch.nn.functional as F
 
 CONTRACT = "qwen3_dense_true_on_policy_v1"
+# ``--contract`` shorthands
+CONTRACT_ALIASES = {f"v{n}": f"qwen3_dense_true_on_policy_v{n}" for n in (1, 2, 3)}
 
 
 def free_port() -> int:
@@ -40,7 +48,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_sglang(arch, dev):
+def build_sglang(arch, dev, contract=CONTRACT):
     from contractgen.adapters.megatron.model import (
         Layout,
         build_model,
@@ -49,10 +57,10 @@ def build_sglang(arch, dev):
     )
     from contractgen.adapters.megatron.policy import generated
 
-    kp = generated().schema.kernel_policy_for(CONTRACT)
+    kp = generated().schema.kernel_policy_for(contract)
     for var in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"):  # see build_stock
         os.environ.pop(var, None)
-    config = make_config(CONTRACT, arch, Layout())
+    config = make_config(contract, arch, Layout())
     padded = padded_vocab_size(arch, 1, kp)
     torch.manual_seed(0)
     model = build_model(config, arch, pre_process=True, post_process=True, padded_vocab_size=padded)
@@ -122,9 +130,59 @@ def build_stock(arch, dev, padded):
     return model.to(dev)
 
 
-def time_model(name, model, make_inputs, targets_fn, iters, dev):
+def build_hf_sdpa(arch, dev):
+    """transformers ``Qwen3ForCausalLM`` with SDPA attention, bf16, as
+    ``../shared/bench/hf_trainer_baseline.py`` builds it (the arch's dims, random init)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        rope_theta=arch.rope_theta,
+        rms_norm_eps=arch.norm_eps,
+        max_position_embeddings=arch.max_position_embeddings,
+        tie_word_embeddings=arch.tie_word_embeddings,
+    )
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    return model
+
+
+class HFRun:
+    """``time_model``'s view of the HF model: ``model(**inputs)`` gives the logits; the loss is
+    the baseline's (``hf_trainer_baseline.step``)."""
+
+    def __init__(self, model, ids):
+        self.model, self.ids = model, ids
+
+    def __getattr__(self, name):  # train / eval / zero_grad / parameters
+        return getattr(self.model, name)
+
+    def __call__(self, input_ids):
+        return self.model(input_ids=input_ids).logits
+
+    def loss(self, logits, targets):
+        v = logits.shape[-1]
+        return F.cross_entropy(
+            logits.float()[:, :-1].reshape(-1, v), targets[:, 1:].reshape(-1), reduction="sum"
+        )
+
+
+def megatron_loss(logits, targets):
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
+    return vocab_parallel_cross_entropy(logits.float(), targets).sum()
+
+
+def time_model(name, model, make_inputs, targets_fn, iters, dev):
+    loss_of = getattr(model, "loss", megatron_loss)
     cuda = dev.type == "cuda"
 
     def sync():
@@ -145,7 +203,7 @@ def time_model(name, model, make_inputs, targets_fn, iters, dev):
         model.train()
         model.zero_grad(set_to_none=True)
         logits = model(**inputs)
-        loss = vocab_parallel_cross_entropy(logits.float(), targets).sum()
+        loss = loss_of(logits, targets)
         sync()
         t2 = time.perf_counter()
         loss.backward()
@@ -162,6 +220,7 @@ def time_model(name, model, make_inputs, targets_fn, iters, dev):
         "backward_s": statistics.median(bwd),
         "fwd_bwd_s": statistics.median(a + b for a, b in zip(fwd, bwd, strict=False)),
         "params": sum(p.numel() for p in model.parameters()),
+        "tokens": int(targets.numel()),
     }
     if cuda:
         r["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -171,14 +230,14 @@ def time_model(name, model, make_inputs, targets_fn, iters, dev):
 def profile_step(model, make_inputs, targets_fn, top: int) -> list[dict]:
     """One training forward + backward under ``torch.profiler``: the ``top`` kernels by total
     device time (name, calls, total ms, share of all kernel time)."""
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
     from torch.profiler import ProfilerActivity, profile
 
+    loss_of = getattr(model, "loss", megatron_loss)
     inputs, targets = make_inputs(), targets_fn()
     model.train()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         model.zero_grad(set_to_none=True)
-        loss = vocab_parallel_cross_entropy(model(**inputs).float(), targets).sum()
+        loss = loss_of(model(**inputs), targets)
         loss.backward()
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if e.device_time_total > 0]
@@ -195,16 +254,74 @@ def profile_step(model, make_inputs, targets_fn, top: int) -> list[dict]:
     ]
 
 
+MODELS = ("sglang", "stock", "hf_sdpa")
+
+
+def build_case(name, arch, dev, seqs, contract):
+    """``(model, make_inputs, targets_fn)`` of one ``--models`` entry."""
+    from contractgen.adapters.megatron.model import padded_vocab_size
+    from contractgen.adapters.megatron.packing import pack_sequences
+    from contractgen.adapters.megatron.policy import generated
+
+    ids = torch.stack(seqs)
+    if name == "sglang":
+        model, _ = build_sglang(arch, dev, contract)
+        pack = pack_sequences([s.tolist() for s in seqs])
+        params = pack.seq_params().to(dev)
+
+        def make_inputs():
+            return dict(
+                input_ids=pack.token_ids[None].to(dev),
+                position_ids=pack.positions[None].to(dev),
+                attention_mask=None,
+                packed_seq_params=params,
+            )
+
+        def targets_fn():
+            t = torch.zeros_like(pack.token_ids)
+            for path in pack.paths:
+                t[path[:-1]] = pack.token_ids[path[1:]]
+            return t[None].to(dev)
+
+        return model, make_inputs, targets_fn
+    if name == "stock":
+        padded = padded_vocab_size(arch, 1, generated().schema.kernel_policy_for(contract))
+        model = build_stock(arch, dev, padded)
+
+        def make_inputs():
+            pos = torch.arange(ids.shape[1])[None].expand_as(ids)
+            return dict(input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=None)
+
+        def targets_fn():
+            t = torch.zeros_like(ids)
+            t[:, :-1] = ids[:, 1:]
+            return t.to(dev)
+
+        return model, make_inputs, targets_fn
+    if name == "hf_sdpa":
+        model = HFRun(build_hf_sdpa(arch, dev), ids)
+        return model, lambda: dict(input_ids=ids.to(dev)), lambda: ids.to(dev)
+    raise ValueError(f"--models: unknown model {name!r}; known: {', '.join(MODELS)}")
+
+
+def ratios(r: dict, base: dict) -> dict:
+    """``r``'s times and peak memory over ``base``'s (the ``hf_sdpa`` row)."""
+    keys = ("fwd_bwd_s", "forward_nograd_s", "forward_grad_s", "backward_s", "peak_gib")
+    return {k: r[k] / base[k] for k in keys if r.get(k) and base.get(k)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--small", action="store_true", help="contract's tiny reference model")
     ap.add_argument("--model", default="Qwen3-0.6B")
+    ap.add_argument("--contract", default=CONTRACT,
+                    help=f"contract id, or {', '.join(CONTRACT_ALIASES)} (default v1)")  # fmt: skip
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--models", default="sglang,stock")
+    ap.add_argument("--models", default="sglang,stock", help=f"comma list of {', '.join(MODELS)}")
     ap.add_argument("--json", default=None)
     ap.add_argument(
         "--profile", type=int, default=0, metavar="N",
@@ -215,15 +332,19 @@ def main(argv=None) -> int:
 
     from contractgen.adapters.megatron import runtime
     from contractgen.adapters.megatron.model import Layout, arch_for
-    from contractgen.adapters.megatron.packing import pack_sequences
     from contractgen.adapters.megatron.policy import model_profile_for
 
+    contract = CONTRACT_ALIASES.get(args.contract, args.contract)
+    names = args.models.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        ap.error(f"--models: unknown {', '.join(unknown)}; known: {', '.join(MODELS)}")
     if args.small:
-        arch = arch_for(CONTRACT)
+        arch = arch_for(contract)
         args.batch, args.seq, args.iters = 2, 32, 1
     else:
-        dims = next(d for d in model_profile_for(CONTRACT).checkpoints if d.name == args.model)
-        arch = arch_for(CONTRACT, dims)
+        dims = next(d for d in model_profile_for(contract).checkpoints if d.name == args.model)
+        arch = arch_for(contract, dims)
     if args.layers:
         arch = dataclasses.replace(arch, num_layers=args.layers)
     runtime.init_distributed(0, Layout(), free_port(), device=args.device)
@@ -231,6 +352,7 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, arch.vocab_size, (args.seq,), generator=g) for _ in range(args.batch)]
     res = {
+        "contract": contract,
         "arch": dataclasses.asdict(arch),
         "batch": args.batch,
         "seq": args.seq,
@@ -240,52 +362,13 @@ def main(argv=None) -> int:
         "models": {},
     }
     print(json.dumps({k: v for k, v in res.items() if k != "models"}), flush=True)
-    padded = None
-    for name in args.models.split(","):
+    for name in names:
         t0 = time.perf_counter()
+        model = None
         try:
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            if name == "sglang":
-                model, padded = build_sglang(arch, dev)
-                pack = pack_sequences([s.tolist() for s in seqs])
-                params = pack.seq_params().to(dev)
-
-                def make_inputs(pack=pack, params=params):
-                    return dict(
-                        input_ids=pack.token_ids[None].to(dev),
-                        position_ids=pack.positions[None].to(dev),
-                        attention_mask=None,
-                        packed_seq_params=params,
-                    )
-
-                def targets_fn(pack=pack):
-                    t = torch.zeros_like(pack.token_ids)
-                    for path in pack.paths:
-                        t[path[:-1]] = pack.token_ids[path[1:]]
-                    return t[None].to(dev)
-            else:
-                if padded is None:
-                    from contractgen.adapters.megatron.model import padded_vocab_size
-                    from contractgen.adapters.megatron.policy import generated
-
-                    padded = padded_vocab_size(
-                        arch, 1, generated().schema.kernel_policy_for(CONTRACT)
-                    )
-                model = build_stock(arch, dev, padded)
-                ids = torch.stack(seqs)
-
-                def make_inputs(ids=ids):
-                    pos = torch.arange(ids.shape[1])[None].expand_as(ids)
-                    return dict(
-                        input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=None
-                    )
-
-                def targets_fn(ids=ids):
-                    t = torch.zeros_like(ids)
-                    t[:, :-1] = ids[:, 1:]
-                    return t.to(dev)
-
+            model, make_inputs, targets_fn = build_case(name, arch, dev, seqs, contract)
             build_s = time.perf_counter() - t0
             r = time_model(name, model, make_inputs, targets_fn, args.iters, dev)
             r["build_s"] = build_s
@@ -310,20 +393,34 @@ def main(argv=None) -> int:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     runtime.shutdown()
-    print()
-    print(f"{arch.name}, {arch.num_layers} layers, {args.batch} x {args.seq} tokens, {dev.type}")
-    print(
-        f"{'model':<8}{'fwd no-grad (s)':>16}{'fwd (s)':>10}{'bwd (s)':>10}{'fwd+bwd (s)':>13}{'peak GiB':>10}"
-    )
-    for name, r in res["models"].items():
-        if "error" in r:
-            print(f"{name:<8} ERROR {r['error'][:200]}")
-        else:
-            print(
-                f"{name:<8}{r['forward_nograd_s']:>16.3f}{r['forward_grad_s']:>10.3f}"
-                f"{r['backward_s']:>10.3f}{r['fwd_bwd_s']:>13.3f}{r.get('peak_gib', 0):>10.2f}"
-            )
     m = res["models"]
+    base = m.get("hf_sdpa", {})
+    for r in m.values():
+        if "error" not in r and "error" not in base and base and r is not base:
+            r["vs_hf_sdpa"] = ratios(r, base)
+    print()
+    print(
+        f"{arch.name}, {arch.num_layers} layers, {args.batch} x {args.seq} tokens, {dev.type}, "
+        f"{contract}"
+    )
+    print(
+        f"{'model':<9}{'fwd no-grad (s)':>16}{'fwd (s)':>10}{'bwd (s)':>10}{'fwd+bwd (s)':>13}"
+        f"{'peak GiB':>10}{'fwd+bwd/hf':>12}{'no-grad/hf':>12}{'peak/hf':>9}"
+    )
+    for name, r in m.items():
+        if "error" in r:
+            print(f"{name:<9} ERROR {r['error'][:200]}")
+            continue
+        vs = r.get("vs_hf_sdpa", {})
+
+        def ratio(key, vs=vs):
+            return f"{vs[key]:.2f}x" if key in vs else "-"
+
+        print(
+            f"{name:<9}{r['forward_nograd_s']:>16.3f}{r['forward_grad_s']:>10.3f}"
+            f"{r['backward_s']:>10.3f}{r['fwd_bwd_s']:>13.3f}{r.get('peak_gib', 0):>10.2f}"
+            f"{ratio('fwd_bwd_s'):>12}{ratio('forward_nograd_s'):>12}{ratio('peak_gib'):>9}"
+        )
     if all("fwd_bwd_s" in m.get(k, {}) for k in ("sglang", "stock")):
         print(
             f"sglang/stock: fwd+bwd {m['sglang']['fwd_bwd_s'] / m['stock']['fwd_bwd_s']:.2f}x, "

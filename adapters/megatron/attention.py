@@ -128,50 +128,72 @@ ROPE: dict[bool, dict[bool, Callable[..., torch.Tensor]]] = {
 
 
 def _kernel_calls(params: SGLangPackedSeqParams):
-    """``(query rows, key rows, cu_seqlens)`` of each kernel call over a pack: one varlen call
-    when the pack is flat (a row's bits depend only on its query, position and keys, so this is
-    the per-path result), else one call per path with its owned queries against the path's keys
-    gathered into position order, so chunk boundaries are the rollout's (absolute 0, 64, ...)."""
+    """``(query rows, key rows, cu_seqlens, query positions, positions contiguous)`` of each
+    kernel call over a pack: one varlen call when the pack is flat (a row's bits depend only on
+    its query, position and keys, so this is the per-path result), else one call per path with
+    its owned queries against the path's keys gathered into position order, so chunk boundaries
+    are the rollout's (absolute 0, 64, ...). Built by the first layer that asks and kept on the
+    params (``memoized``): the index tensors, int32 positions and the host-side contiguity flags
+    are the microbatch's, so no later layer rebuilds them."""
+    return params.memoized("attention_calls", lambda: _build_kernel_calls(params))
+
+
+def _build_kernel_calls(params: SGLangPackedSeqParams):
+    pos = params.positions.to(torch.int32)  # what the kernels read (int32 on the Triton path)
+    flags = params.positions_contiguous
     if params.flat:
         host = params.cu_seqlens_host
-        return [(slice(None), slice(None), params.cu_seqlens_q if host is None else host)]
-    return [
-        (path[owned], path, None)
-        for path, owned in zip(params.paths, params.owned, strict=True)
-        if owned.numel()
-    ]
+        contiguous = None if flags is None else all(flags)
+        cu = params.cu_seqlens_q if host is None else host
+        return [(slice(None), slice(None), cu, pos, contiguous)]
+    calls = []
+    for i, (path, owned) in enumerate(zip(params.paths, params.owned, strict=True)):
+        if owned.numel():
+            rows = path[owned]
+            calls.append((rows, path, None, pos[rows], None if flags is None else flags[i]))
+    return calls
 
 
 class KernelAttention(torch.autograd.Function):
     """SGLang's chunked attention over a pack; backward from the saved output and log-sum-exp
-    (``attention_backward``: no second forward, no dense scores). Rows no path owns get 0."""
+    (``attention_backward``: no second forward, no dense scores). Rows no path owns get 0.
+    A flat pack is one kernel call whose output and log-sum-exp are returned as they come (no
+    zero-filled buffer and copy)."""
 
     @staticmethod
     def forward(ctx, q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, kp, scale):
         attn = kernel_module("attention")
-        out = q_THD.new_zeros(q_THD.shape)
-        lse = q_THD.new_zeros(q_THD.shape[:2], dtype=dtype_of(kp.attention_softmax_dtype))
         calls = _kernel_calls(params)
-        for rows, keys, cu in calls:
-            o, l_ = attn.chunked_attention_lse(
-                q_THD[rows], k_TKD[keys], v_TKD[keys], params.positions[rows], kp,
-                cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale,
-            )  # fmt: skip
-            out[rows], lse[rows] = o, l_
+        sd = dtype_of(kp.attention_softmax_dtype)
+        if len(calls) == 1 and isinstance(calls[0][0], slice):  # one call over the whole pack
+            _, _, cu, pos, _ = calls[0]
+            out, lse = attn.chunked_attention_lse(
+                q_THD, k_TKD, v_TKD, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale
+            )
+            lse = lse.to(sd)
+        else:
+            out = q_THD.new_zeros(q_THD.shape)
+            lse = q_THD.new_zeros(q_THD.shape[:2], dtype=sd)
+            for rows, keys, cu, pos, _ in calls:
+                o, l_ = attn.chunked_attention_lse(
+                    q_THD[rows], k_TKD[keys], v_TKD[keys], pos, kp,
+                    cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale,
+                )  # fmt: skip
+                out[rows], lse[rows] = o, l_
         ctx.save_for_backward(q_THD, k_TKD, v_TKD, out, lse)
-        ctx.calls, ctx.positions, ctx.kp, ctx.scale = calls, params.positions, kp, scale
+        ctx.calls, ctx.kp, ctx.scale = calls, kp, scale
         return out
 
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
-        backward = kernel_module("attention").attention_backward
+        backward = kernel_module("attention_meta").attention_backward_known
         grads = [
             (rows, keys, backward(
-                q[rows], k[keys], v[keys], out[rows], lse[rows], d_out[rows], ctx.positions[rows],
-                ctx.kp, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=ctx.scale,
+                q[rows], k[keys], v[keys], out[rows], lse[rows], d_out[rows], pos, ctx.kp,
+                cu_seqlens_q=cu, cu_seqlens_k=cu, scale=ctx.scale, positions_contiguous=contiguous,
             ))
-            for rows, keys, cu in ctx.calls
+            for rows, keys, cu, pos, contiguous in ctx.calls
         ]  # fmt: skip
         if len(grads) == 1 and isinstance(grads[0][0], slice):  # one call over the whole pack
             return (*grads[0][2], None, None, None)
@@ -301,6 +323,16 @@ class SGLangCoreAttention(MegatronModule):
             )
         return self._forward(query, key, value, packed_seq_params)
 
+    def _rope_table(self, params: SGLangPackedSeqParams, kp: Any) -> tuple[torch.Tensor, ...]:
+        """``rope_cos_sin`` at the pack's positions, once per microbatch (``memoized``): every
+        layer with the same head dim, base, scaling and RoPE dtype reads the same table."""
+        key = ("rope", self.head_dim, self.rope_theta, repr(self.rope_scaling),
+               self.max_position, kp.rope_dtype)  # fmt: skip
+        return params.memoized(key, lambda: kernel_module("rope").rope_cos_sin(
+            params.positions, self.head_dim, self.rope_theta, self.rope_scaling, kp,
+            max_position=self.max_position,
+        ))  # fmt: skip
+
     def _forward(self, query, key, value, params: SGLangPackedSeqParams) -> torch.Tensor:
         kp = self.kernel_policy
         cp = self.cp_group.size() if self._to_full_seq is _seq_to_heads else 1
@@ -310,14 +342,7 @@ class SGLangCoreAttention(MegatronModule):
         q = self._to_full_seq(query, self.cp_group)
         k = self._to_full_seq(key, self.cp_group)
         v = self._to_full_seq(value, self.cp_group)
-        cos, sin = kernel_module("rope").rope_cos_sin(
-            params.positions,
-            self.head_dim,
-            self.rope_theta,
-            self.rope_scaling,
-            kp,
-            max_position=self.max_position,
-        )
+        cos, sin = self._rope_table(params, kp)
         q = self._rope(q, cos, sin, kp)
         k = self._rope(k, cos, sin, kp)
         out = self._attention(q, k, v, params, kp, self.softmax_scale)

@@ -244,8 +244,19 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
     local = pack.token_ids.numel() // cp
     lo = cp_rank * local
     owned = (scored.rows >= lo) & (scored.rows < lo + local)
-    mine = owned.nonzero()[:, 0]
+    mine = owned.nonzero()[:, 0]  # host tensors: no device sync
     total = scored.rows.numel()
+    # The step's inputs go to the device before the forward is queued: a copy from pageable
+    # memory waits for the stream, so the loss's, made inside ``loss_fn``, waited for the whole
+    # forward (four waits between forward and backward; now none until the step's result).
+    rows_d, targets_d, old_d, adv_d = (
+        t.to(device)
+        for t in (scored.rows[mine] - lo, scored.targets[mine], scored.old[mine],
+                  scored.advantages[mine])
+    )  # fmt: skip
+    input_ids = pack.token_ids[lo : lo + local][None].to(device)
+    position_ids = pack.positions[lo : lo + local][None].to(device)
+    params = pack.seq_params().to(device)
 
     def loss_fn(out: torch.Tensor) -> tuple[torch.Tensor, Any]:
         kp_head = model.output_layer.kernel_policy
@@ -254,18 +265,17 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
             config.true_on_policy_vocab_size, state.padded_vocab
         )
         vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
-        x = logits[(scored.rows[mine] - lo).to(device)]
+        x = logits[rows_d]
         if batch.sampling is not None:  # the processed distribution the sampler drew from
             from ..sglang.sampling import process_rows
 
             x = process_rows(x, scored.seq[mine], batch.sampling, kp_head, vocab_start, vocab,
                              tp_group)  # fmt: skip
         lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
-            x, scored.targets[mine].to(device), vocab_start, vocab, kp_head, tp_group
+            x, targets_d, vocab_start, vocab, kp_head, tp_group
         )
         new = lp.float()
-        old = scored.old[mine].to(device)
-        adv = scored.advantages[mine].to(device)
+        old, adv = old_d, adv_d
         ratio = torch.exp(new - old)
         eps = batch.clip_eps
         surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
@@ -292,10 +302,10 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
     result = pipeline_forward_backward(
         model,
         loss_fn,
-        input_ids=pack.token_ids[lo : lo + local][None].to(device),
-        position_ids=pack.positions[lo : lo + local][None].to(device),
+        input_ids=input_ids,
+        position_ids=position_ids,
         attention_mask=None,
-        packed_seq_params=pack.seq_params().to(device),
+        packed_seq_params=params,
     )
     t1 = _sync_clock(device)
     finalize_grads(

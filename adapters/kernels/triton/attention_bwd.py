@@ -280,10 +280,14 @@ def _dq_blocks(cu_q, cu_k, device) -> torch.Tensor:
 
 def triton_attention_backward(
     q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp, *, cu_seqlens_q=None,
-    cu_seqlens_k=None, scale=None, kv_chunk=None,
+    cu_seqlens_k=None, scale=None, kv_chunk=None, positions_contiguous: bool | None = None,
 ):  # fmt: skip
     """The Triton backend of ``attention_backward`` (same signature and results as
-    ``reference_attention_backward``, tensor-core tile dots); other inputs run the reference."""
+    ``reference_attention_backward``, tensor-core tile dots); other inputs run the reference.
+
+    ``positions_contiguous``: the caller's word that every sequence's query positions run
+    ``p0, p0 + 1, ...`` (True) or not (False); ``None`` checks on the device, which reads the
+    verdict back on the host (``_positions_contiguous``: a sync per call)."""
     kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale, kv_chunk=kv_chunk)
     args = (q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp)
     L, H, D = q_LHD.shape
@@ -298,7 +302,9 @@ def triton_attention_backward(
         and L > 0
     )
     pos = q_positions.to(device=q_LHD.device, dtype=torch.int32).contiguous()
-    if not (usable and _positions_contiguous(pos, cu_q)):
+    if positions_contiguous is None and usable:
+        positions_contiguous = _positions_contiguous(pos, cu_q)
+    if not (usable and positions_contiguous):
         return reference_attention_backward(*args, **kw)
     scale = D**-0.5 if scale is None else scale
     q, k, v = q_LHD.contiguous(), k_SKD.contiguous(), v_SKD.contiguous()
