@@ -54,8 +54,8 @@ def _build(args):
     return arch, ReferenceModel(arch, weights, kp, rp, device=args.device)
 
 
-def _bound_ms(model, batch: int, mean_keys: float) -> float:
-    """Milliseconds to read every weight once and every request's K/V of every layer."""
+def _bound_ms(model, batch: int, mean_keys: float) -> tuple[float, int, float]:
+    """(ms, weight bytes, KV bytes): reading every weight once and every K/V row a step sees."""
     weights = [model.embed, model.final_norm, model.lm_head]
     for layer in model.layers:
         for f in dataclasses.fields(layer):

@@ -191,10 +191,10 @@ def test_fused_sum_is_rounded_once_in_the_kernel_as_torch_rounds_it(kp3, k, monk
         assert wide.dtype == torch.float32 and narrow.dtype == BF
         assert torch.equal(_bits(narrow), _bits(wide.to(BF))), programs
     # ties: a + half an ulp of a, exact in float32, halfway between two bf16 values
-    a = (1 + torch.arange(128) / 128.0).to(BF)  # every 8-bit significand in [1, 2)
-    xt = torch.zeros(128, k, dtype=BF)
+    a = (1 + torch.arange(128, device=DEV) / 128.0).to(BF)  # every 8-bit significand in [1, 2)
+    xt = torch.zeros(128, k, dtype=BF, device=DEV)
     xt[:, 0], xt[:, 1] = a, 2.0**-8
-    wt = torch.zeros(64, k, dtype=BF)
+    wt = torch.zeros(64, k, dtype=BF, device=DEV)
     wt[:, :2] = 1.0
     exact = (xt.float() @ wt.float().T)[:, 0]
     got = tmm._launch(xt, wt, kp3.matmul_k_block, run, torch.float32, fused=True, out=BF)[:, 0]

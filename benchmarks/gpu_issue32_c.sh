@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 32 on the lent H200 (2026-12-04), call C: the trainer, fwd+bwd at 32 x 512 = 16k packed
+# tokens, ours (v1 and v3) against transformers + SDPA (hf_sdpa, built as
+# ../shared/bench/hf_trainer_baseline.py builds it) in one process, at the Qwen3-0.6B and
+# Qwen3-4B shapes. Expects the cp312 wheels in .whl/.
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+log="$OUT/issue32_c.log"
+cat "$OUT/env.txt" >>"$log" && rm -f "$OUT/env.txt" "$OUT/install.log"
+step() {  # seconds, name, command...
+  local limit=$1 name=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
+  echo "== $name: exit $?, $((SECONDS - t0)) s" | tee -a "$log"
+  grep -v '^{' "$OUT/$name.txt" | grep -v -i warn | tail -n 40 >>"$log"
+  rm -f "$OUT/$name.txt"
+}
+for model in Qwen3-0.6B Qwen3-4B; do
+  for c in v1 v3; do
+    step 130 "trainer_${model}_${c}" python3 benchmarks/bench_trainer.py --device cuda --batch 32 \
+      --seq 512 --model "$model" --models sglang,hf_sdpa --contract "qwen3_dense_true_on_policy_$c" \
+      --json "$OUT/trainer_${model}_${c}.json"
+  done
+done
+grep -E "^== |sglang|hf_sdpa" "$log" | head -60
