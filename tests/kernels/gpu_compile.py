@@ -123,6 +123,24 @@ def cases():
                  OUT=tl.bfloat16),
             dict(num_warps=shape.num_warps, num_stages=shape.num_stages),
         )  # fmt: skip
+    # fixed_runs with bf16 runs (what the gate's fault injection flips) stored as float32
+    # (``out_dtype=float32``): the epilogue widens the bf16 sum instead of rounding
+    shape = matmul.small_shape(4, 8, fused=True)
+    yield (
+        "_mm_runs fused acc=bf16 out=fp32", matmul._mm_runs,
+        dict(RUN=3, NUM_RUNS=8, ACC=tl.bfloat16, BLOCK_M=shape.block_m, BLOCK_N=shape.block_n,
+             BLOCK_K=64, EVEN_K=True, GROUP=shape.runs_per_program, FUSED=True, OUT=tl.float32),
+        dict(num_warps=shape.num_warps, num_stages=shape.num_stages),
+    )  # fmt: skip
+    mm = matmul.PERSISTENT_FUSED_NARROW
+    yield (
+        "_mm_persistent fused tma acc=bf16 out=fp32", matmul._mm_persistent,
+        dict(RUN=3, NUM_RUNS=8, ACC=tl.bfloat16, NUM_PROGS=264, ITERS=4, BLOCK_M=mm.block_m,
+             BLOCK_N=mm.block_n, BLOCK_K=64, GROUP_M=matmul.GROUP_M, EVEN_K=True, TMA=True,
+             FUSED=True, OUT=tl.float32, x_ptr=None, w_ptr=None),
+        dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
+        dict(x_desc=(mm.block_m, 64), w_desc=(mm.block_n, 64)),
+    )  # fmt: skip
     for group, rows, warps in ((1, attention.BLOCK_Q, attention.NUM_WARPS),
                                (4, attention.BLOCK_Q, attention.NUM_WARPS),
                                (3, attention.BLOCK_Q, attention.NUM_WARPS)):  # fmt: skip

@@ -113,6 +113,52 @@ def test_kept_sets_of_top_k_and_top_p(kp32):
     assert keep_mask(x, SamplingParams(0.0, top_k=1))[0].all(), "greedy never truncates"
 
 
+def _kept_by_hand(row: list[float], top_k: int, top_p: float) -> set[int]:
+    """The kept set written out: ids ranked by (value descending, id ascending), the first
+    ``top_k``, then the shortest prefix whose renormalised mass before each token is < top_p."""
+    ranked = sorted(range(len(row)), key=lambda i: (-row[i], i))
+    if top_k > 0:
+        ranked = ranked[:top_k]
+    if top_p >= 1:
+        return set(ranked)
+    w = [math.exp(row[i] - row[ranked[0]]) for i in ranked]
+    total, before, kept = math.fsum(w), 0.0, set()
+    for i, wi in zip(ranked, w, strict=True):
+        if before / total >= top_p:
+            break
+        kept.add(i)
+        before += wi
+    return kept
+
+
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kept_sets_on_every_device_match_the_sets_written_out(device):
+    """Rows of a 2,000-token vocab drawn from 24 values (every kept set cut inside a run of
+    ties), bf16 as the sampler sees them: the same mask on the row's own device as by hand."""
+    g = torch.Generator().manual_seed(11)
+    rows = (torch.randint(0, 24, (6, 2000), generator=g) / 4.0).to(torch.bfloat16)
+    for top_k, top_p in ((1, 1.0), (7, 1.0), (300, 1.0), (-1, 0.5), (-1, 0.97), (40, 0.6)):
+        mask = keep_mask(rows.to(device), SamplingParams(1.0, top_k=top_k, top_p=top_p))
+        assert mask.device.type == "cpu"
+        for r in range(rows.shape[0]):
+            want = _kept_by_hand(rows[r].double().tolist(), top_k, top_p)
+            assert set(mask[r].nonzero()[:, 0].tolist()) == want, (top_k, top_p, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the lent H200)")
+def test_kept_sets_on_cuda_are_the_cpus_bit_for_bit():
+    """A Qwen3-size vocab row (151,936) with ties, sorted on the GPU: the same mask as the CPU's."""
+    g = torch.Generator().manual_seed(12)
+    rows = (torch.randn(8, 151_936, generator=g) * 2).to(torch.bfloat16)
+    for p in (SamplingParams(1.0, top_k=40), SamplingParams(0.8, top_p=0.9),
+              SamplingParams(1.0, top_k=1000, top_p=0.5)):  # fmt: skip
+        assert torch.equal(keep_mask(rows.cuda(), p), keep_mask(rows, p)), p
+
+
 def test_reported_logprob_is_the_drawn_tensors_entry(kp):
     """``sample``'s logprob is the processed distribution's entry for the drawn token, bitwise the
     contract kernel's ``token_logprobs`` of the processed logits (what re-score and trainer run);

@@ -218,10 +218,14 @@ def _round(v, ACC: tl.constexpr):
 @triton.jit
 def _to_out(v, ACC: tl.constexpr, OUT: tl.constexpr):
     """A finished ``ACC`` sum in the output dtype ``OUT``: unchanged where they agree, else
-    rounded once (``_round``: float32 to bf16 nearest even, as torch's ``.to``)."""
+    rounded once (``_round``: float32 to bf16 nearest even, as torch's ``.to``); a bf16 sum
+    widened to float32 is exact."""
     if OUT == ACC:
         return v
-    return _round(v, OUT)
+    elif OUT == tl.float32:
+        return v.to(tl.float32)
+    else:
+        return _round(v, OUT)
 
 
 @triton.jit

@@ -11,14 +11,14 @@
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
-#   llama3_dense_true_on_policy_v2 sha256:3a426b63d920b6e772f0f26039fae893d35126c33dede580a5158284adc8c05e
+#   llama3_dense_true_on_policy_v2 sha256:f296a48c168e53c08651496c9041a1f8138a36892dd4a6e1377c4f78078b40a8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-# canonical-sha256: aabe10ed2c4c895aefaac00c3826a294b038d6039457dc7e00ea6d39278e9472
+# canonical-sha256: a9bbf40d36c35ff5dddddeb13adc3cb3540aa089a1195fc7d8454cc1200eaf7b
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -1307,6 +1307,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "schema_version": 1,
         "supersedes": "llama3_dense_true_on_policy_v1",
         "unobservable": {
+            "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the final norm's output and the LM-head weight are bfloat16 values (exact in float32), fixed_runs sums their exact products in float32 in the same order either way, and the one difference, logits stored in float32 instead of rounded once to bfloat16, is undone by the log-softmax, which rounds its input to logsoftmax_dtype (bfloat16) first. Detected under a float32 log-softmax (qwen3_dense_true_on_policy_v3).",
             "kernel_policy.logsoftmax_vocab_block": "Another block size reorders the float32 max / sum-exp reduction by a few ulps of the log-sum-exp, and this contract rounds logprobs to bfloat16 (as v1), which hides that on the gate's workload (a logit near a bfloat16 rounding boundary could still show it). Under float32 logprobs (qwen3_dense v2 and v3) the same fault is detected.",
             "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
             "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
@@ -1316,6 +1317,7 @@ CONTRACT_DATA: dict[str, dict] = {
             "runtime_policy.megatron.use_sglang_residual_pair": "Carrying (output, residual) separately and megatron's bias-dropout-add round the same single bfloat16 add while the residual is bfloat16. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing); it also fixes what crosses a pipeline stage boundary.",
             "runtime_policy.megatron.use_ulysses_cp_recompute_fallback": "Recomputes attention in backward under Ulysses CP (memory, not numerics): the recomputed forward runs the same kernels, and the gate's forward runs without grad.",
             "runtime_policy.sglang.disable_fused_qk_norm_mrope": "Llama 3 has no QK-norm (the family says so), so there is no QK-norm to fuse with RoPE: the switch cannot change any bit here. It is load-bearing for qwen3_dense (QK-norm), where the gate detects it.",
+            "runtime_policy.sglang.force_bfloat16_lm_head": "Off, the LM head is torch's float32 matmul: the same exact products summed in another float32 order (about 1e-7 relative), and the log-softmax rounds the logits to bfloat16 before anything else, so a logprob moves only where a logit's two float32 sums straddle a bfloat16 rounding boundary and that logit is the scored token's (not seen at six layouts, nor on the large workload). Detected under a float32 log-softmax (qwen3_dense_true_on_policy_v3), and under v1's bf16 per-tile sums here.",
         },
     },
     "qwen3_dense_true_on_policy_v1": {
@@ -2980,7 +2982,7 @@ CONTRACT_DATA: dict[str, dict] = {
 # agree on it in the handshake; adding a target to a contract leaves it unchanged.
 FINGERPRINTS: dict[str, str] = {
     "llama3_dense_true_on_policy_v1": "sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8",
-    "llama3_dense_true_on_policy_v2": "sha256:3a426b63d920b6e772f0f26039fae893d35126c33dede580a5158284adc8c05e",
+    "llama3_dense_true_on_policy_v2": "sha256:f296a48c168e53c08651496c9041a1f8138a36892dd4a6e1377c4f78078b40a8",
     "qwen3_dense_true_on_policy_v1": "sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644",
     "qwen3_dense_true_on_policy_v2": "sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085",
     "qwen3_dense_true_on_policy_v3": "sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa",

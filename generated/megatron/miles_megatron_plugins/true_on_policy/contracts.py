@@ -11,7 +11,7 @@
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
 # Contract fingerprints:
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
-#   llama3_dense_true_on_policy_v2 sha256:3a426b63d920b6e772f0f26039fae893d35126c33dede580a5158284adc8c05e
+#   llama3_dense_true_on_policy_v2 sha256:f296a48c168e53c08651496c9041a1f8138a36892dd4a6e1377c4f78078b40a8
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
