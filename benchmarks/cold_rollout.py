@@ -64,28 +64,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from contractgen.adapters.sglang.engine import Request, RolloutEngine
-    from contractgen.parity.rollout import _prompts
+    from contractgen.adapters.sglang.engine import RolloutEngine
+    from contractgen.parity.rollout import requests_for
     from contractgen.parity.workload import make_workload
 
     triton.knobs.runtime.jit_cache_hook = _before
     triton.knobs.runtime.jit_post_compile_hook = _after
     arch, model = _build(args)
     work = make_workload(args.requests, args.prompt_tokens, args.new_tokens)
-    prompts = _prompts(work, arch.vocab_size)
-    reqs = [
-        Request(
-            w.rid,
-            tuple(p),
-            w.max_new_tokens,
-            w.temperature,
-            w.seed,
-            w.arrival_step,
-            top_k=w.top_k,
-            top_p=w.top_p,
-        )  # fmt: skip
-        for w, p in zip(work, prompts, strict=True)
-    ]
+    reqs = requests_for(work, arch.vocab_size)
     engine = RolloutEngine(model, progress=False, decode=args.decode)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     phases, seqs = [], None

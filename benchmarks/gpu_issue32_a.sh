@@ -6,16 +6,9 @@
 # transformers check. Expects the cp312 wheels in .whl/; writes JSON and one log under $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-log="$OUT/issue32_a.log"
-cat "$OUT/env.txt" >>"$log" && rm -f "$OUT/env.txt" "$OUT/install.log"
-step() {  # seconds, name, command...
-  local limit=$1 name=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
-  echo "== $name: exit $?, $((SECONDS - t0)) s" | tee -a "$log"
-  grep -v '^{' "$OUT/$name.txt" | grep -v -i warn | tail -n 45 >>"$log"
-  rm -f "$OUT/$name.txt"
-}
+source "$(dirname "$0")/gpu_steps.sh"
+gpu_log issue32_a
+STEP_TAIL=45
 step 170 pytest_gpu python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/kernels/test_fixed_runs.py \
   tests/kernels/test_triton_kernels.py tests/sglang -k "matmul or fixed_runs or fused or graph or decode"
 step 110 linear_v3 python3 benchmarks/bench_kernels.py --device cuda --sections linear --cuda-graph \

@@ -6,16 +6,8 @@
 # Expects the cp312 wheels in .whl/.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-log="$OUT/issue32_b.log"
-cat "$OUT/env.txt" >>"$log" && rm -f "$OUT/env.txt" "$OUT/install.log"
-step() {  # seconds, name, command...
-  local limit=$1 name=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
-  echo "== $name: exit $?, $((SECONDS - t0)) s" | tee -a "$log"
-  grep -v '^{' "$OUT/$name.txt" | grep -v -i warn | tail -n 40 >>"$log"
-  rm -f "$OUT/$name.txt"
-}
+source "$(dirname "$0")/gpu_steps.sh"
+gpu_log issue32_b
 step 100 pytest_gpu python3 -m pytest -q -m gpu -p no:cacheprovider --durations 10 \
   tests/kernels/test_fixed_runs.py tests/sglang/test_decode_graph.py
 step 80 rollout_v1 python3 benchmarks/bench_rollout.py --device cuda --batch 32 --prompt 128 \

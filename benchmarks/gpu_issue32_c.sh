@@ -6,16 +6,8 @@
 # every 40 s (call B's timed out at 140 s printing nothing). Expects the cp312 wheels in .whl/.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-log="$OUT/issue32_c.log"
-cat "$OUT/env.txt" >>"$log" && rm -f "$OUT/env.txt" "$OUT/install.log"
-step() {  # seconds, name, command...
-  local limit=$1 name=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
-  echo "== $name: exit $?, $((SECONDS - t0)) s" | tee -a "$log"
-  grep -v '^{' "$OUT/$name.txt" | grep -v -i warn | tail -n 40 >>"$log"
-  rm -f "$OUT/$name.txt"
-}
+source "$(dirname "$0")/gpu_steps.sh"
+gpu_log issue32_c
 for model in Qwen3-0.6B Qwen3-4B; do
   for c in v1 v3; do
     [ "$model/$c" = Qwen3-4B/v1 ] && continue

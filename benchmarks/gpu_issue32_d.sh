@@ -6,16 +6,8 @@
 # ran out of memory in call C). Expects the cp312 wheels in .whl/.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-log="$OUT/issue32_d.log"
-cat "$OUT/env.txt" >>"$log" && rm -f "$OUT/env.txt" "$OUT/install.log"
-step() {  # seconds, name, command...
-  local limit=$1 name=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
-  echo "== $name: exit $?, $((SECONDS - t0)) s" | tee -a "$log"
-  grep -v '^{' "$OUT/$name.txt" | grep -v -i warn | tail -n 40 >>"$log"
-  rm -f "$OUT/$name.txt"
-}
+source "$(dirname "$0")/gpu_steps.sh"
+gpu_log issue32_d
 for c in v3 v1; do
   TRITON_CACHE_DIR=$(mktemp -d) step 120 "cold_rollout_$c" python3 benchmarks/cold_rollout.py \
     --device cuda --contract "qwen3_dense_true_on_policy_$c" --model Qwen3-0.6B --requests 8 \

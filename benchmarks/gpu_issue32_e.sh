@@ -6,16 +6,8 @@
 # split; the Qwen3-0.6B v3 gate with the transformers check. Expects the cp312 wheels in .whl/.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-log="$OUT/issue32_e.log"
-cat "$OUT/env.txt" >>"$log" && rm -f "$OUT/env.txt" "$OUT/install.log"
-step() {  # seconds, name, command...
-  local limit=$1 name=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
-  echo "== $name: exit $?, $((SECONDS - t0)) s" | tee -a "$log"
-  grep -v '^{' "$OUT/$name.txt" | grep -v -i warn | tail -n 40 >>"$log"
-  rm -f "$OUT/$name.txt"
-}
+source "$(dirname "$0")/gpu_steps.sh"
+gpu_log issue32_e
 step 60 pytest_gpu python3 -m pytest -q -m gpu -p no:cacheprovider tests/sglang/test_sampling.py \
   tests/sglang/test_decode_graph.py
 TRITON_CACHE_DIR=$(mktemp -d) step 80 cold_rollout_v3 python3 benchmarks/cold_rollout.py \

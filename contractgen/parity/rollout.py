@@ -185,6 +185,26 @@ def _prompts(workload: Sequence[PromptSpec], vocab_size: int) -> list[list[int]]
     return [list(w.prompt_ids) if w.prompt_ids else d for w, d in zip(workload, drawn, strict=True)]
 
 
+def requests_for(workload: Sequence[PromptSpec], vocab_size: int) -> list:
+    """The engine's ``Request`` of every prompt of ``workload`` (its seeded prompt ids)."""
+    from ..adapters.sglang.engine import Request
+
+    prompts = _prompts(workload, vocab_size)
+    return [
+        Request(
+            w.rid,
+            tuple(p),
+            w.max_new_tokens,
+            w.temperature,
+            w.seed,
+            w.arrival_step,
+            top_k=w.top_k,
+            top_p=w.top_p,
+        )  # fmt: skip
+        for w, p in zip(workload, prompts, strict=True)
+    ]
+
+
 def _run(job: RolloutJob, group=None, device: str | None = None) -> RolloutResult:
     from ..adapters.kernels.audit import maybe_recording
     from ..adapters.kernels.planted import planted
@@ -204,7 +224,7 @@ def _rescore_only(engine, sequences) -> RolloutResult:
 
 
 def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> RolloutResult:
-    from ..adapters.sglang.engine import Request, RolloutEngine
+    from ..adapters.sglang.engine import RolloutEngine
     from ..adapters.sglang.model import ReferenceModel
 
     _, kp, rp = policies(
@@ -221,20 +241,7 @@ def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> Ro
     engine = RolloutEngine(model, progress=False)
     if job.rescore_only is not None:
         return _rescore_only(engine, job.rescore_only)
-    prompts = _prompts(job.workload, arch.vocab_size)
-    requests = [
-        Request(
-            w.rid,
-            tuple(p),
-            w.max_new_tokens,
-            w.temperature,
-            w.seed,
-            w.arrival_step,
-            top_k=w.top_k,
-            top_p=w.top_p,
-        )  # fmt: skip
-        for w, p in zip(job.workload, prompts, strict=True)
-    ]
+    requests = requests_for(job.workload, arch.vocab_size)
     params = [r.sampling for r in requests]
     t0 = time.perf_counter()
     done = engine.generate(requests)
