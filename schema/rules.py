@@ -206,10 +206,30 @@ def check_dims(c: Contract) -> Iterator[Finding]:
                     f"lists TP sizes the contract does not allow: {extra} "
                     f"(allowed: {sorted(set(c.parallel.training.tp) | set(c.parallel.rollout.tp))})",
                 )
+        moe_ok = (
+            family is None
+            or family.moe is None
+            or all(getattr(d, f) is not None for f in MOE_DIMS_FIELDS)
+        )
+        if kp.matmul_tile_order == "fixed_runs" and family is not None and moe_ok:
+            # every matmul, column-parallel and LM head too, runs K in whole runs at TP=1 already
+            unfit = {}
+            for role, field, k in family.matmul_ks(d):
+                why = split_problem(k, kp.matmul_k_block, 1, "fixed_runs", kp.matmul_k_runs)
+                if why:
+                    unfit.setdefault(field, f"{role}: {why}")
+            for field, why in unfit.items():
+                yield (
+                    f"{path}.{field}",
+                    f"{why}, at every TP; under fixed_runs no tp_sizes helps: gate this "
+                    "checkpoint under a contract with a per-tile matmul order",
+                )
+            if unfit:
+                continue
         found: dict[str, str] = {}  # one finding per field: the smallest TP that fails
         for tp in _tp_sizes_for(c, d):
             if tp == 1 or (tree and not _is_power_of_two(tp)):
-                continue  # TP=1 always splits; a non-power-of-two TP is reported on its own
+                continue  # TP=1 splits every K but fixed_runs' (above); non-powers of two: own rule
             checks = [
                 ("num_attention_heads", d.num_attention_heads % tp != 0,
                  f"TP={tp} must divide num_attention_heads (got {d.num_attention_heads})"),
@@ -223,11 +243,6 @@ def check_dims(c: Contract) -> Iterator[Finding]:
             for field, bad, message in checks:
                 if bad:
                     found.setdefault(field, message)
-            moe_ok = (
-                family is None
-                or family.moe is None
-                or all(getattr(d, f) is not None for f in MOE_DIMS_FIELDS)
-            )
             row_parallel = family.row_parallel(d) if family is not None and moe_ok else ()
             for _, field, k in row_parallel:
                 why = split_problem(

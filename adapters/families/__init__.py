@@ -116,6 +116,24 @@ class Family:
             if w.shard == "row" and (w.block not in ("moe", "dense_mlp") or w.block in mlp)
         )
 
+    def matmul_ks(self, dims: Any) -> tuple[tuple[str, str, int], ...]:
+        """``(weight role, dims field, K)`` of every linear some layer of ``dims`` has, and the LM
+        head's (whether tied or not, the head is a matmul over the hidden size). The field is the
+        weight's ``k_field``, else ``hidden_size``: the K of every column-parallel and replicated
+        linear in these families."""
+        mlp = self.mlp_blocks(dims)
+        layers = [
+            (role, w)
+            for role, w in self.layer_weights.items()
+            if w.init == "linear"
+            and len(w.shape(dims)) == 2
+            and (w.block not in ("moe", "dense_mlp") or w.block in mlp)
+        ]
+        head = [(role, w) for role, w in self.model_weights.items() if role == "lm_head"]
+        return tuple(
+            (role, w.k_field or "hidden_size", w.shape(dims)[1]) for role, w in layers + head
+        )
+
 
 class UnknownFamilyError(KeyError, ValueError):
     """A ``family`` no module in ``contractgen.adapters.families`` defines."""

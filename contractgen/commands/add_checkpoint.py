@@ -133,14 +133,19 @@ def _entry(
         contract, entry, "pp_sizes", contract.parallel.training.pp, layer_rules
     )
     entry["tp_sizes"] = tp
+    tp_rules = (check_dims, check_vocab_block)
     if tp is None:
-        tp_rules = (check_dims, check_vocab_block)
         entry["tp_sizes"] = _supported(contract, entry, "tp_sizes", _all_tp(contract), tp_rules)
+    tried = {"tp_sizes": (_all_tp(contract), tp_rules),
+             "pp_sizes": (contract.parallel.training.pp, layer_rules)}  # fmt: skip
     for key in ("tp_sizes", "pp_sizes"):
         if entry[key] == ():
+            sizes, rules = tried[key]
+            first = _findings(contract, {**entry, key: sizes[:1]}, rules)
+            why = f" ({first[0][1]})" if first and first[0] != "invalid" else ""
             fail(
                 f"error: {where}: no {key.split('_')[0].upper()} size {contract.id} allows fits "
-                f"this checkpoint ({name}); it cannot run under this contract"
+                f"this checkpoint ({name}){why}; it cannot run under this contract"
             )
     order = ["name", *dims[: dims.index("max_position_embeddings") + 1], "tp_sizes", "pp_sizes"]
     order += [*dims[dims.index("max_position_embeddings") + 1 :], "rope"]

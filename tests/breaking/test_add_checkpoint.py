@@ -126,3 +126,25 @@ def test_refusals_exit_2_and_write_nothing(tmp_path: Path) -> None:
     assert cli(root, "add-checkpoint", LLAMA, str(ok), "--name", "Meta-Llama-3-8B")[0] == 2
     assert cli(root, "add-checkpoint", "nope_v1", str(ok))[0] == 2
     assert (root / FILE).read_bytes() == before
+
+
+def test_fixed_runs_refuses_a_checkpoint_whose_k_is_not_whole_runs(tmp_path: Path) -> None:
+    """Under fixed_runs (llama3 v2) every matmul's K, the column-parallel ones and the LM head's
+    included, is 8 runs of whole 64-wide tiles at TP=1 already: hidden 1600 (25 heads of 64) fits
+    no TP. Exit 2, one line naming the weight and the runs, nothing written; the same config at
+    hidden 2048 is added."""
+    root = _project(tmp_path)
+    v2 = "contracts/llama3_dense_true_on_policy_v2.yaml"
+    shutil.copy(ROOT / v2, root / v2)
+    commit(root, "v2")
+    before = (root / v2).read_bytes()
+    odd = _config(tmp_path, "odd", hidden_size=1600, num_attention_heads=25,
+                  num_key_value_heads=5, intermediate_size=4096)  # fmt: skip
+    code, _, err = cli(root, "add-checkpoint", "llama3_dense_true_on_policy_v2", str(odd))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "q: K=1600 does not split into 8 runs of whole 64-wide tiles" in err, err
+    assert "no tp_sizes helps" in err, err
+    assert (root / v2).read_bytes() == before
+    fits = _config(tmp_path, "fits", num_key_value_heads=8)
+    code, _, err = cli(root, "add-checkpoint", "llama3_dense_true_on_policy_v2", str(fits))
+    assert code == 0, err
