@@ -17,6 +17,7 @@ Padding rows decode token 0 at position 0 against a scratch row of their own (th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,11 @@ def unsupported(model: ReferenceModel) -> str | None:
         return f"TP={model.tp}: the decode graph runs one rank"
     if any(mlp != model._dense_mlp for mlp in model.mlps):
         return f"{model.arch.name} has MoE layers (routing reads values on the host)"
+    if stock := sorted(name for name, on in model.ops.switches.items() if not on):
+        return (
+            f"the runtime policy selects stock ops ({', '.join(stock)}), which are not batch "
+            "invariant: a padded bucket would change their bits"
+        )
     return None
 
 
@@ -91,6 +97,9 @@ class DecodeRunner:
         )  # fmt: skip
         self.buckets: dict[int, _Bucket] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.graphs else None
+        # captures on a stream of the model's device (torch's default capture stream belongs to
+        # whichever device was current at a process's first capture)
+        self.capture_stream = torch.cuda.Stream(self.device) if self.graphs else None
 
     def fits(self, max_keys: int, max_batch: int) -> bool:
         """Whether this runner serves requests of ``max_keys`` tokens, ``max_batch`` at a time."""
@@ -102,7 +111,13 @@ class DecodeRunner:
 
     def step(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> torch.Tensor:
         """Decode ``tokens[i]`` for ``caches[i]`` (each in this runner's pool, with room for one
-        row); returns logits ``[len(caches), vocab]`` and appends one row to every cache."""
+        row); returns logits ``[len(caches), vocab]`` and appends one row to every cache. Runs
+        with the model's device current (events, streams and captures are the current device's)."""
+        cuda = self.device.type == "cuda"
+        with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
+            return self._step(tokens, caches)
+
+    def _step(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> torch.Tensor:
         n = len(caches)
         if not 0 < n <= self.max_batch:
             raise ValueError(
@@ -167,7 +182,7 @@ class DecodeRunner:
                 self._compute(b)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mempool):
+        with torch.cuda.graph(graph, pool=self.mempool, stream=self.capture_stream):
             self._compute(b)
         b.graph = graph
         return b

@@ -91,9 +91,11 @@ def keep_mask(scaled_TV: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.top_k > 0:
         keep_sorted[:, params.top_k :] = False
     if params.top_p < 1:
-        p = torch.exp(sorted_x - sorted_x[:, :1]) * keep_sorted
-        p = p / p.sum(-1, keepdim=True)
-        before = torch.cumsum(p, dim=-1) - p  # mass of the more likely tokens
+        w = torch.exp(sorted_x - sorted_x[:, :1]) * keep_sorted
+        # one running sum along each row, its last entry the total: a row's bits do not depend
+        # on how many rows come with it (``sum`` splits a lone row over threads, not a batch's)
+        running = torch.cumsum(w, dim=-1)
+        before = (running - w) / running[:, -1:]  # renormalised mass of the more likely tokens
         keep_sorted &= before < params.top_p
     keep = torch.zeros(T, V, dtype=torch.bool)
     keep.scatter_(-1, order, keep_sorted)

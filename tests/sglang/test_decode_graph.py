@@ -82,6 +82,22 @@ def test_bucket_for_is_the_next_power_of_two():
     assert [bucket_for(n) for n in (1, 2, 3, 4, 5, 17, 32, 33)] == [1, 2, 4, 4, 8, 32, 32, 64]
 
 
+def test_stock_ops_keep_the_engine_eager(generated):
+    """A runtime policy that selects a stock op (here the dense linears') is not batch invariant,
+    so padding a bucket could change its rows: no static decode (explicit modes refuse with the
+    switch's name), and ``auto`` stays eager."""
+    kp, rp, profile = _policies(generated, CONTRACTS[0])
+    arch = ModelArch.from_profile(profile)
+    stock = dataclasses.replace(rp, force_bfloat16_dense_tensor_math=False)
+    model = ReferenceModel(arch, random_weights(arch, seed=0), kp, stock)
+    assert "force_bfloat16_dense_tensor_math" in decode_graph.unsupported(model)
+    with pytest.raises(ValueError, match="not batch invariant"):
+        _generate(model, "static", REQUESTS[:1])
+    assert RolloutEngine(model, progress=False).decode_mode() == "eager"
+    honest = ReferenceModel(arch, random_weights(arch, seed=0), kp, rp)
+    assert decode_graph.unsupported(honest) is None
+
+
 def test_static_decode_engine_equals_eager_engine_bitwise(model, eager):
     """Static pool, bucketed decode (a padded bucket of 4 for 3 requests), prefill split from
     decode: every request's tokens and logprob bits equal today's packed engine's."""

@@ -148,6 +148,26 @@ def test_kept_sets_on_every_device_match_the_sets_written_out(device):
             assert set(mask[r].nonzero()[:, 0].tolist()) == want, (top_k, top_p, r)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_top_p_set_does_not_depend_on_the_rows_beside_it(threads):
+    """The rollout asks for one row's kept set, the trainer for many rows at once: the same set
+    for every row either way, at any thread count. Checked at top-p values on the boundaries
+    themselves (each row's own renormalised masses) and at one found by search where a lone
+    row's ``sum`` (split over threads) kept a token the batch's did not."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(4, 151_936, generator=torch.Generator().manual_seed(1)) * 2
+        w = torch.exp(x.double().sort(-1, descending=True).values - x.double().amax(-1)[:, None])
+        masses = (w.cumsum(-1) / w.sum(-1, keepdim=True))[:, :6].flatten().tolist()
+        for top_p in (0.013272614084227464, *masses):
+            p = SamplingParams(1.0, top_p=top_p)
+            alone = torch.cat([keep_mask(x[i : i + 1], p) for i in range(len(x))])
+            assert torch.equal(keep_mask(x, p), alone), top_p
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the lent H200)")
 def test_kept_sets_on_cuda_are_the_cpus_bit_for_bit():
