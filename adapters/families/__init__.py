@@ -106,14 +106,24 @@ class Family:
         out |= {w.hf_name: w for w in model if w.after_layers}
         return out
 
+    def _linears(self, dims: Any) -> list[tuple[str, Weight]]:
+        """``(role, weight)`` of every linear in the layer blocks a model with ``dims`` has."""
+        mlp = self.mlp_blocks(dims)
+        return [
+            (role, w)
+            for role, w in self.layer_weights.items()
+            if w.init == "linear"
+            and len(w.shape(dims)) == 2
+            and (w.block not in ("moe", "dense_mlp") or w.block in mlp)
+        ]
+
     def row_parallel(self, dims: Any) -> tuple[tuple[str, str, int], ...]:
         """``(weight role, dims field, K)`` of each row-parallel linear some layer of ``dims``
         has: the K that TP splits."""
-        mlp = self.mlp_blocks(dims)
         return tuple(
             (role, w.k_field or "", w.shape(dims)[1])
-            for role, w in self.layer_weights.items()
-            if w.shard == "row" and (w.block not in ("moe", "dense_mlp") or w.block in mlp)
+            for role, w in self._linears(dims)
+            if w.shard == "row"
         )
 
     def matmul_ks(self, dims: Any) -> tuple[tuple[str, str, int], ...]:
@@ -121,17 +131,10 @@ class Family:
         head's (whether tied or not, the head is a matmul over the hidden size). The field is the
         weight's ``k_field``, else ``hidden_size``: the K of every column-parallel and replicated
         linear in these families."""
-        mlp = self.mlp_blocks(dims)
-        layers = [
-            (role, w)
-            for role, w in self.layer_weights.items()
-            if w.init == "linear"
-            and len(w.shape(dims)) == 2
-            and (w.block not in ("moe", "dense_mlp") or w.block in mlp)
-        ]
         head = [(role, w) for role, w in self.model_weights.items() if role == "lm_head"]
         return tuple(
-            (role, w.k_field or "hidden_size", w.shape(dims)[1]) for role, w in layers + head
+            (role, w.k_field or "hidden_size", w.shape(dims)[1])
+            for role, w in self._linears(dims) + head
         )
 
 

@@ -200,7 +200,7 @@ def requests_for(workload: Sequence[PromptSpec], vocab_size: int) -> list:
             w.arrival_step,
             top_k=w.top_k,
             top_p=w.top_p,
-        )  # fmt: skip
+        )
         for w, p in zip(workload, prompts, strict=True)
     ]
 
