@@ -80,6 +80,48 @@ def _timed(fn, steps: int, sync) -> tuple[list[float], list[torch.Tensor]]:
     return times, outs
 
 
+# "-ref": the same mode with the PyTorch reference of the small ops (RMSNorm, RoPE, SiLU-GLU) on every
+# backend: the baseline of their one-kernel Triton versions, in the same process
+MODES = ("eager", "static", "graph", "static-ref", "graph-ref")
+SMALL_OPS = ("rms_norm", "apply_rope", "silu_glu")
+_SHIPPED: dict[str, str] = {}
+
+
+def _reference_small_ops(on: bool) -> None:
+    """Point the Triton backend's small ops at their PyTorch references (``on``) or back."""
+    from contractgen.adapters.kernels import registry
+
+    for op in SMALL_OPS:
+        _SHIPPED.setdefault(op, registry.BACKENDS["triton"][op])
+        registry.BACKENDS["triton"][op] = registry.BACKENDS["torch"][op] if on else _SHIPPED[op]
+    registry._resolve.cache_clear()
+
+
+def _profile(step, steps: int, top: int) -> list[dict]:
+    """``steps`` decode steps under ``torch.profiler``: the ``top`` kernels by device time, in ms
+    per step, with their share of all kernel time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for s in range(steps):
+            step(s)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    total = sum(e.self_device_time_total for e in events) or 1
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    rows = [
+        {
+            "kernel": e.key[:100],
+            "calls_per_step": e.count / steps,
+            "ms_per_step": e.self_device_time_total / 1e3 / steps,
+            "share": e.self_device_time_total / total,
+        }
+        for e in events[:top]
+    ]
+    rows.append({"kernel": "ALL", "ms_per_step": total / 1e3 / steps, "share": 1.0})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -93,11 +135,19 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (graph capture)")
     ap.add_argument("--modes", default="eager,static,graph")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--profile", type=int, default=0, metavar="N",
+        help="after timing, profile --steps static decode steps (eager, the graph's kernels) and "
+        "print the N costliest kernels, ms per step",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     if args.small:
         args.batch, args.prompt, args.steps, args.warmup = 3, 16, 4, 1
     cuda = torch.device(args.device).type == "cuda"
-    modes = [m for m in args.modes.split(",") if m != "graph" or cuda]
+    modes = [m for m in args.modes.split(",") if not m.startswith("graph") or cuda]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"--modes: unknown {', '.join(unknown)}; known: {', '.join(MODES)}")
 
     from contractgen.adapters.sglang.decode_graph import DecodeRunner
     from contractgen.adapters.sglang.model import KVCache
@@ -123,13 +173,14 @@ def main(argv=None) -> int:
     }
     ref = None
     for mode in modes:
+        _reference_small_ops(mode.endswith("-ref"))
         caches = [KVCache(capacity_hint=P + total) for _ in range(B)]
         if mode == "eager":
             pool, step = model.new_kv_pool(), None
         else:
             runner = DecodeRunner(
                 model, rows=B * (P + total), max_keys=P + total, max_batch=B,
-                graphs=mode == "graph",
+                graphs=mode.startswith("graph"),
             )  # fmt: skip
             pool = runner.pool
         for c in caches:
@@ -161,6 +212,12 @@ def main(argv=None) -> int:
             "same_bits": bool(torch.equal(logits.view(torch.int32), ref.view(torch.int32))),
         }
         print(json.dumps({mode: results["modes"][mode]}), flush=True)
+        if args.profile and cuda and mode.startswith("static"):
+            results[f"profile_{mode}"] = _profile(
+                lambda s, step=step: step(args.warmup + s), args.steps, args.profile
+            )
+            for row in results[f"profile_{mode}"]:
+                print(json.dumps(row), flush=True)
     bound, w_bytes, kv_bytes = _bound_ms(model, B, P + args.warmup + args.steps / 2)
     results.update(bound_ms=bound, weight_bytes=w_bytes, kv_bytes=kv_bytes)
     print(f"\n{arch.name}, {B} requests, prompt {P}, {args.steps} steps, {results['device']}")

@@ -5,9 +5,18 @@ from __future__ import annotations
 import torch
 
 from . import planted
+from .registry import kernel
 
 
 def silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
+    """``silu(gate) * up`` by the backend the registry names for ``gate``'s device
+    (``reference_silu_glu`` is the contract; a planted sign flip runs the reference)."""
+    if planted.active("silu_glu_sign_flip"):
+        return reference_silu_glu(gate, up, kp)
+    return kernel("silu_glu", gate.device)(gate, up, kp)
+
+
+def reference_silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
     """``silu(gate) * up``: silu in float32 as ``g / (1 + exp(-g))``, rounded to ``gate``'s dtype,
     then multiplied by ``up`` in that dtype (HF's ``act_fn(gate) * up`` cast order).
 

@@ -39,13 +39,17 @@ BACKENDS: dict[str, dict[str, str]] = {
         "chunked_attention_lse": "contractgen.adapters.kernels.attention:reference_attention_lse",
         "attention_backward": "contractgen.adapters.kernels.attention:reference_attention_backward",
         "rms_norm": "contractgen.adapters.kernels.norm:reference_rms_norm",
+        "apply_rope": "contractgen.adapters.kernels.rope:reference_apply_rope",
+        "silu_glu": "contractgen.adapters.kernels.mlp:reference_silu_glu",
     },
     "triton": {
         "invariant_matmul": "contractgen.adapters.kernels.triton.matmul:triton_matmul",
         "chunked_attention": "contractgen.adapters.kernels.triton.attention:triton_attention",
         "chunked_attention_lse": "contractgen.adapters.kernels.triton.attention:triton_attention_lse",
         "attention_backward": "contractgen.adapters.kernels.triton.attention_bwd:triton_attention_backward",
-        "rms_norm": "contractgen.adapters.kernels.norm:reference_rms_norm",  # no Triton kernel yet
+        "rms_norm": "contractgen.adapters.kernels.triton.norm:triton_rms_norm",
+        "apply_rope": "contractgen.adapters.kernels.triton.rope:triton_apply_rope",
+        "silu_glu": "contractgen.adapters.kernels.triton.mlp:triton_silu_glu",
     },
 }
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ._dtypes import dtype_of
+from .registry import kernel
 
 
 def _inv_freq_default(head_dim: int, theta: float) -> torch.Tensor:
@@ -120,7 +121,16 @@ def rope_cos_sin(
 
 
 def apply_rope(x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` in ``kp.rope_dtype``, rounded back to ``x``'s dtype."""
+    """``x * cos + rotate_half(x) * sin`` in ``kp.rope_dtype``, rounded back to ``x``'s dtype, by
+    the backend the registry names for ``x``'s device (``reference_apply_rope`` is the contract)."""
+    return kernel("apply_rope", x_LHD.device)(x_LHD, cos_LD, sin_LD, kp)
+
+
+def reference_apply_rope(
+    x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp
+) -> torch.Tensor:
+    """The PyTorch backend of ``apply_rope``: ``x * cos + rotate_half(x) * sin`` in
+    ``kp.rope_dtype`` (each product and the sum rounded there), rounded back to ``x``'s dtype."""
     rd = dtype_of(kp.rope_dtype)
     x_r = x_LHD.to(rd)
     half = x_r.shape[-1] // 2

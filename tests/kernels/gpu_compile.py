@@ -29,14 +29,17 @@ from contractgen.adapters.kernels.triton import (
     attention,
     attention_bwd,
     matmul,
+    mlp,
+    norm,
+    rope,
     tree_sum,
 )
 
 TARGET = GPUTarget("cuda", 90, 32)
 # pointer arguments by name (every kernel names them ``*_ptr``); the rest are bf16 tensors
 POINTERS = {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "pos_ptr": "*i32", "blk_ptr": "*i32",
-            "count_ptr": "*i32"}  # fmt: skip
-FLOATS = {"scale", "scale2"}
+            "count_ptr": "*i32", "r_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}  # fmt: skip
+FLOATS = {"scale", "scale2", "inv_n", "eps"}
 
 
 def signature(fn, constexprs: dict, descriptors: dict | None = None) -> dict:
@@ -165,6 +168,21 @@ def cases():
         "_attn_bwd_delta", attention_bwd._attn_bwd_delta,
         dict(H=32, D=128, BLOCK=attention_bwd.DELTA_ROWS), {},
     )  # fmt: skip
+    # the decode step's small ops (one kernel each instead of the reference's many launches)
+    for recip in (True, False):
+        for cbw in (True, False):
+            yield (
+                f"_rms_norm_fwd n=1024 reciprocal={recip} cast_before_weight={cbw}",
+                norm._rms_norm_fwd,
+                dict(RECIPROCAL=recip, CAST_BEFORE_WEIGHT=cbw, BLOCK_R=1, CH=32, LOG2CH=5, C=32,
+                     LOG2C=5),
+                dict(num_warps=1),
+            )  # fmt: skip
+    yield (
+        "_rope_fwd d=128", rope._rope_fwd, dict(HALF=64, BLOCK_H=16, BLOCK_HALF=64),
+        dict(num_warps=2),
+    )  # fmt: skip
+    yield "_silu_glu_fwd", mlp._silu_glu_fwd, dict(BLOCK=mlp.BLOCK), dict(num_warps=4)
     for n in tree_sum.SIZES:
         yield (
             f"_tree_sum_kernel n={n}", tree_sum._tree_sum_kernel,

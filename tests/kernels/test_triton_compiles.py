@@ -28,7 +28,7 @@ def test_every_triton_kernel_compiles_for_sm90():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     compiled = [ln.split(":")[0][5:] for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
     for kernel in ("_mm_persistent", "_mm_runs", "_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq",
-                   "_tree_sum_kernel"):  # fmt: skip
+                   "_tree_sum_kernel", "_rms_norm_fwd", "_rope_fwd", "_silu_glu_fwd"):  # fmt: skip
         assert any(c.startswith(kernel) for c in compiled), (kernel, proc.stdout)
     for line in proc.stdout.splitlines():  # e.g. a 128 x 128 tile past LARGE_MAX_RUNS runs
         # v3's fused persistent launch at 128 x 128 spills some of the counter's float32
@@ -72,3 +72,13 @@ def test_fused_runs_add_their_runs_with_an_opaque_add():
     an H200. The PTX of the per-run launch at runs of one tile names the add."""
     (adds,) = _counts(["add.rn.f32"], "_mm_runs fused 64x64 group=2 run=1")
     assert adds > 0
+
+
+@pytest.mark.parametrize("kernel", ["_rms_norm_fwd n=1024 reciprocal=True", "_rope_fwd"])
+def test_small_ops_round_every_product(kernel):
+    """The one-kernel RMSNorm and RoPE must round each product and sum as the reference's separate
+    PyTorch kernels do: ptxas contracts a plain ``mul.f32`` and a following add into one FMA,
+    which rounds once. Their multiplies and adds are ``mul.rn.f32`` / ``add.rn.f32``
+    (``_ieee_mul``, ``_ieee_add``), so the PTX holds no FMA (the interpreter cannot show this)."""
+    fmas, muls = _counts(["fma.rn.f32", "mul.rn.f32"], kernel)
+    assert fmas == 0 and muls > 0, (fmas, muls)

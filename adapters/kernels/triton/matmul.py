@@ -253,6 +253,17 @@ def _ieee_add(a, b):
 
 
 @triton.jit
+def _ieee_mul(a, b):
+    """``a * b`` in float32, round to nearest, as an opaque instruction: ptxas contracts a plain
+    ``mul.f32`` followed by an add into one FMA (one rounding, not torch's two)."""
+    if INTERPRET:
+        return a * b
+    return tl.inline_asm_elementwise(
+        "mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
 def _run(
     x_ptr, w_ptr, offs_m, offs_n, r, M, N, K, sxm, swn, RUN: tl.constexpr, ACC: tl.constexpr,
     BK: tl.constexpr, EVEN_K: tl.constexpr, FUSED: tl.constexpr,

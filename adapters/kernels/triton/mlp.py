@@ -1,0 +1,60 @@
+"""Triton SiLU-GLU: ``kernels.mlp.silu_glu`` in one kernel (the reference is seven launches).
+
+Same operations, same roundings: ``gate`` widened to float32, ``g / (1 + exp(-g))`` with the
+device library's ``expf`` (libdevice, not the fast ``ex2.approx`` that ``tl.exp`` lowers to) and
+an IEEE division, rounded to ``gate``'s dtype, then multiplied by ``up`` in that dtype (a float32
+product rounded once). Elementwise: any batch gives each element the same bits. Forward only:
+under autograd the reference runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from .matmul import INTERPRET, _ieee_add, _ieee_mul, _round
+
+BLOCK = 1024
+
+
+@triton.jit
+def _expf(x):
+    """The device library's ``expf`` (what torch's CUDA ``exp`` calls); numpy's under the
+    interpreter, which has no libdevice."""
+    if INTERPRET:
+        return tl.exp(x)
+    return libdevice.exp(x)
+
+
+@triton.jit
+def _silu_glu_fwd(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0)
+    y_ty = y_ptr.dtype.element_ty
+    act = _round(tl.math.div_rn(g, _ieee_add(_expf(-g), 1.0)), y_ty)
+    y = _round(_ieee_mul(act.to(tl.float32), u.to(y_ty).to(tl.float32)), y_ty)
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+def supports(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """bf16 / fp16 / fp32 operands of one shape."""
+    floats = (torch.bfloat16, torch.float16, torch.float32)
+    return gate.dtype in floats and up.dtype in floats and gate.shape == up.shape
+
+
+def triton_silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
+    """The Triton backend of ``silu_glu`` (same signature and bits); under autograd, and for what
+    it does not take, the reference."""
+    from ..mlp import reference_silu_glu
+
+    grad = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
+    if grad or not supports(gate, up) or gate.numel() == 0:
+        return reference_silu_glu(gate, up, kp)
+    g, u = gate.contiguous(), up.contiguous()
+    y = torch.empty_like(g)
+    _silu_glu_fwd[(triton.cdiv(g.numel(), BLOCK),)](g, u, y, g.numel(), BLOCK, num_warps=4)
+    return y

@@ -1,0 +1,115 @@
+"""The decode step's small ops in one Triton kernel each (RMSNorm, RoPE, SiLU-GLU): the same bits
+as the PyTorch reference (their contract) and each row's bits independent of the batch.
+
+On a CUDA device these run the compiled kernels (``gpu``) against the reference on the same
+device, bit for bit. Without one, Triton's interpreter runs them on CPU against the CPU reference:
+bit for bit too, except SiLU-GLU in float32, whose ``exp`` is numpy's there (the interpreter has no
+libdevice) and may differ from torch's CPU ``exp`` in the last bit; in bf16 the rounding hides it.
+Each test has a twin that shows it can fail: the stock op it replaces gives other bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined
+pytest.importorskip("triton")
+
+from contractgen.adapters.kernels import registry  # noqa: E402
+from contractgen.adapters.kernels.mlp import reference_silu_glu  # noqa: E402
+from contractgen.adapters.kernels.norm import reference_rms_norm  # noqa: E402
+from contractgen.adapters.kernels.rope import reference_apply_rope, rope_cos_sin  # noqa: E402
+from contractgen.adapters.kernels.triton import mlp as tmlp  # noqa: E402
+from contractgen.adapters.kernels.triton import norm as tnorm  # noqa: E402
+from contractgen.adapters.kernels.triton import rope as trope  # noqa: E402
+
+pytestmark = [pytest.mark.gpu] if CUDA else []
+DEV = "cuda" if CUDA else "cpu"
+BF = torch.bfloat16
+
+
+def _randn(*shape, seed: int, scale: float = 3.0, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEV)
+
+
+def test_the_triton_backend_names_the_one_kernel_small_ops():
+    for op, fn in (("rms_norm", "triton_rms_norm"), ("apply_rope", "triton_apply_rope"),
+                   ("silu_glu", "triton_silu_glu")):  # fmt: skip
+        assert registry.BACKENDS["triton"][op].endswith(f":{fn}")
+        assert registry.BACKENDS["torch"][op].split(":")[1].startswith("reference_")
+
+
+@pytest.mark.parametrize("n", [1024, 128, 2560, 100])
+@pytest.mark.parametrize("dtype", [BF, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("cast_before_weight", [True, False], ids=["cast-first", "product"])
+def test_rms_norm_is_the_references_bits_and_row_invariant(kp, n, dtype, cast_before_weight):
+    kp = dataclasses.replace(kp, norm_cast_before_weight=cast_before_weight)
+    x = _randn(37, n, seed=n, dtype=dtype)
+    w = (_randn(n, seed=n + 1, scale=0.2) + 1).to(BF)
+    got = tnorm.triton_rms_norm(x, w, 1e-6, kp)
+    assert torch.equal(got, reference_rms_norm(x, w, 1e-6, kp))
+    for i in (0, 5, 36):  # a row alone (decode) is the row in the batch (prefill)
+        assert torch.equal(tnorm.triton_rms_norm(x[i : i + 1], w, 1e-6, kp)[0], got[i])
+    # twin: torch's own RMSNorm (another sum order) differs in float32 (bf16 can round it away)
+    stock = torch.nn.functional.rms_norm(x.float(), (n,), w.float(), 1e-6).to(dtype)
+    assert dtype == BF or not torch.equal(stock, got)
+
+
+def test_rms_norm_under_autograd_keeps_the_forward_bits(kp):
+    x = _randn(6, 1024, seed=3).requires_grad_()
+    w = (_randn(1024, seed=4, scale=0.2) + 1).requires_grad_()
+    y = tnorm.triton_rms_norm(x, w, 1e-6, kp)
+    with torch.no_grad():
+        assert torch.equal(y, tnorm.triton_rms_norm(x, w, 1e-6, kp))
+    y.sum().backward()
+    assert x.grad is not None and w.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("shape", [(32, 16, 128), (5, 8, 64), (3, 1, 6)])
+@pytest.mark.parametrize("dtype", [BF, torch.float32], ids=["bf16", "fp32"])
+def test_rope_is_the_references_bits_and_row_invariant(kp, shape, dtype):
+    t, _, d = shape
+    x = _randn(*shape, seed=t * d, dtype=dtype)
+    cos, sin = rope_cos_sin(torch.arange(t, device=DEV) * 1013, d, 1e6, None, kp)
+    got = trope.triton_apply_rope(x, cos, sin, kp)
+    assert got.dtype == dtype and torch.equal(got, reference_apply_rope(x, cos, sin, kp))
+    i = t - 1
+    alone = trope.triton_apply_rope(x[i : i + 1], cos[i : i + 1], sin[i : i + 1], kp)
+    assert torch.equal(alone[0], got[i])
+    # twin: one rounding for x*cos + rot*sin (an FMA) gives other bits somewhere
+    rot = torch.cat([-x.float()[..., d // 2 :], x.float()[..., : d // 2]], dim=-1)
+    fused = torch.addcmul(rot * sin[:, None, :], x.float(), cos[:, None, :]).to(dtype)
+    assert dtype == BF or not torch.equal(fused, got)
+
+
+@pytest.mark.parametrize("shape", [(32, 3072), (7, 100)])
+@pytest.mark.parametrize("dtype", [BF, torch.float32], ids=["bf16", "fp32"])
+def test_silu_glu_is_the_references_bits_and_row_invariant(kp, shape, dtype):
+    gate, up = _randn(*shape, seed=1, scale=6, dtype=dtype), _randn(*shape, seed=2, dtype=dtype)
+    got = tmlp.triton_silu_glu(gate, up, kp)
+    want = reference_silu_glu(gate, up, kp)
+    if CUDA or dtype == BF:
+        assert torch.equal(got, want)
+    else:  # numpy's float32 exp under the interpreter: a few ulps off torch's
+        assert torch.allclose(got, want, rtol=1e-6, atol=0)
+    assert torch.equal(tmlp.triton_silu_glu(gate[3:4], up[3:4], kp)[0], got[3])
+    # twin: torch's own SiLU (another formula) differs in float32 (bf16 can round it away)
+    stock = (torch.nn.functional.silu(gate.float()).to(dtype) * up).to(dtype)
+    assert dtype == BF or not torch.equal(stock, got)
+
+
+def test_small_ops_under_autograd_run_the_reference(kp):
+    """RoPE and SiLU-GLU have no Triton backward: with gradients on, the reference runs."""
+    x = _randn(4, 2, 8, seed=5).requires_grad_()
+    cos, sin = rope_cos_sin(torch.arange(4, device=DEV), 8, 1e4, None, kp)
+    y = trope.triton_apply_rope(x, cos, sin, kp)
+    assert y.grad_fn is not None
+    g = _randn(4, 8, seed=6).requires_grad_()
+    assert tmlp.triton_silu_glu(g, g.detach(), kp).grad_fn is not None
