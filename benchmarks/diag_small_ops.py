@@ -83,6 +83,34 @@ def _silu_rows(kp) -> list[dict]:
     return rows
 
 
+def _chunk_sum_rows() -> list[dict]:
+    """The one-pass log-softmax chunk sums against the reference: bits and time."""
+    import triton.testing
+
+    from contractgen.adapters.kernels.logsoftmax import reference_chunk_sums
+    from contractgen.adapters.kernels.triton import logsoftmax as tls
+
+    rows = []
+    for t, v, block in ((32, 151936, 128), (4096, 151936, 128), (37, 1000, 64)):
+        g = torch.Generator(device="cuda").manual_seed(t + v)
+        x = torch.randn(t, v, device="cuda", generator=g) * 5
+        m = x.amax(-1)
+        got, want = tls.triton_chunk_sums(x, m, block), reference_chunk_sums(x, m, block)
+        row = {
+            "op": "logsoftmax_chunk_sums", "shape": [t, v], "block": block,
+            "mismatched": int((got != want).sum().item()),
+            "triton_us": 1e3 * triton.testing.do_bench(
+                lambda x=x, m=m, b=block: tls.triton_chunk_sums(x, m, b), return_mode="median"
+            ),
+            "reference_us": 1e3 * triton.testing.do_bench(
+                lambda x=x, m=m, b=block: reference_chunk_sums(x, m, b), return_mode="median"
+            ),
+        }  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--contract", default="qwen3_dense_true_on_policy_v3")
@@ -128,6 +156,7 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
     rows += _rope_rows(kp0)
     rows += _silu_rows(kp0)
+    rows += _chunk_sum_rows()
     print(f"\n{'rows':>7} {'n':>5} {'dtype':>15} {'cbw':>5} {'recip':>5} {'mismatch':>9} "
           f"{'triton us':>10} {'ref us':>10}")  # fmt: skip
     for r in rows:

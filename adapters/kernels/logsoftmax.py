@@ -22,6 +22,7 @@ from ._dtypes import dtype_of
 from .all_reduce import all_gather_exact, world_size
 from .audit import contract_op
 from .reduce import fixed_sum
+from .registry import kernel
 
 
 def _compute_dtype(ld: torch.dtype) -> torch.dtype:
@@ -29,7 +30,16 @@ def _compute_dtype(ld: torch.dtype) -> torch.dtype:
 
 
 def _chunk_sums(x_TV: torch.Tensor, m_T: torch.Tensor, block: int) -> torch.Tensor:
-    """``sum(exp(x - m))`` per vocab chunk: ``[T, C]``."""
+    """``sum(exp(x - m))`` per vocab chunk: ``[T, C]``, by the backend the registry names for
+    ``x``'s device (``reference_chunk_sums`` is the contract)."""
+    if torch.is_grad_enabled() and x_TV.requires_grad:
+        return reference_chunk_sums(x_TV, m_T, block)
+    return kernel("logsoftmax_chunk_sums", x_TV.device)(x_TV, m_T, block)
+
+
+def reference_chunk_sums(x_TV: torch.Tensor, m_T: torch.Tensor, block: int) -> torch.Tensor:
+    """The PyTorch backend of ``_chunk_sums``: the row padded with ``-inf`` to whole chunks,
+    ``exp(x - m)``, each chunk summed by ``fixed_sum``."""
     T, V = x_TV.shape
     C = math.ceil(V / block)
     x_p = F.pad(x_TV, (0, C * block - V), value=-math.inf)

@@ -41,6 +41,7 @@ BACKENDS: dict[str, dict[str, str]] = {
         "rms_norm": "contractgen.adapters.kernels.norm:reference_rms_norm",
         "apply_rope": "contractgen.adapters.kernels.rope:reference_apply_rope",
         "silu_glu": "contractgen.adapters.kernels.mlp:reference_silu_glu",
+        "logsoftmax_chunk_sums": "contractgen.adapters.kernels.logsoftmax:reference_chunk_sums",
     },
     "triton": {
         "invariant_matmul": "contractgen.adapters.kernels.triton.matmul:triton_matmul",
@@ -50,6 +51,9 @@ BACKENDS: dict[str, dict[str, str]] = {
         "rms_norm": "contractgen.adapters.kernels.triton.norm:triton_rms_norm",
         "apply_rope": "contractgen.adapters.kernels.triton.rope:triton_apply_rope",
         "silu_glu": "contractgen.adapters.kernels.triton.mlp:triton_silu_glu",
+        "logsoftmax_chunk_sums": (
+            "contractgen.adapters.kernels.triton.logsoftmax:triton_chunk_sums"
+        ),
     },
 }
 

@@ -28,6 +28,7 @@ from triton.compiler import ASTSource
 from contractgen.adapters.kernels.triton import (
     attention,
     attention_bwd,
+    logsoftmax,
     matmul,
     mlp,
     norm,
@@ -38,7 +39,8 @@ from contractgen.adapters.kernels.triton import (
 TARGET = GPUTarget("cuda", 90, 32)
 # pointer arguments by name (every kernel names them ``*_ptr``); the rest are bf16 tensors
 POINTERS = {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "pos_ptr": "*i32", "blk_ptr": "*i32",
-            "count_ptr": "*i32", "r_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}  # fmt: skip
+            "count_ptr": "*i32", "r_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+            "m_ptr": "*fp32", "s_ptr": "*fp32", "logits_ptr": "*fp32"}  # fmt: skip
 FLOATS = {"scale", "scale2", "inv_n", "eps"}
 
 
@@ -183,6 +185,10 @@ def cases():
         dict(num_warps=2),
     )  # fmt: skip
     yield "_silu_glu_fwd", mlp._silu_glu_fwd, dict(BLOCK=mlp.BLOCK), dict(num_warps=4)
+    yield (
+        "_chunk_sums_fwd block=128", logsoftmax._chunk_sums_fwd,
+        dict(BLOCK=128, LOG2B=7, CPP=logsoftmax.CHUNKS_PER_PROGRAM), dict(num_warps=4),
+    )  # fmt: skip
     for n in tree_sum.SIZES:
         yield (
             f"_tree_sum_kernel n={n}", tree_sum._tree_sum_kernel,

@@ -28,7 +28,8 @@ def test_every_triton_kernel_compiles_for_sm90():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     compiled = [ln.split(":")[0][5:] for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
     for kernel in ("_mm_persistent", "_mm_runs", "_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq",
-                   "_tree_sum_kernel", "_rms_norm_fwd", "_rope_fwd", "_silu_glu_fwd"):  # fmt: skip
+                   "_tree_sum_kernel", "_rms_norm_fwd", "_rope_fwd", "_silu_glu_fwd",
+                   "_chunk_sums_fwd"):  # fmt: skip
         assert any(c.startswith(kernel) for c in compiled), (kernel, proc.stdout)
     for line in proc.stdout.splitlines():  # e.g. a 128 x 128 tile past LARGE_MAX_RUNS runs
         # v3's fused persistent launch at 128 x 128 spills some of the counter's float32

@@ -113,3 +113,41 @@ def test_small_ops_under_autograd_run_the_reference(kp):
     assert y.grad_fn is not None
     g = _randn(4, 8, seed=6).requires_grad_()
     assert tmlp.triton_silu_glu(g, g.detach(), kp).grad_fn is not None
+
+
+def _numpy_exp_chunk_sums(x_TV: torch.Tensor, m_T: torch.Tensor, block: int) -> torch.Tensor:
+    """``reference_chunk_sums`` with numpy's float32 ``exp`` (the interpreter's): isolates the
+    summation order from the ``exp`` implementation."""
+    import math
+
+    import numpy as np
+
+    from contractgen.adapters.kernels.reduce import fixed_sum
+
+    T, V = x_TV.shape
+    C = math.ceil(V / block)
+    x_p = torch.nn.functional.pad(x_TV, (0, C * block - V), value=-math.inf)
+    e = torch.from_numpy(np.exp((x_p - m_T[:, None]).numpy()))
+    return fixed_sum(e.view(T, C, block))
+
+
+@pytest.mark.parametrize(
+    ("shape", "block"), [((2, 40000), 128), ((4, 1000), 128), ((4, 1000), 64), ((2, 130), 64)]
+)
+def test_logsoftmax_chunk_sums_are_the_references_bits_and_row_invariant(shape, block):
+    from contractgen.adapters.kernels.logsoftmax import reference_chunk_sums
+    from contractgen.adapters.kernels.triton import logsoftmax as tls
+
+    x = _randn(*shape, seed=shape[1], scale=5)
+    m = x.amax(-1)
+    got = tls.triton_chunk_sums(x, m, block)
+    want = reference_chunk_sums(x, m, block) if CUDA else _numpy_exp_chunk_sums(x, m, block)
+    assert torch.equal(got, want)
+    assert torch.equal(tls.triton_chunk_sums(x[1:2], m[1:2], block)[0], got[1])
+    # twin: torch.sum of each chunk (its own association) differs (over enough chunks)
+    if shape[1] < 1000:
+        return
+    pad = got.shape[1] * block - shape[1]
+    x_p = torch.nn.functional.pad(x, (0, pad), value=-float("inf"))
+    stock = torch.exp(x_p - m[:, None]).view(shape[0], -1, block).sum(-1)
+    assert not torch.equal(stock, reference_chunk_sums(x, m, block))
