@@ -148,11 +148,19 @@ class _VocabParallelLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_T):
         x, m, s, local_idx, owned = ctx.saved_tensors
-        grad = -g_T[:, None] * (torch.exp(x - m[:, None]) / s[:, None])
-        if x.shape[1]:
-            onehot = torch.zeros_like(grad).scatter_(1, local_idx[:, None], 1.0)
-            grad = grad + g_T[:, None] * onehot * owned[:, None].to(grad.dtype)
+        grad = kernel("logprob_backward", x.device)(x, m, s, local_idx, owned, g_T)
         return grad, None, None, None, None, None, None
+
+
+def reference_logprob_backward(x_TV, m_T, s_T, local_idx_T, owned_T, g_T) -> torch.Tensor:
+    """The gradient of ``(x[tok] - m) - log(s)`` (tok owned by this shard) with respect to the
+    shard's logits ``x``: ``g * (onehot - exp(x - m) / s)``. Not part of the contract's bits (only
+    the forward is); checked against float64 autograd."""
+    grad = -g_T[:, None] * (torch.exp(x_TV - m_T[:, None]) / s_T[:, None])
+    if x_TV.shape[1]:
+        onehot = torch.zeros_like(grad).scatter_(1, local_idx_T[:, None], 1.0)
+        grad = grad + g_T[:, None] * onehot * owned_T[:, None].to(grad.dtype)
+    return grad
 
 
 @contract_op("vocab_parallel_token_logprobs")

@@ -42,6 +42,7 @@ BACKENDS: dict[str, dict[str, str]] = {
         "apply_rope": "contractgen.adapters.kernels.rope:reference_apply_rope",
         "silu_glu": "contractgen.adapters.kernels.mlp:reference_silu_glu",
         "logsoftmax_chunk_sums": "contractgen.adapters.kernels.logsoftmax:reference_chunk_sums",
+        "logprob_backward": "contractgen.adapters.kernels.logsoftmax:reference_logprob_backward",
     },
     "triton": {
         "invariant_matmul": "contractgen.adapters.kernels.triton.matmul:triton_matmul",
@@ -54,6 +55,7 @@ BACKENDS: dict[str, dict[str, str]] = {
         "logsoftmax_chunk_sums": (
             "contractgen.adapters.kernels.triton.logsoftmax:triton_chunk_sums"
         ),
+        "logprob_backward": "contractgen.adapters.kernels.triton.logsoftmax:triton_logprob_backward",
     },
 }
 

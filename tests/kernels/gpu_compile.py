@@ -40,7 +40,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 # pointer arguments by name (every kernel names them ``*_ptr``); the rest are bf16 tensors
 POINTERS = {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "pos_ptr": "*i32", "blk_ptr": "*i32",
             "count_ptr": "*i32", "r_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-            "m_ptr": "*fp32", "s_ptr": "*fp32", "logits_ptr": "*fp32"}  # fmt: skip
+            "m_ptr": "*fp32", "s_ptr": "*fp32", "logits_ptr": "*fp32",
+            "idx_ptr": "*i64", "owned_ptr": "*i8", "g_ptr": "*fp32", "grad_ptr": "*fp32"}  # fmt: skip
 FLOATS = {"scale", "scale2", "inv_n", "eps"}
 
 
@@ -188,6 +189,10 @@ def cases():
     yield (
         "_chunk_sums_fwd block=128", logsoftmax._chunk_sums_fwd,
         dict(BLOCK=128, LOG2B=7, CPP=logsoftmax.CHUNKS_PER_PROGRAM), dict(num_warps=4),
+    )  # fmt: skip
+    yield (
+        "_logprob_bwd", logsoftmax._logprob_bwd, dict(BLOCK=logsoftmax.BACKWARD_BLOCK),
+        dict(num_warps=4),
     )  # fmt: skip
     for n in tree_sum.SIZES:
         yield (

@@ -151,3 +151,24 @@ def test_logsoftmax_chunk_sums_are_the_references_bits_and_row_invariant(shape, 
     x_p = torch.nn.functional.pad(x, (0, pad), value=-float("inf"))
     stock = torch.exp(x_p - m[:, None]).view(shape[0], -1, block).sum(-1)
     assert not torch.equal(stock, reference_chunk_sums(x, m, block))
+
+
+def test_logprob_backward_matches_float64_autograd():
+    """The token logprob's gradient in one pass (not part of the contract's bits) against float64
+    autograd of ``log_softmax(x)[tok]``, for a shard that owns some rows' tokens and not others'."""
+    from contractgen.adapters.kernels.triton import logsoftmax as tls
+
+    T, V = 5, 3000
+    x = _randn(T, V, seed=9, scale=4)
+    m = x.amax(-1)
+    s = torch.exp(x - m[:, None]).sum(-1)
+    idx = torch.tensor([0, 17, 2999, 5, 1000], device=DEV)
+    owned = torch.tensor([True, False, True, True, False], device=DEV)
+    g = _randn(T, seed=10, scale=1)
+    got = tls.triton_logprob_backward(x, m, s, idx, owned, g)
+    x64 = x.double().requires_grad_()
+    lp = torch.log_softmax(x64, -1).gather(1, idx[:, None])[:, 0]
+    (grad64,) = torch.autograd.grad(lp, x64, g.double() * owned)
+    # a shard that does not own the token still gets -g * softmax
+    grad64 = grad64 - (g.double() * ~owned)[:, None] * torch.softmax(x64, -1).detach()
+    torch.testing.assert_close(got.double(), grad64, rtol=1e-5, atol=1e-7)

@@ -8,6 +8,9 @@ kernel reads each logit once: ``exp(x - m)`` with the device library's ``expf`` 
 (``exp`` gives 0, as the padding does), then the same halving tree in each chunk (an axis of two
 summed per level: one add, whatever the compiler does with it). Each row's sums depend on that row
 only. The chunks' own tree (``_pairwise_over_chunks``) stays in PyTorch: it is ``[tokens, chunks]``.
+
+``triton_logprob_backward``: the token logprob's gradient, ``g * (onehot - exp(x - m) / s)``, in
+one pass (not part of the contract's bits; checked against float64).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from triton.language.extra import libdevice
 from .matmul import INTERPRET
 
 CHUNKS_PER_PROGRAM = 8
+BACKWARD_BLOCK = 2048
 
 
 @triton.jit
@@ -78,3 +82,39 @@ def triton_chunk_sums(x_TV: torch.Tensor, m_T: torch.Tensor, block: int) -> torc
         num_warps=4,
     )  # fmt: skip
     return s
+
+
+@triton.jit
+def _logprob_bwd(
+    logits_ptr, m_ptr, s_ptr, idx_ptr, owned_ptr, g_ptr, grad_ptr, V, stride_x,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = col < V
+    x = tl.load(logits_ptr + row * stride_x + col, mask=mask, other=0.0)
+    m, s, g = tl.load(m_ptr + row), tl.load(s_ptr + row), tl.load(g_ptr + row)
+    tok = tl.load(idx_ptr + row)
+    own = tl.load(owned_ptr + row) != 0
+    p = _expf(x - m) / s
+    grad = tl.where((col == tok) & own, g - g * p, -g * p)
+    tl.store(grad_ptr + row * V + col, grad, mask=mask)
+
+
+def triton_logprob_backward(x_TV, m_T, s_T, local_idx_T, owned_T, g_T) -> torch.Tensor:
+    """``reference_logprob_backward`` in one pass over the logits (the reference makes about
+    eight); gradients are checked against float64, not bitwise."""
+    from ..logsoftmax import reference_logprob_backward
+
+    if x_TV.dtype != torch.float32 or x_TV.dim() != 2 or x_TV.numel() == 0:
+        return reference_logprob_backward(x_TV, m_T, s_T, local_idx_T, owned_T, g_T)
+    x = x_TV if x_TV.stride(-1) == 1 else x_TV.contiguous()
+    T, V = x.shape
+    grad = torch.empty(T, V, dtype=torch.float32, device=x.device)
+    f32 = {"dtype": torch.float32}
+    _logprob_bwd[(T, triton.cdiv(V, BACKWARD_BLOCK))](
+        x, m_T.to(**f32).contiguous(), s_T.to(**f32).contiguous(),
+        local_idx_T.to(torch.int64).contiguous(), owned_T.to(torch.int8).contiguous(),
+        g_T.to(**f32).contiguous(), grad, V, x.stride(0), BACKWARD_BLOCK, num_warps=4,
+    )  # fmt: skip
+    return grad

@@ -29,11 +29,11 @@ def _expf(x):
 
 
 @triton.jit
-def _silu_glu_fwd(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def _silu_glu_fwd(gate_ptr, up_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0)
+    g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + offs, mask=mask, other=0.0)
     y_ty = y_ptr.dtype.element_ty
     act = _round(tl.math.div_rn(g, _ieee_add(_expf(-g), 1.0)), y_ty)
     y = _round(_ieee_mul(act.to(tl.float32), u.to(y_ty).to(tl.float32)), y_ty)
