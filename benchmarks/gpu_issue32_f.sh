@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Issue 32 on the lent H200 (2026-12-05), call F: where the time goes. The static decode step's
-# kernels (v1, v3; the graph replays these), the trainer's fwd+bwd kernels against hf_sdpa (v3,
-# 0.6B, 32 x 512), and one RL step (8 x 4 x 64, v3, no gradient check) under cProfile for its host
-# time; the one-kernel small ops (RMSNorm, RoPE, SiLU-GLU): gpu tests, bits and cost
-# (diag_small_ops.py). Expects the cp312 wheels in .whl/.
+# Issue 32 on the lent H200 (2026-12-05), call F: the one-kernel small ops (RMSNorm, RoPE,
+# SiLU-GLU, log-softmax chunk sums): gpu tests, bits against the references and cost
+# (diag_small_ops.py); the static decode step's kernels with and without them (v3; the graph
+# replays these); the tiny v3 gate with the transformers check; the trainer's fwd+bwd kernels
+# against hf_sdpa (v3, 0.6B, 32 x 512); one RL step (8 x 4 x 64, v3, no gradient check) under
+# cProfile for its host time. Expects the cp312 wheels in .whl/.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 source "$(dirname "$0")/gpu_steps.sh"
@@ -12,11 +13,13 @@ STEP_TAIL=45
 step 100 pytest_gpu python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_small_ops.py \
   tests/sglang/test_decode_graph.py
 step 80 small_ops python3 benchmarks/diag_small_ops.py --json "$OUT/small_ops.json"
-for c in v1 v3; do
+for c in v3; do
   step 90 "decode_profile_$c" python3 benchmarks/bench_rollout.py --device cuda --batch 32 \
     --prompt 128 --steps 16 --modes static-ref,static,graph-ref,graph --profile 30 \
     --contract "qwen3_dense_true_on_policy_$c" --json "$OUT/decode_profile_$c.json"
 done
+step 70 gate_tiny_v3 contractgen parity --device cuda --layouts tp1 --rollout-tps 1 \
+  --contract qwen3_dense_true_on_policy_v3 --json "$OUT/gate_tiny_v3.json"
 step 120 trainer_profile_v3 python3 benchmarks/bench_trainer.py --device cuda --batch 32 --seq 512 \
   --models sglang,hf_sdpa --contract qwen3_dense_true_on_policy_v3 --profile 30 \
   --json "$OUT/trainer_profile_v3.json"
