@@ -105,14 +105,33 @@ def test_silu_glu_is_the_references_bits_and_row_invariant(kp, shape, dtype):
     assert dtype == BF or not torch.equal(stock, got)
 
 
-def test_small_ops_under_autograd_run_the_reference(kp):
-    """RoPE and SiLU-GLU have no Triton backward: with gradients on, the reference runs."""
-    x = _randn(4, 2, 8, seed=5).requires_grad_()
-    cos, sin = rope_cos_sin(torch.arange(4, device=DEV), 8, 1e4, None, kp)
+def test_rope_and_silu_glu_under_autograd_keep_the_forward_bits_and_match_float64(kp):
+    """Under autograd the one-kernel forwards run too (the trainer's training forward then has
+    the rollout's bits), with analytic backwards checked against float64 autograd."""
+    x = _randn(4, 3, 8, seed=5).requires_grad_()
+    cos, sin = rope_cos_sin(torch.arange(4, device=DEV) * 77, 8, 1e4, None, kp)
     y = trope.triton_apply_rope(x, cos, sin, kp)
-    assert y.grad_fn is not None
-    g = _randn(4, 8, seed=6).requires_grad_()
-    assert tmlp.triton_silu_glu(g, g.detach(), kp).grad_fn is not None
+    with torch.no_grad():
+        assert torch.equal(y, trope.triton_apply_rope(x, cos, sin, kp))
+    dy = _randn(4, 3, 8, seed=6)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    x64 = x.detach().double().requires_grad_()
+    y64 = reference_apply_rope(
+        x64, cos.double(), sin.double(), dataclasses.replace(kp, rope_dtype="float64")
+    )
+    (want,) = torch.autograd.grad(y64, x64, dy.double())
+    torch.testing.assert_close(dx.double(), want, rtol=1e-6, atol=1e-6)
+
+    gate, up = _randn(5, 40, seed=7).requires_grad_(), _randn(5, 40, seed=8).requires_grad_()
+    out = tmlp.triton_silu_glu(gate, up, kp)
+    with torch.no_grad():
+        assert torch.equal(out, tmlp.triton_silu_glu(gate, up, kp))
+    d = _randn(5, 40, seed=9)
+    got = torch.autograd.grad(out, (gate, up), d)
+    g64, u64 = gate.detach().double().requires_grad_(), up.detach().double().requires_grad_()
+    want = torch.autograd.grad(torch.nn.functional.silu(g64) * u64, (g64, u64), d.double())
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
 
 
 def _numpy_exp_chunk_sums(x_TV: torch.Tensor, m_T: torch.Tensor, block: int) -> torch.Tensor:

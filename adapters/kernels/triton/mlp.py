@@ -3,8 +3,9 @@
 Same operations, same roundings: ``gate`` widened to float32, ``g / (1 + exp(-g))`` with the
 device library's ``expf`` (libdevice, not the fast ``ex2.approx`` that ``tl.exp`` lowers to) and
 an IEEE division, rounded to ``gate``'s dtype, then multiplied by ``up`` in that dtype (a float32
-product rounded once). Elementwise: any batch gives each element the same bits. Forward only:
-under autograd the reference runs.
+product rounded once). Elementwise: any batch gives each element the same bits. Under autograd the same forward runs,
+with the analytic backward (``silu_glu_backward``, float32; checked against float64, not bitwise),
+so the trainer's training forward has the bits of the rollout's.
 """
 
 from __future__ import annotations
@@ -46,15 +47,41 @@ def supports(gate: torch.Tensor, up: torch.Tensor) -> bool:
     return gate.dtype in floats and up.dtype in floats and gate.shape == up.shape
 
 
-def triton_silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
-    """The Triton backend of ``silu_glu`` (same signature and bits); under autograd, and for what
-    it does not take, the reference."""
-    from ..mlp import reference_silu_glu
-
-    grad = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
-    if grad or not supports(gate, up) or gate.numel() == 0:
-        return reference_silu_glu(gate, up, kp)
+def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     g, u = gate.contiguous(), up.contiguous()
     y = torch.empty_like(g)
     _silu_glu_fwd[(triton.cdiv(g.numel(), BLOCK),)](g, u, y, g.numel(), BLOCK, num_warps=4)
     return y
+
+
+def silu_glu_backward(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor):
+    """``(d gate, d up)`` of ``y = silu(gate) * up`` (float32 math, inputs' dtypes out)."""
+    g, u, d = gate.float(), up.float(), dy.float()
+    sig = torch.sigmoid(g)
+    act = (g * sig).to(gate.dtype).float()
+    d_gate = d * u * sig * (1 + g * (1 - sig))
+    return d_gate.to(gate.dtype), (d * act).to(up.dtype)
+
+
+class _SiluGlu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return _forward(gate, up)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        return silu_glu_backward(gate, up, dy)
+
+
+def triton_silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
+    """The Triton backend of ``silu_glu`` (same signature and bits); what it does not take runs
+    the reference. Under autograd, ``silu_glu_backward``'s gradient."""
+    from ..mlp import reference_silu_glu
+
+    if not supports(gate, up) or gate.numel() == 0:
+        return reference_silu_glu(gate, up, kp)
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        return _SiluGlu.apply(gate, up)
+    return _forward(gate, up)

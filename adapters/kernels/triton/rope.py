@@ -4,7 +4,10 @@ Same operations, same roundings: ``x`` widened to float32, ``x * cos`` and ``rot
 sin`` each rounded (``mul.rn.f32``: no FMA contraction), their sum rounded (``add.rn.f32``), then
 rounded once to ``x``'s dtype. ``rotate_half`` negates (exact). Each (token, head) row depends on
 its own values and its position's ``cos``/``sin`` row only, so any batch gives it the same bits.
-Forward only: under autograd, and for a rope dtype other than float32, the reference runs.
+Under autograd the same forward runs, with the analytic backward (RoPE is a rotation:
+``dx = dy * cos + rotate_half^T(dy * sin)``, in float32; checked against float64, not bitwise),
+so the trainer's training forward has the bits of its scoring forward and of the rollout. For a
+rope dtype other than float32 the reference runs.
 """
 
 from __future__ import annotations
@@ -54,14 +57,7 @@ def supports(x_LHD: torch.Tensor, cos_LD: torch.Tensor, kp) -> bool:
     )
 
 
-def triton_apply_rope(x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp):
-    """The Triton backend of ``apply_rope`` (same signature and bits); what it does not take, and
-    any call under autograd, runs the reference."""
-    from ..rope import reference_apply_rope
-
-    grad = torch.is_grad_enabled() and x_LHD.requires_grad
-    if grad or not supports(x_LHD, cos_LD, kp):
-        return reference_apply_rope(x_LHD, cos_LD, sin_LD, kp)
+def _forward(x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor) -> torch.Tensor:
     x = x_LHD.contiguous()
     cos = cos_LD.to(torch.float32).contiguous()
     sin = sin_LD.to(torch.float32).contiguous()
@@ -72,3 +68,38 @@ def triton_apply_rope(x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.T
         x, cos, sin, y, H, D // 2, block_h, triton.next_power_of_2(D // 2), num_warps=2
     )
     return y
+
+
+def rope_backward(dy_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor):
+    """``dx`` of ``y = x * cos + rotate_half(x) * sin`` (float32 math, ``dy``'s dtype out)."""
+    half = dy_LHD.shape[-1] // 2
+    dy = dy_LHD.float()
+    c, s = cos_LD.float()[:, None, :], sin_LD.float()[:, None, :]
+    ds = dy * s
+    # rotate_half^T: (a, b) -> (b, -a)
+    dx = dy * c + torch.cat([ds[..., half:], -ds[..., :half]], dim=-1)
+    return dx.to(dy_LHD.dtype)
+
+
+class _Rope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_LHD, cos_LD, sin_LD):
+        ctx.save_for_backward(cos_LD, sin_LD)
+        return _forward(x_LHD, cos_LD, sin_LD)
+
+    @staticmethod
+    def backward(ctx, dy_LHD):
+        cos_LD, sin_LD = ctx.saved_tensors
+        return rope_backward(dy_LHD, cos_LD, sin_LD), None, None
+
+
+def triton_apply_rope(x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp):
+    """The Triton backend of ``apply_rope`` (same signature and bits); what it does not take runs
+    the reference. Under autograd, ``rope_backward``'s gradient."""
+    from ..rope import reference_apply_rope
+
+    if not supports(x_LHD, cos_LD, kp):
+        return reference_apply_rope(x_LHD, cos_LD, sin_LD, kp)
+    if torch.is_grad_enabled() and x_LHD.requires_grad:
+        return _Rope.apply(x_LHD, cos_LD.detach(), sin_LD.detach())
+    return _forward(x_LHD, cos_LD, sin_LD)
