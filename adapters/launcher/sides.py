@@ -10,18 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# (side, target, repo) in the order a refusal names them
-SIDES: tuple[tuple[str, str, str], ...] = (
-    ("rollout", "sglang", "sglang"),
-    ("trainer", "megatron", "Megatron-LM"),
-    ("launcher", "launcher", "miles"),
-)
+from contractgen.codegen.targets import ROLES, by_role
 
 
-def not_implemented(contract_id: str, implemented: Mapping[str, tuple[str, ...]]) -> list[str]:
+def sides(names: Mapping[str, str] | None = None) -> tuple[tuple[str, str, str], ...]:
+    """(side, target, repo) in the order a refusal names them: each role's target from the
+    registry (``names``: role -> target name; default the role's default target)."""
+    names = names or {}
+    return tuple((role, t.name, t.repo) for role in ROLES if (t := by_role(role, names.get(role))))
+
+
+def not_implemented(
+    contract_id: str,
+    implemented: Mapping[str, tuple[str, ...]],
+    names: Mapping[str, str] | None = None,
+) -> list[str]:
     """One line per side whose target does not implement ``contract_id`` (empty: all do)."""
     lines = []
-    for side, target, repo in SIDES:
+    for side, target, repo in sides(names):
         ids = implemented.get(target, ())
         if contract_id not in ids:
             shown = ", ".join(ids) or "no contract"
@@ -32,9 +38,13 @@ def not_implemented(contract_id: str, implemented: Mapping[str, tuple[str, ...]]
     return lines
 
 
-def refusal(contract_id: str, implemented: Mapping[str, tuple[str, ...]]) -> str | None:
+def refusal(
+    contract_id: str,
+    implemented: Mapping[str, tuple[str, ...]],
+    names: Mapping[str, str] | None = None,
+) -> str | None:
     """The message refusing a launch of ``contract_id`` (None when every side implements it)."""
-    lines = not_implemented(contract_id, implemented)
+    lines = not_implemented(contract_id, implemented, names)
     if not lines:
         return None
     return "\n".join(

@@ -8,7 +8,7 @@ import shlex
 import click
 
 from ..adapters.launcher import FORMATS, Layout, LayoutError, PlanError, build_plan
-from ..adapters.launcher.sides import SIDES, refusal
+from ..adapters.launcher.sides import refusal, sides
 from ._common import EXIT_USAGE, fail, handle_errors, use_project_from
 
 _SIZE = click.IntRange(min=1)
@@ -86,7 +86,7 @@ def command(
     project = use_project_from(ctx)
     if contract_id in {lc.id for lc in project.contracts}:  # an unknown id is refused below
         refused = refusal(
-            contract_id, {target: project.implemented(target) for _, target, _ in SIDES}
+            contract_id, {target: project.implemented(target) for _, target, _ in sides()}
         )
         if refused:
             fail(f"error: {refused}", EXIT_USAGE)
