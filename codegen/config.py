@@ -292,7 +292,10 @@ def _load_plugin(root: Path, name: str, value: object, error) -> Target:
         raise error(key, f"{path} does not exist (a Python file defining TARGET)", table)
     if name in BUILTIN:
         raise error(key, f"{name!r} is a built-in target; give the plugin another name", table)
-    target = _plugin_target(str(path), path.stat().st_mtime_ns)
+    try:
+        target = _plugin_target(str(path), path.stat().st_mtime_ns)
+    except Exception as exc:  # the plugin's own error, shown where it is named
+        raise error(key, f"{path} failed to load: {type(exc).__name__}: {exc}", table) from None
     if not isinstance(target, Target) or target.name != name:
         got = getattr(target, "name", None) if isinstance(target, Target) else type(target)
         raise error(
