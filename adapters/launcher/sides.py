@@ -8,26 +8,19 @@ was never built for, and the run would not be on-policy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from contractgen.codegen.targets import ROLES, by_role
-
-
-def sides(names: Mapping[str, str] | None = None) -> tuple[tuple[str, str, str], ...]:
-    """(side, target, repo) in the order a refusal names them: each role's target from the
-    registry (``names``: role -> target name; default the role's default target)."""
-    names = names or {}
-    return tuple((role, t.name, t.repo) for role in ROLES if (t := by_role(role, names.get(role))))
+# (side, target, repo) in the order a refusal names them: the caller looks them up in the
+# target registry (``contractgen plan``: each role's default target)
+Sides = Sequence[tuple[str, str, str]]
 
 
 def not_implemented(
-    contract_id: str,
-    implemented: Mapping[str, tuple[str, ...]],
-    names: Mapping[str, str] | None = None,
+    contract_id: str, implemented: Mapping[str, tuple[str, ...]], sides: Sides
 ) -> list[str]:
     """One line per side whose target does not implement ``contract_id`` (empty: all do)."""
     lines = []
-    for side, target, repo in sides(names):
+    for side, target, repo in sides:
         ids = implemented.get(target, ())
         if contract_id not in ids:
             shown = ", ".join(ids) or "no contract"
@@ -39,12 +32,10 @@ def not_implemented(
 
 
 def refusal(
-    contract_id: str,
-    implemented: Mapping[str, tuple[str, ...]],
-    names: Mapping[str, str] | None = None,
+    contract_id: str, implemented: Mapping[str, tuple[str, ...]], sides: Sides
 ) -> str | None:
     """The message refusing a launch of ``contract_id`` (None when every side implements it)."""
-    lines = not_implemented(contract_id, implemented, names)
+    lines = not_implemented(contract_id, implemented, sides)
     if not lines:
         return None
     return "\n".join(
