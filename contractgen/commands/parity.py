@@ -240,11 +240,9 @@ def command(
     chosen_trainers = chosen_trainers or trainer_targets(contract_id)
     if not chosen_trainers:
         fail(f"error: {contract_id}: no trainer target's generated policy has this contract")
-    several = [f for f, on in (("--inject-faults", inject_faults), ("--train-steps", train_steps))
-               if on]  # fmt: skip
-    if len(chosen_trainers) > 1 and several:
+    if len(chosen_trainers) > 1 and train_steps:
         fail(
-            f"error: {several[0]} runs one trainer target at a time (got --trainers "
+            f"error: --train-steps runs one trainer target at a time (got --trainers "
             f"{','.join(chosen_trainers)}); give --trainers NAME"
         )
     _check_blocks(contract_id, schema.model_profile_for(contract_id), chosen_trainers)

@@ -64,9 +64,10 @@ class Fault:
 
     @property
     def name(self) -> str:
-        """``sglang.F`` / ``megatron.F`` for runtime fields, ``kernel.F@rollout|trainer``."""
+        """``sglang.F`` / ``megatron.F`` for runtime fields, ``kernel.F@rollout|trainer`` (a
+        kernel fault given a target, as a second trainer's: ``kernel.F@<target>``)."""
         if self.kind == "kernel":
-            return f"kernel.{self.field}@{self.side}"
+            return f"kernel.{self.field}@{self.target or self.side}"
         return f"{self.target_name}.{self.field}"
 
     @property
@@ -128,10 +129,12 @@ def catalogue(
     megatron_policy: Any,
     rollout_target: str = "",
     trainer_target: str = "",
+    name_kernel_target: bool = False,
 ) -> list[Fault]:
     """Every fault: each side's runtime fields on that side, every kernel choice on both sides
     (both engines implement the same numerics, so each must read every kernel field). The
-    targets default to each role's default target."""
+    targets default to each role's default target; ``name_kernel_target``: the trainer's kernel
+    faults are named by its target (a second trainer's must not share the first's names)."""
     faults = [
         Fault("rollout", "runtime", f.name, rollout_target)
         for f in dataclasses.fields(sglang_policy)
@@ -143,7 +146,12 @@ def catalogue(
         if f.name not in SKIPPED_FIELDS
     ]
     faults += [
-        Fault(side, "kernel", f.name)
+        Fault(
+            side,
+            "kernel",
+            f.name,
+            trainer_target if name_kernel_target and side == "trainer" else "",
+        )
         for f in dataclasses.fields(kernel_policy)
         if getattr(kernel_policy, f.name) is not None  # unset: a dense contract's MoE fields
         for side in ("rollout", "trainer")

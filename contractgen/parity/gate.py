@@ -6,7 +6,7 @@ import time
 
 from . import kernel_audit
 from .correctness import GRAD_TOLERANCE
-from .harness import GateConfig, GateRun, run_faults, run_layouts, run_rollouts
+from .harness import GateConfig, GateRun, merged_faults, run_faults, run_layouts, run_rollouts
 from .layouts import LayoutError, layout_problems
 from .targets import rollout_target
 
@@ -100,6 +100,10 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
     run.use_trainer(config.trainer_targets[0])
     sampling, three_way = sampling_report(run)
     faults = run_faults(run, ref) if config.inject_faults else NO_FAULTS
+    for trainer in config.trainer_targets[1:] if config.inject_faults else ():
+        run.use_trainer(trainer)  # the rollout's faults ran once, with the first trainer
+        faults = merged_faults(faults, run_faults(run, ref, trainer_only=True))
+    run.use_trainer(config.trainer_targets[0])
     base = run.rollouts[1]
     total = base.generate_seconds + base.rescore_seconds
     grads = None

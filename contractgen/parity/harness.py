@@ -533,10 +533,11 @@ def _try_shared(run: GateRun, bug: SharedBug, ref, layout: Layout) -> tuple[str,
     return "undetected", ""
 
 
-def run_faults(run: GateRun, ref=None) -> dict:
+def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
     """Flip each field on one side; a fault is tried layout by layout, cheapest first, until
     one differs. Layout-major, so only one layout's trainer processes are alive at a time.
-    Then each shared-kernel bug is planted on both sides (``_try_shared``).
+    Then each shared-kernel bug is planted on both sides (``_try_shared``). ``trainer_only``
+    (a second trainer target's run): its trainer-side faults alone, the kernel ones named by it.
 
     A fault no layout detects fails the gate unless the contract explains it under
     ``unobservable``; a fault the contract calls unobservable that IS detected fails it too.
@@ -544,7 +545,9 @@ def run_faults(run: GateRun, ref=None) -> dict:
     # cheapest first; among layouts of one size, TP first (reduction-order faults need TP)
     layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, -lay.tp, lay.name))
     kp, sg, mg = _policies_at(run, layouts[0])
-    faults = catalogue(kp, sg, mg, rollout_target(), run.trainer_target)
+    faults = catalogue(kp, sg, mg, rollout_target(), run.trainer_target, trainer_only)
+    if trainer_only:
+        faults = [f for f in faults if f.side == "trainer"]
     left_out = []
     if all(lay.ep == 1 for lay in layouts):
         left_out = [f.name for f in faults if f.kind == "kernel" and f.field in EP_ONLY_FIELDS]
@@ -562,7 +565,7 @@ def run_faults(run: GateRun, ref=None) -> dict:
         if run.config.progress:
             left = sum(1 for o, _ in outcomes.values() if o == "undetected")
             _say(f"faults at {layout.name}: {len(pending)} tried, {left} not yet detected")
-    for bug in shared_bugs():
+    for bug in [] if trainer_only else shared_bugs():
         outcomes[bug.name] = _try_shared(run, bug, ref, layouts[0])
         faults.append(bug)
     run.close()
@@ -609,6 +612,22 @@ def run_faults(run: GateRun, ref=None) -> dict:
             for name in left_out
         },
     }
+
+
+def merged_faults(first: dict, other: dict) -> dict:
+    """One ``faults`` section of two ``run_faults`` results (two trainer targets' runs)."""
+    out = dict(first)
+    for key in ("injected", "detected", "undetected", "contradicted"):
+        out[key] = first[key] + other[key]
+    for key in ("explained", "errors", "details", "left_out"):
+        out[key] = {**first.get(key, {}), **other.get(key, {})}
+    a, b = first.get("retried"), other.get("retried")
+    if a and b:
+        out["retried"] = {**a, "faults": a["faults"] + b["faults"],
+                          "detected": a["detected"] + b["detected"]}  # fmt: skip
+    else:
+        out["retried"] = a or b
+    return out
 
 
 RETRY_WORKLOAD = "large"
