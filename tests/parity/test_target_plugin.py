@@ -152,16 +152,16 @@ def test_unknown_trainer_exits_2_listing_the_trainer_targets(tmp_path: Path) -> 
     assert lines == ["error: --trainers: unknown trainer target 'fsdp' (known: megatron)"]
 
 
-def test_several_trainers_refuse_inject_faults(tmp_path: Path) -> None:
+def test_several_trainers_refuse_train_steps(tmp_path: Path) -> None:
     project = _plugin_project(tmp_path)
     out = tmp_path / "report.json"
     gate = _cli(
-        "--root", project, "parity", "--trainers", "megatron,dummy", "--inject-faults",
+        "--root", project, "parity", "--trainers", "megatron,dummy", "--train-steps", "1",
         "--layouts", "tp1", "--json", out, cwd=tmp_path,
     )  # fmt: skip
     assert gate.returncode == 2
     assert gate.stderr.strip() == (
-        "error: --inject-faults runs one trainer target at a time (got --trainers "
+        "error: --train-steps runs one trainer target at a time (got --trainers "
         "megatron,dummy); give --trainers NAME"
     )
     assert not out.exists()
