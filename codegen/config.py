@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from .targets import TARGETS, get_target
+from .targets import BUILTIN, Target, UnknownTargetError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,24 +47,37 @@ class ProjectConfig:
     kernels: frozenset[str] = frozenset()
     # where each target's ``kernels`` is set, for errors about it
     kernels_where: dict[str, str] = field(default_factory=dict)
+    # Targets this project adds (``[targets.NAME] plugin = "file.py"``), after the built-ins.
+    plugins: dict[str, Target] = field(default_factory=dict)
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        """The target registry of this project: the built-in targets, then its plugins."""
+        return {**BUILTIN, **self.plugins}
+
+    def target(self, name: str) -> Target:
+        try:
+            return self.targets[name]
+        except KeyError:
+            raise UnknownTargetError(name, list(self.targets)) from None
 
     def package(self, target: str) -> str:
-        return self.packages[get_target(target).name]
+        return self.packages[self.target(target).name]
 
     def vendors_init(self, target: str) -> bool:
-        return get_target(target).name not in self.no_init
+        return self.target(target).name not in self.no_init
 
     def vendors_kernels(self, target: str) -> bool:
         """Whether ``target`` opted in to the vendored kernel module (``kernels = true``)."""
-        return get_target(target).name in self.kernels
+        return self.target(target).name in self.kernels
 
     def declares(self, target: str) -> bool:
         """Whether ``contractgen.toml`` names the contracts ``target`` implements."""
-        return get_target(target).name in self.declared
+        return self.target(target).name in self.declared
 
     def implemented(self, target: str, known: list[str] | tuple[str, ...]) -> tuple[str, ...]:
         """The ids ``target`` implements: its declared set, else every id in ``known``."""
-        name = get_target(target).name
+        name = self.target(target).name
         return self.declared[name] if name in self.declared else tuple(sorted(known))
 
     def check_declared(self, known: list[str] | tuple[str, ...]) -> None:
@@ -167,25 +180,38 @@ def load_config(root: Path) -> ProjectConfig:
         )
     if folders["generated"] == folders["contracts"]:
         raise error("generated", 'must not be the contracts folder (e.g. generated = "generated")')
-    packages = {name: t.default_package for name, t in TARGETS.items()}
-    no_init: set[str] = {name for name, t in TARGETS.items() if not t.default_init}
-    declared: dict[str, tuple[str, ...]] = {}
-    declared_where: dict[str, str] = {}
-    kernels: set[str] = set()
-    kernels_where: dict[str, str] = {}
     targets = data.get("targets") or {}
     if not isinstance(targets, dict):
         raise error(
             "targets",
             f'must be a table of targets (got {targets!r}); write [targets.sglang] package = "…"',
         )
+    plugins: dict[str, Target] = {}
+    for name, entry in targets.items():
+        if isinstance(entry, dict) and "plugin" in entry:
+            plugins[name] = _load_plugin(root, name, entry["plugin"], error)
+    known = {**BUILTIN, **plugins}
+    packages = {name: t.default_package for name, t in known.items()}
+    no_init: set[str] = {name for name, t in known.items() if not t.default_init}
+    declared: dict[str, tuple[str, ...]] = {}
+    declared_where: dict[str, str] = {}
+    kernels: set[str] = set()
+    kernels_where: dict[str, str] = {}
     for name, entry in targets.items():
         table = f"targets.{name}"
-        if name not in TARGETS:
-            raise error(table, f"unknown target (known: {', '.join(sorted(TARGETS))})", table)
-        if not isinstance(entry, dict) or set(entry) - {"package", "init", "contracts", "kernels"}:
+        if name not in known:
             raise error(
-                table, "only 'package', 'init', 'contracts' and 'kernels' may be set", table
+                table,
+                f"unknown target (known: {', '.join(sorted(known))}); a new target is a Python "
+                'file defining TARGET, named by plugin = "path/to/target.py"',
+                table,
+            )
+        keys = {"package", "init", "contracts", "kernels", "plugin"}
+        if not isinstance(entry, dict) or set(entry) - keys:
+            raise error(
+                table,
+                "only 'package', 'init', 'contracts', 'kernels' and 'plugin' may be set",
+                table,
             )
         if "kernels" in entry:
             if not isinstance(entry["kernels"], bool):
@@ -246,7 +272,54 @@ def load_config(root: Path) -> ProjectConfig:
         declared_where=declared_where,
         kernels=frozenset(kernels),
         kernels_where=kernels_where,
+        plugins=plugins,
     )
+
+
+def _load_plugin(root: Path, name: str, value: object, error) -> Target:
+    """The ``TARGET`` a ``plugin = "file.py"`` entry names (a path relative to the project root),
+    its template folder made absolute; every problem is one ``contractgen.toml`` line."""
+    import dataclasses
+
+    key, table = f"targets.{name}.plugin", f"targets.{name}"
+    problem = _relative_path_problem(value) if isinstance(value, str) else "must be a string"
+    if not problem and not str(value).endswith(".py"):
+        problem = "must name a .py file"
+    if problem:
+        raise error(key, f"{value!r} {problem} (e.g. plugin = 'targets/{name}/target.py')", table)
+    path = (root / str(value)).resolve()
+    if not path.is_file():
+        raise error(key, f"{path} does not exist (a Python file defining TARGET)", table)
+    if name in BUILTIN:
+        raise error(key, f"{name!r} is a built-in target; give the plugin another name", table)
+    try:
+        target = _plugin_target(str(path), path.stat().st_mtime_ns)
+    except Exception as exc:  # the plugin's own error, shown where it is named
+        raise error(key, f"{path} failed to load: {type(exc).__name__}: {exc}", table) from None
+    if not isinstance(target, Target) or target.name != name:
+        got = getattr(target, "name", None) if isinstance(target, Target) else type(target)
+        raise error(
+            key,
+            f"{path} must define TARGET = Target(name={name!r}, …) from "
+            f"contractgen.codegen.targets (got {got!r})",
+            table,
+        )
+    templates = path.parent / (target.templates or "templates")
+    if not templates.is_dir():
+        raise error(key, f"{path}: template folder {templates} does not exist", table)
+    return dataclasses.replace(target, templates=str(templates))
+
+
+_PLUGINS: dict[tuple[str, int], object] = {}
+
+
+def _plugin_target(path: str, mtime: int) -> object:
+    """``TARGET`` of the plugin file at ``path`` (executed once per version of the file)."""
+    import runpy
+
+    if (path, mtime) not in _PLUGINS:
+        _PLUGINS[path, mtime] = runpy.run_path(path).get("TARGET")
+    return _PLUGINS[path, mtime]
 
 
 def check_generated_dir(

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
 from .config import ProjectConfig, check_generated_dir
-from .targets import TARGETS
+from .targets import registry
 from .writer import UnsafePathError, safe_destination
 
 
@@ -226,14 +226,16 @@ def check_siblings(
     return found
 
 
-def resolve_target_name(name: str) -> str:
-    """Accept a target name (sglang, megatron, launcher) or its repo name (Megatron-LM, miles)."""
-    if name in TARGETS:
+def resolve_target_name(name: str, config: ProjectConfig | None = None) -> str:
+    """Accept a target name (sglang, megatron, launcher, a plugin's) or its repo name
+    (Megatron-LM, miles), from ``config``'s target registry (default: the active project's)."""
+    targets = registry(config)
+    if name in targets:
         return name
-    for target in TARGETS.values():
+    for target in targets.values():
         if target.repo.lower() == name.lower():
             return target.name
-    known = ", ".join(f"{t.name} (repo {t.repo})" for t in TARGETS.values())
+    known = ", ".join(f"{t.name} (repo {t.repo})" for t in targets.values())
     raise KeyError(f"unknown repo name {name!r}; use one of: {known}")
 
 

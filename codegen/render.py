@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import typing
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import jinja2
 
@@ -35,9 +35,8 @@ from .public_api import (
     PUBLIC_LOGPROB_CONTRACTS,
     PUBLIC_MODEL_FAMILIES,
 )
-from .targets import TARGETS, Target
+from .targets import TEMPLATES, Target
 
-TEMPLATES = Path(__file__).parent / "templates"
 FILES = ("__init__.py", "contracts.py", "schema.py", "runtime_policy.py")
 
 
@@ -54,9 +53,14 @@ class FieldDoc:
     optional: bool = False  # absent from contracts that do not use it: a None default
 
 
-def _environment() -> jinja2.Environment:
+def _environment(config: ProjectConfig) -> jinja2.Environment:
+    """Templates by ``<target>/<file>``: each target's own folder (``Target.template_dir``), and
+    ``common/`` and ``kernels/`` from contractgen's."""
+    own = {name: jinja2.FileSystemLoader(str(t.template_dir)) for name, t in config.targets.items()}
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        loader=jinja2.ChoiceLoader(
+            [jinja2.PrefixLoader(own), jinja2.FileSystemLoader(str(TEMPLATES))]
+        ),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -129,11 +133,13 @@ def _policy_fields(target: Target, contracts: list[LoadedContract]) -> list[Fiel
     """Runtime-policy fields of a target, typed from the values every contract gives them."""
     from ..schema.models import TARGET_POLICY_MODELS
 
-    model = TARGET_POLICY_MODELS[target.name]
+    model = TARGET_POLICY_MODELS[target.section]
     off_values = dict(target.off_values)
     out = []
     for name, info in model.model_fields.items():
-        values = [_values(getattr(c.contract.runtime_policy, target.name), name) for c in contracts]
+        values = [
+            _values(getattr(c.contract.runtime_policy, target.section), name) for c in contracts
+        ]
         flat = [v for vs in values for v in vs]
         is_bool = all(isinstance(v, bool) for v in flat)
         typ = "bool" if is_bool else "str | None"
@@ -164,10 +170,10 @@ def _rule(value: object) -> str:
 def _rules_literal(target: Target, contracts: list[LoadedContract]) -> str:
     from ..schema.models import TARGET_POLICY_MODELS
 
-    fields = list(TARGET_POLICY_MODELS[target.name].model_fields)
+    fields = list(TARGET_POLICY_MODELS[target.section].model_fields)
     lines = ["{"]
     for lc in contracts:
-        policy = getattr(lc.contract.runtime_policy, target.name)
+        policy = getattr(lc.contract.runtime_policy, target.section)
         lines.append(f"{INDENT}{py_str(lc.id)}: {{")
         for name in fields:
             lines.append(f"{INDENT * 2}{py_str(name)}: {_rule(getattr(policy, name))},")
@@ -384,15 +390,16 @@ def render(contracts: list[LoadedContract], config: ProjectConfig) -> dict[str, 
     ``render_vendored``: only the contracts its target implements.
     """
     contracts = sorted(contracts, key=lambda lc: lc.id)
-    env = _environment()
+    env = _environment(config)
     out: dict[str, bytes] = {}
     parsed: set[bytes] = set()
     bodies: dict[tuple[str, ...], str] = {}
-    for name in sorted(TARGETS):
+    targets = config.targets
+    for name in sorted(targets):
         base = PurePosixPath(name) / config.package(name)
         out.update(
             _render_target(
-                env, TARGETS[name], contracts, contracts, config, bodies, parsed, base, True
+                env, targets[name], contracts, contracts, config, bodies, parsed, base, True
             )
         )
     return dict(sorted(out.items()))
@@ -417,10 +424,10 @@ def render_vendored(
     """
     every = sorted(contracts, key=lambda lc: lc.id)
     selected = selected_contracts(every, config, target)
-    env = _environment()
+    env = _environment(config)
     base = PurePosixPath(config.package(target))
     files = _render_target(
-        env, TARGETS[target], selected, every, config, {}, set(), base,
+        env, config.target(target), selected, every, config, {}, set(), base,
         with_init=config.vendors_init(target),
     )  # fmt: skip
     if config.vendors_kernels(target):

@@ -1,20 +1,63 @@
-"""The three targets: one registry entry each, looked up by name or by role.
+"""The target registry: one entry per target, looked up by name or by role, several per role.
 
 A role says what a target does in a true-on-policy run: ``rollout`` (generates and scores
 sequences), ``trainer`` (recomputes logprobs and steps), ``launcher`` (renders the launch). The
-parity gate pairs the rollout target with the trainer target by role, never by name.
+parity gate pairs every rollout target with every trainer target it is asked for, by role, never
+by name.
 
-A target names the sibling repository, where the vendored package lives in it by default, and the
+A target names the sibling repository, where the vendored package lives in it by default, the
 public class names its ``runtime_policy.py`` must keep so the generated module can replace the
-hand-kept one.
+hand-kept one, its template folder, and its adapter: the module whose names (``ROLE_API``) the
+gate and the commands reach its runtime through.
+
+The shipped targets are ``BUILTIN``. A project adds one without touching contractgen: a Python
+file defining ``TARGET = Target(...)``, named by ``plugin = "path.py"`` under
+``[targets.NAME]`` in its ``contractgen.toml`` (``codegen/config.py``). ``registry(config)`` is
+the built-in entries plus that project's plugins; ``get_target`` and ``targets_for_role`` look up
+in it (the active project's, ``codegen.vendored.active_config``, when no config is given).
 """
 
 from __future__ import annotations
 
+import importlib
+import types
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .config import ProjectConfig
 
 Role = Literal["rollout", "trainer", "launcher"]
+ROLES: tuple[Role, ...] = ("rollout", "trainer", "launcher")
+
+# The names a target's adapter module exposes for its role: what the gate and the commands use
+# (the adapter imports heavy modules lazily, on first use of a name).
+ROLE_API: dict[str, tuple[str, ...]] = {
+    "rollout": (
+        "MLP_BLOCKS",  # the MLP blocks (Family.layer_blocks) its model implements
+        "ModelArch",
+        "ReferenceModel",
+        "RolloutEngine",
+        "Request",
+        "random_weights",
+        "load_checkpoint",
+        "check_checkpoint",
+        "check_weight_files",
+    ),
+    "trainer": (
+        "MLP_BLOCKS",
+        "TrainerSession",  # started per layout: .start(), .logprobs(sequences, run), .close()
+        "TrainerRun",
+        "TrainerFault",
+        "TrainBatch",
+        "TrainInit",
+        "OptimizerSettings",
+    ),
+    "launcher": ("check_handshake", "handshake_report", "HandshakeError", "build_plan"),
+}
+
+TEMPLATES = Path(__file__).parent / "templates"
 
 
 @dataclass(frozen=True)
@@ -47,9 +90,31 @@ class Target:
     # Whether a sibling repo gets contractgen's __init__.py by default: each public repo keeps
     # its own (miles and SGLang re-export launch/config helpers, Megatron-LM a docstring).
     default_init: bool = False
+    # The module the target's runtime is reached through (``ROLE_API[role]`` names).
+    adapter: str = ""
+    # Its template folder (``runtime_policy.py.j2``, ``__init__.py.j2``); default
+    # ``codegen/templates/<name>``. A plugin's is relative to its file.
+    templates: str = ""
+    # The contract's ``runtime_policy.<section>`` it renders; default its own name. A target that
+    # runs another's numerics under its own name (a fork, a test double) names that one.
+    policy_section: str = ""
+
+    @property
+    def section(self) -> str:
+        return self.policy_section or self.name
+
+    @property
+    def template_dir(self) -> Path:
+        return Path(self.templates) if self.templates else TEMPLATES / self.name
+
+    def runtime(self) -> types.ModuleType:
+        """The adapter module (imported on first use; heavy parts load lazily behind it)."""
+        if not self.adapter:
+            raise LookupError(f"target {self.name!r} names no adapter module (Target.adapter)")
+        return importlib.import_module(self.adapter)
 
 
-TARGETS: dict[str, Target] = {
+BUILTIN: dict[str, Target] = {
     t.name: t
     for t in (
         Target(
@@ -64,6 +129,7 @@ TARGETS: dict[str, Target] = {
             validate_param="server_args",
             unsupported="Unsupported SGLang true-on-policy contract",
             role="rollout",
+            adapter="contractgen.adapters.sglang",
         ),
         Target(
             name="megatron",
@@ -75,6 +141,7 @@ TARGETS: dict[str, Target] = {
             id_constant_is_object=False,
             summary="Megatron trainer",
             role="trainer",
+            adapter="contractgen.adapters.megatron",
             unsupported="Unsupported Megatron true-on-policy contract",
             # With no contract: Megatron's own attention ("default", as the public module has it).
             off_values=(
@@ -93,31 +160,67 @@ TARGETS: dict[str, Target] = {
             role="launcher",
             contract_class_aliases=("LauncherTrueOnPolicyContract",),
             lookup_param="name",
+            adapter="contractgen.adapters.launcher",
         ),
     )
 }
 
 
+# The shipped targets under their historical name (read-only: plugins live in a config).
+TARGETS = BUILTIN
+
+
+def registry(config: ProjectConfig | None = None) -> dict[str, Target]:
+    """Every target of ``config``'s project (default: the active one): the built-in entries,
+    then its plugins (``[targets.NAME] plugin = …``), in that order."""
+    if config is None:
+        from .vendored import active_config
+
+        config = active_config()[0]
+    return config.targets
+
+
 class UnknownTargetError(KeyError):
-    def __init__(self, name: str):
+    def __init__(self, name: str, known: list[str] | None = None, role: str | None = None):
         super().__init__(name)
         self.name = name
+        self.known = sorted(BUILTIN) if known is None else sorted(known)
+        self.role = role
 
     def __str__(self) -> str:
-        return f"unknown target {self.name!r} (known: {', '.join(sorted(TARGETS))})"
+        what = f"{self.role} target" if self.role else "target"
+        return f"unknown {what} {self.name!r} (known: {', '.join(self.known)})"
 
 
-def get_target(name: str) -> Target:
+def get_target(name: str, config: ProjectConfig | None = None) -> Target:
+    """The target called ``name``; an unknown name raises, listing the known ones."""
+    found = registry(config) if config is not None or name not in BUILTIN else BUILTIN
     try:
-        return TARGETS[name]
+        return found[name]
     except KeyError:
-        raise UnknownTargetError(name) from None
+        raise UnknownTargetError(name, list(found)) from None
 
 
-def target_for_role(role: Role) -> Target:
-    """The one target with ``role``; a role with none or several is a registry bug, named."""
-    found = [t for t in TARGETS.values() if t.role == role]
-    if len(found) != 1:
-        roles = ", ".join(f"{t.name}={t.role}" for t in TARGETS.values())
-        raise LookupError(f"expected one target with role {role!r}, found {len(found)} ({roles})")
+def targets_for_role(role: Role, config: ProjectConfig | None = None) -> list[Target]:
+    """Every target with ``role``, built-ins first (the first is the role's default)."""
+    return [t for t in registry(config).values() if t.role == role]
+
+
+def target_for_role(role: Role, config: ProjectConfig | None = None) -> Target:
+    """The role's default target: its first entry (``targets_for_role``)."""
+    found = targets_for_role(role, config)
+    if not found:
+        roles = ", ".join(f"{t.name}={t.role}" for t in registry(config).values())
+        raise LookupError(f"no target with role {role!r} ({roles})")
     return found[0]
+
+
+def by_role(role: Role, name: str | None = None, config: ProjectConfig | None = None) -> Target:
+    """The ``role`` target called ``name`` (default: the role's default target); a name that is
+    not a ``role`` target raises, listing the ones that are."""
+    if name is None:
+        return target_for_role(role, config)
+    found = {t.name: t for t in targets_for_role(role, config)}
+    if name not in found:
+        raise UnknownTargetError(name, list(found), role)
+    return found[name]

@@ -102,9 +102,7 @@ def _load_module(name: str, source: bytes, filename: str, package: str | None) -
 @cache
 def load_target(target: str) -> GeneratedTarget:
     """Import ``generated/<target>/…`` as package ``contractgen._vendored.<target>``."""
-    from .targets import get_target
-
-    get_target(target)  # unknown names raise with the list of known targets
+    active_config()[0].target(target)  # unknown names raise with the list of known targets
     with _LOCK:
         files, where, origin = _files_for(target)
         pkg_name = f"contractgen._vendored.{target}"

@@ -10,7 +10,6 @@ from pathlib import Path
 from .codegen.config import ProjectConfig, find_root, load_config
 from .codegen.paths import builtin_config
 from .codegen.render import render, render_vendored
-from .codegen.targets import TARGETS
 from .schema.loader import LoadedContract, load_contracts
 
 
@@ -29,7 +28,7 @@ class Project:
         """What sibling repos vendor, keyed ``<target>/<path in the repo>``: each target with
         only the contracts it implements (``contractgen.toml``'s ``contracts``)."""
         out: dict[str, bytes] = {}
-        for name in sorted(TARGETS):
+        for name in sorted(self.config.targets):
             for rel, content in render_vendored(self.contracts, self.config, name).items():
                 out[f"{name}/{rel}"] = content
         return out

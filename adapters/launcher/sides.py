@@ -8,20 +8,19 @@ was never built for, and the run would not be on-policy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-# (side, target, repo) in the order a refusal names them
-SIDES: tuple[tuple[str, str, str], ...] = (
-    ("rollout", "sglang", "sglang"),
-    ("trainer", "megatron", "Megatron-LM"),
-    ("launcher", "launcher", "miles"),
-)
+# (side, target, repo) in the order a refusal names them: the caller looks them up in the
+# target registry (``contractgen plan``: each role's default target)
+Sides = Sequence[tuple[str, str, str]]
 
 
-def not_implemented(contract_id: str, implemented: Mapping[str, tuple[str, ...]]) -> list[str]:
+def not_implemented(
+    contract_id: str, implemented: Mapping[str, tuple[str, ...]], sides: Sides
+) -> list[str]:
     """One line per side whose target does not implement ``contract_id`` (empty: all do)."""
     lines = []
-    for side, target, repo in SIDES:
+    for side, target, repo in sides:
         ids = implemented.get(target, ())
         if contract_id not in ids:
             shown = ", ".join(ids) or "no contract"
@@ -32,9 +31,11 @@ def not_implemented(contract_id: str, implemented: Mapping[str, tuple[str, ...]]
     return lines
 
 
-def refusal(contract_id: str, implemented: Mapping[str, tuple[str, ...]]) -> str | None:
+def refusal(
+    contract_id: str, implemented: Mapping[str, tuple[str, ...]], sides: Sides
+) -> str | None:
     """The message refusing a launch of ``contract_id`` (None when every side implements it)."""
-    lines = not_implemented(contract_id, implemented)
+    lines = not_implemented(contract_id, implemented, sides)
     if not lines:
         return None
     return "\n".join(

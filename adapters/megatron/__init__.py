@@ -19,6 +19,9 @@ MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
 __all__ = [
     "MLP_BLOCKS",
     "Layout",
+    "OptimizerSettings",
+    "TrainBatch",
+    "TrainInit",
     "TrainerFault",
     "TrainerResult",
     "TrainerRun",
@@ -40,6 +43,10 @@ def __getattr__(name: str):
         from . import trainer
 
         return getattr(trainer, name)
+    if name in ("OptimizerSettings", "TrainBatch", "TrainInit"):
+        from . import run_types
+
+        return getattr(run_types, name)
     if name == "Layout":
         from ..layout import Layout
 

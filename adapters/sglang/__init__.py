@@ -1,5 +1,29 @@
-"""contractgen.adapters.sglang"""
+"""contractgen.adapters.sglang: the rollout target's adapter.
+
+Its names (``codegen.targets.ROLE_API["rollout"]``) are what the parity gate calls, imported on
+first use: the engine (``engine.py``), the reference model (``model.py``) and checkpoint reading
+(``checkpoint.py``). This package file imports nothing heavy.
+"""
 
 # The MLP blocks (``Family.layer_blocks``) the reference rollout model implements; the parity
 # gate refuses a contract whose models need a block one side lacks (exit 2, one line).
 MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
+
+_LAZY = {
+    "RolloutEngine": "engine",
+    "Request": "engine",
+    "ModelArch": "model",
+    "ReferenceModel": "model",
+    "random_weights": "model",
+    "load_checkpoint": "checkpoint",
+    "check_checkpoint": "checkpoint",
+    "check_weight_files": "checkpoint",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(name)

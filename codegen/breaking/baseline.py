@@ -18,7 +18,6 @@ from ...schema.errors import ContractError
 from ...schema.loader import LoadedContract, load_contracts
 from ..config import ProjectConfig, load_config
 from ..render import FILES
-from ..targets import TARGETS
 
 
 class BaselineError(ValueError):
@@ -123,7 +122,7 @@ def _load_git(against: str, config: ProjectConfig) -> Baseline:
     generated = {}
     gen_rel = _relative(config.generated_dir, top)
     if gen_rel is not None:
-        for target in sorted(TARGETS):
+        for target in sorted(config.targets):
             for name in FILES:
                 path = PurePosixPath(gen_rel, target, config.package(target), name).as_posix()
                 content = _blob(top, commit, path)
@@ -143,7 +142,7 @@ def _load_directory(directory: Path, config: ProjectConfig) -> Baseline:
     if (directory / "contractgen.toml").is_file():
         other = load_config(directory)
         contracts_dir = other.contracts_dir
-        for target in sorted(TARGETS):
+        for target in sorted(other.targets):
             for name in FILES:
                 path = other.generated_dir / target / other.package(target) / name
                 if path.is_file():

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ..codegen.config import ConfigError
+from ..codegen.config import ConfigError, ProjectConfig
 from ..codegen.writer import UnsafePathError
 from ..project import Project, open_project
 from ..schema.errors import ContractError
@@ -62,8 +62,11 @@ def use_project_from(ctx: click.Context) -> Project:
     return project
 
 
-def parse_repo_options(values: tuple[str, ...]) -> list[tuple[str, Path]]:
-    """``NAME=PATH`` pairs; NAME is a target (sglang, megatron, launcher) or its repo name."""
+def parse_repo_options(
+    values: tuple[str, ...], config: ProjectConfig | None = None
+) -> list[tuple[str, Path]]:
+    """``NAME=PATH`` pairs; NAME is a target of ``config``'s registry (sglang, megatron,
+    launcher, a plugin's) or its repo name."""
     from ..codegen.drift import resolve_target_name
 
     repos: list[tuple[str, Path]] = []
@@ -74,7 +77,7 @@ def parse_repo_options(values: tuple[str, ...]) -> list[tuple[str, Path]]:
                 f"{value!r}: expected NAME=PATH, e.g. sglang=../sglang", param_hint="--repo"
             )
         try:
-            target = resolve_target_name(name)
+            target = resolve_target_name(name, config)
         except KeyError as exc:
             raise click.BadParameter(str(exc.args[0]), param_hint="--repo") from None
         if any(t == target for t, _ in repos):

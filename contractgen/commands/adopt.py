@@ -118,7 +118,7 @@ def command(
     package the repo really uses, or vendor a contract set contractgen.toml does not declare.
     """
     project = project_from(ctx)
-    targets = parse_repo_options(repos)
+    targets = parse_repo_options(repos, project.config)
     for target, path in targets:
         if not path.is_dir():
             fail(f"error: --repo {target}={path}: not a directory")

@@ -54,7 +54,11 @@ def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
     implements), up to formatting: a formatter run over it (black, ruff-format, isort) is not
     drift. The repo's own modules in a vendored package are counted in one note and left alone.
     """
-    targets = parse_repo_options(repos)
+    try:  # NAME is looked up in the project's target registry (its plugins included)
+        names = project_from(ctx).config
+    except (ContractError, ConfigError, UnsafePathError):
+        names = None  # reported below, where the project is opened for the check
+    targets = parse_repo_options(repos, names)
     for target, path in targets:
         if not path.is_dir():
             message = f"--repo {target}={path}: not a directory"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..adapters.launcher.handshake import HandshakeError, check_handshake, handshake_report
 from ..codegen.config import ProjectConfig
+from ..codegen.targets import UnknownTargetError, by_role
 from ._common import EXIT_DRIFT, fail, handle_errors, use_project_from
 
 
@@ -29,6 +29,14 @@ def _package_dir(path: Path, target: str, config: ProjectConfig) -> Path:
     required=True,
     help="Megatron-LM repo (or its vendored true_on_policy package).",
 )
+@click.option(
+    "--rollout-target", default=None, metavar="NAME",
+    help="The rollout's target in the registry [default: the rollout role's default, sglang].",
+)  # fmt: skip
+@click.option(
+    "--trainer-target", default=None, metavar="NAME",
+    help="The trainer's target in the registry [default: the trainer role's default, megatron].",
+)  # fmt: skip
 @click.option("--contract", "contract_id", default=None, help="Contract both sides run.")
 @click.option(
     "--rollout-contract", default=None, help="Contract the rollout runs [default: --contract]."
@@ -45,6 +53,8 @@ def command(
     contract_id: str | None,
     rollout_contract: str | None,
     trainer_contract: str | None,
+    rollout_target: str | None = None,
+    trainer_target: str | None = None,
 ) -> None:
     """Compare the rollout's and the trainer's contract id and fingerprint.
 
@@ -55,11 +65,20 @@ def command(
     ids = (rollout_contract or contract_id, trainer_contract or contract_id)
     if None in ids:
         raise click.UsageError("give --contract, or both --rollout-contract and --trainer-contract")
+    try:
+        targets = (
+            by_role("rollout", rollout_target, config).name,
+            by_role("trainer", trainer_target, config).name,
+        )
+    except UnknownTargetError as exc:
+        fail(f"error: {exc}")
+    launcher = by_role("launcher", None, config).runtime()
+    HandshakeError, check_handshake = launcher.HandshakeError, launcher.check_handshake
     reports = [
-        handshake_report(_package_dir(path, target, config), cid, side)  # type: ignore[arg-type]
+        launcher.handshake_report(_package_dir(path, target, config), cid, side)  # type: ignore[arg-type]
         for path, target, cid, side in (
-            (rollout, "sglang", ids[0], "rollout"),
-            (trainer, "megatron", ids[1], "trainer"),
+            (rollout, targets[0], ids[0], "rollout"),
+            (trainer, targets[1], ids[1], "trainer"),
         )
     ]
     try:

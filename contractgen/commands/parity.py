@@ -20,8 +20,11 @@ def _check_checkpoint(checkpoint: Path, profile) -> None:
     """Exit 2 with one line when the checkpoint's config.json is unreadable, its model is not one
     the contract's profile covers or not one it can run, or its safetensors files do not hold
     exactly that model's tensors (before any worker starts; headers only, no weights read)."""
-    from ..adapters.sglang.checkpoint import check_checkpoint, check_weight_files
-    from ..adapters.sglang.model import ModelArch
+    from ..parity.targets import rollout_adapter
+
+    rollout = rollout_adapter()
+    check_checkpoint, check_weight_files = rollout.check_checkpoint, rollout.check_weight_files
+    ModelArch = rollout.ModelArch
 
     where = checkpoint / "config.json"
     try:
@@ -173,6 +176,12 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "contract kernel, seen by a torch function mode), or when a run called no contract kernel "
     "of a kind (matmul, attention, norm, log-softmax). The report's kernel_calls says which.",
 )  # fmt: skip
+@click.option(
+    "--trainers", default=None, metavar="NAME[,NAME]",
+    help="Trainer targets to pair with the rollout, each at every layout, reported per pair. "
+    "Default: every trainer target of the registry (codegen/targets.py and contractgen.toml "
+    "plugins) whose generated policy has the contract.",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.pass_context
 @handle_errors
@@ -183,7 +192,7 @@ def command(
     requests: int | None, prompt_tokens: int | None, new_tokens: int | None, grads: bool,
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
-    train_temperature: float | None = None,
+    train_temperature: float | None = None, trainers: str | None = None,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
 
@@ -205,8 +214,8 @@ def command(
         "ignore:Apex is not installed:UserWarning,"
         "ignore:Transformer Engine and Apex are not installed:UserWarning",
     )
+    from ..codegen.targets import UnknownTargetError
     from ..codegen.vendored import load_target
-    from ..parity import ROLLOUT
     from ..parity.gate import check_layouts, passed, run_gate, table
     from ..parity.harness import GateConfig
     from ..parity.layouts import (
@@ -218,12 +227,25 @@ def command(
         rollout_tp_problems,
     )
     from ..parity.rollout import arch_of
+    from ..parity.targets import parse_trainers, rollout_target, trainer_targets
     from ..parity.workload import make_workload
 
     use_project_from(ctx)
-    schema = load_target(ROLLOUT).schema
+    schema = load_target(rollout_target()).schema
     schema.get_contract_schema(contract_id)  # unknown ids: exit 2 listing the known ones
-    _check_blocks(contract_id, schema.model_profile_for(contract_id))
+    try:
+        chosen_trainers = parse_trainers(trainers) if trainers is not None else []
+    except UnknownTargetError as exc:
+        fail(f"error: --trainers: {exc}")
+    chosen_trainers = chosen_trainers or trainer_targets(contract_id)
+    if not chosen_trainers:
+        fail(f"error: {contract_id}: no trainer target's generated policy has this contract")
+    if len(chosen_trainers) > 1 and train_steps:
+        fail(
+            f"error: --train-steps runs one trainer target at a time (got --trainers "
+            f"{','.join(chosen_trainers)}); give --trainers NAME"
+        )
+    _check_blocks(contract_id, schema.model_profile_for(contract_id), chosen_trainers)
     if device == "cuda":
         import torch
 
@@ -234,8 +256,9 @@ def command(
     if model_name is not None:
         checkpoint, scratch = _random_checkpoint(contract_id, model_name, checkpoint, quiet)
     if checkpoint is None:
-        from ..adapters.sglang.model import ModelArch, random_weights
+        from ..parity.targets import rollout_adapter
 
+        ModelArch, random_weights = rollout_adapter().ModelArch, rollout_adapter().random_weights
         arch = ModelArch.from_profile(schema.model_profile_for(contract_id))
         weights = random_weights(arch, seed=0)
     else:
@@ -312,7 +335,7 @@ def command(
             contract_id, weights, chosen, None if dtype == "contract" else dtype, device,
             inject_faults, not quiet, rollout_tps=tps, workload=make_workload(*sizes),
             hf_reference=not no_reference, grads=grads, planted_bugs=tuple(plant_bugs),
-            strict=strict,
+            strict=strict, trainers=tuple(chosen_trainers),
         )  # fmt: skip
         check_layouts(config)
     except LayoutError as exc:
@@ -363,19 +386,18 @@ def _training_config(config, steps: int, fault: str | None, lr: float | None,
     return dataclasses.replace(config, training=training)
 
 
-def _check_blocks(contract_id: str, profile) -> None:
-    """Both sides implement every MLP block the contract's models have, else one line, exit 2
-    (before any worker starts)."""
-    import importlib
-
+def _check_blocks(contract_id: str, profile, trainers: list[str]) -> None:
+    """Both sides (the rollout and every trainer target in ``trainers``) implement every MLP
+    block the contract's models have, else one line, exit 2 (before any worker starts)."""
     from ..adapters.families import family_for
-    from ..parity import ROLLOUT, TRAINER
+    from ..parity.targets import adapter, rollout_target
 
     family = family_for(profile.family)
     models = (*profile.checkpoints, profile.reference_model)
     needed = frozenset().union(*(family.mlp_blocks(d) for d in models))
-    for role, target in (("rollout", ROLLOUT), ("trainer", TRAINER)):
-        have = importlib.import_module(f"contractgen.adapters.{target}").MLP_BLOCKS
+    sides = [("rollout", rollout_target()), *(("trainer", t) for t in trainers)]
+    for role, target in sides:
+        have = adapter(target).MLP_BLOCKS
         if missing := sorted(needed - have):
             fail(
                 f"error: {contract_id}: the {role} side ({target}) is not implemented yet for "

@@ -8,7 +8,8 @@ import shlex
 import click
 
 from ..adapters.launcher import FORMATS, Layout, LayoutError, PlanError, build_plan
-from ..adapters.launcher.sides import SIDES, refusal
+from ..adapters.launcher.sides import refusal
+from ..codegen.targets import ROLES, by_role
 from ._common import EXIT_USAGE, fail, handle_errors, use_project_from
 
 _SIZE = click.IntRange(min=1)
@@ -85,9 +86,11 @@ def command(
     """
     project = use_project_from(ctx)
     if contract_id in {lc.id for lc in project.contracts}:  # an unknown id is refused below
-        refused = refusal(
-            contract_id, {target: project.implemented(target) for _, target, _ in SIDES}
-        )
+        # each role's default target, looked up in the project's registry
+        sides = [
+            (role, t.name, t.repo) for role in ROLES for t in [by_role(role, None, project.config)]
+        ]
+        refused = refusal(contract_id, {t: project.implemented(t) for _, t, _ in sides}, sides)
         if refused:
             fail(f"error: {refused}", EXIT_USAGE)
     layout = Layout(

@@ -31,7 +31,7 @@ def command(ctx: click.Context, repos: tuple[str, ...], dry_run: bool, force: bo
     from contractgen's own kernels (v1 numerics only; docs/sibling-ci.md).
     """
     project = project_from(ctx)
-    targets = parse_repo_options(repos)
+    targets = parse_repo_options(repos, project.config)
     plan, written = sync(project.vendored, targets, project.config, force=force, dry_run=dry_run)
     if dry_run:  # the diff of every change, refused ones included, so a migration can be read
         for f in plan.changes:

@@ -1,7 +1,12 @@
 """The exact-zero parity gate: rollout logprobs vs trainer logprobs, bitwise, per layout."""
 
-from ..codegen.targets import target_for_role
 
-# The targets the gate compares, found by role (codegen/targets.py), never named here.
-ROLLOUT: str = target_for_role("rollout").name
-TRAINER: str = target_for_role("trainer").name
+def __getattr__(name: str) -> str:
+    # ``ROLLOUT``: the rollout target's name, looked up in the registry when first read (not at
+    # import: the active project, and so its plugins, may be chosen after). ``targets.py`` is
+    # the gate's one way to its targets.
+    if name == "ROLLOUT":
+        from .targets import rollout_target
+
+        return rollout_target()
+    raise AttributeError(name)

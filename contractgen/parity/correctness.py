@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from . import ROLLOUT
 from .layouts import Layout
 from .reference import (
     hf_grads,
@@ -26,6 +25,7 @@ from .reference import (
     reference_sequences,
     transformers_reason,
 )
+from .targets import rollout_target
 
 # max |trainer grad - float64 grad| / max |float64 grad|, per parameter tensor, trainer in
 # float32 (--dtype float32 for every kernel dtype). Measured ~1e-6 on the reference model.
@@ -46,7 +46,7 @@ class Reference:
 def _profile(contract_id: str):
     from ..codegen.vendored import load_target
 
-    return load_target(ROLLOUT).schema.model_profile_for(contract_id)
+    return load_target(rollout_target()).schema.model_profile_for(contract_id)
 
 
 def reference_for(config: Any) -> tuple[Reference | None, str | None]:
@@ -108,12 +108,12 @@ def trainer_reference(
     run: Any, ref: Reference, layout: Layout, planted: tuple[str, ...] = ()
 ) -> dict:
     """The trainer at ``layout``, every kernel dtype float32, vs transformers."""
-    from ..adapters.megatron.trainer import TrainerRun
+    TrainerRun = run.trainer_adapter.TrainerRun
 
     res = run.trainer_run(
         layout, ref.sequences, TrainerRun(dtype_override="float32", planted_bugs=planted)
     )
-    name = f"trainer {layout.trainer_label}"
+    name = run.trainer_label(layout)
     return _entry("trainer", name, layout.tp, layout.pp, layout.cp, res.logprobs, ref)
 
 
@@ -177,13 +177,18 @@ def layout_grads(run: Any, ref: GradReference, layout: Layout) -> dict:
             "note": "not supported: expert parallelism runs the forward only (the EP token "
             "exchange has no backward yet)",
         }
-    got = run.trainer_run(layout, ref.sequences, grads_run(ref)).hf_grads
+    got = run.trainer_run(layout, ref.sequences, grads_run(ref, run)).hf_grads
     return compare_grads(ref, layout, got)
 
 
-def grads_run(ref: GradReference, **changes: Any) -> Any:
-    """The ``TrainerRun`` whose ``hf_grads`` ``compare_grads`` takes: float32, ``ref``'s loss."""
-    from ..adapters.megatron.trainer import TrainerRun
+def grads_run(ref: GradReference, run: Any = None, **changes: Any) -> Any:
+    """The ``TrainerRun`` whose ``hf_grads`` ``compare_grads`` takes: float32, ``ref``'s loss
+    (of ``run``'s trainer target; default the trainer role's default target)."""
+    from ..codegen.targets import by_role
+
+    TrainerRun = (
+        run.trainer_adapter if run is not None else by_role("trainer").runtime()
+    ).TrainerRun
 
     return TrainerRun(
         dtype_override="float32", grads=True, prompt_lens=tuple(ref.prompt_lens), **changes

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..codegen.targets import target_for_role
+from ..codegen.targets import by_role, get_target
 
 _DTYPE_FLIP = {"bfloat16": "float32", "float16": "float32", "float32": "bfloat16"}
 
@@ -56,20 +56,27 @@ class Fault:
     side: str  # "rollout" or "trainer"
     kind: str  # "runtime" (that side's runtime policy) or "kernel" (the shared KernelPolicy)
     field: str
+    target: str = ""  # the side's target (default: the role's default target in the registry)
+
+    @property
+    def target_name(self) -> str:
+        return self.target or by_role(self.side).name  # type: ignore[arg-type]
 
     @property
     def name(self) -> str:
-        """``sglang.F`` / ``megatron.F`` for runtime fields, ``kernel.F@rollout|trainer``."""
+        """``sglang.F`` / ``megatron.F`` for runtime fields, ``kernel.F@rollout|trainer`` (a
+        kernel fault given a target, as a second trainer's: ``kernel.F@<target>``)."""
         if self.kind == "kernel":
-            return f"kernel.{self.field}@{self.side}"
-        return f"{target_for_role(self.side).name}.{self.field}"
+            return f"kernel.{self.field}@{self.target or self.side}"
+        return f"{self.target_name}.{self.field}"
 
     @property
     def contract_path(self) -> str:
-        """The field's path in a contract file (the key of its ``unobservable`` notes)."""
+        """The field's path in a contract file (the key of its ``unobservable`` notes): the
+        target's ``runtime_policy`` section (``Target.section``)."""
         if self.kind == "kernel":
             return f"kernel_policy.{self.field}"
-        return f"runtime_policy.{target_for_role(self.side).name}.{self.field}"
+        return f"runtime_policy.{get_target(self.target_name).section}.{self.field}"
 
 
 @dataclass(frozen=True)
@@ -116,21 +123,35 @@ def flipped(field: str, value: Any, kind: str) -> Any:
     return table[field][value]
 
 
-def catalogue(kernel_policy: Any, sglang_policy: Any, megatron_policy: Any) -> list[Fault]:
+def catalogue(
+    kernel_policy: Any,
+    sglang_policy: Any,
+    megatron_policy: Any,
+    rollout_target: str = "",
+    trainer_target: str = "",
+    name_kernel_target: bool = False,
+) -> list[Fault]:
     """Every fault: each side's runtime fields on that side, every kernel choice on both sides
-    (both engines implement the same numerics, so each must read every kernel field)."""
+    (both engines implement the same numerics, so each must read every kernel field). The
+    targets default to each role's default target; ``name_kernel_target``: the trainer's kernel
+    faults are named by its target (a second trainer's must not share the first's names)."""
     faults = [
-        Fault("rollout", "runtime", f.name)
+        Fault("rollout", "runtime", f.name, rollout_target)
         for f in dataclasses.fields(sglang_policy)
         if f.name not in SKIPPED_FIELDS
     ]
     faults += [
-        Fault("trainer", "runtime", f.name)
+        Fault("trainer", "runtime", f.name, trainer_target)
         for f in dataclasses.fields(megatron_policy)
         if f.name not in SKIPPED_FIELDS
     ]
     faults += [
-        Fault(side, "kernel", f.name)
+        Fault(
+            side,
+            "kernel",
+            f.name,
+            trainer_target if name_kernel_target and side == "trainer" else "",
+        )
         for f in dataclasses.fields(kernel_policy)
         if getattr(kernel_policy, f.name) is not None  # unset: a dense contract's MoE fields
         for side in ("rollout", "trainer")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
-from . import ROLLOUT, kernel_audit
+from . import kernel_audit
 from .correctness import GRAD_TOLERANCE
-from .harness import GateConfig, GateRun, run_faults, run_layouts, run_rollouts
+from .harness import GateConfig, GateRun, merged_faults, run_faults, run_layouts, run_rollouts
 from .layouts import LayoutError, layout_problems
+from .targets import rollout_target
 
 
 def model_name(config: GateConfig) -> str:
@@ -38,7 +39,7 @@ def run_gate(config: GateConfig) -> dict:
     from ..codegen.vendored import load_target
 
     t0 = time.perf_counter()
-    schema = load_target(ROLLOUT).schema
+    schema = load_target(rollout_target()).schema
     with GateRun(config) as run:
         if config.training is not None:
             return _run_training(run, schema, t0)
@@ -69,6 +70,7 @@ def _run_training(run: GateRun, schema, t0: float) -> dict:
         "dtype": config.dtype_override or "contract",
         "diagnostic": config.dtype_override is not None,
         "rollout_tps": sorted({1, *config.rollout_tps}),
+        "trainers": [run.trainer_target],
         "layouts": [{"name": lay.name, **lay.sizes} for lay in config.layouts],
         **run_training(run, config.training),
     }
@@ -90,9 +92,18 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
         if tp > 1:
             run.release_rollout(tp)  # results are cached; memory for the trainer's processes
     grad_ref, grads_note = grad_reference(run) if config.grads else (None, None)
-    checked = run_layouts(run, ref, grad_ref)
+    checked: dict[str, list] = {"layouts": [], "pairs": [], "reference": [], "grads": []}
+    for trainer in config.trainer_targets:  # each trainer target against the same rollouts
+        run.use_trainer(trainer)
+        for key, entries in run_layouts(run, ref, grad_ref).items():
+            checked[key] += entries
+    run.use_trainer(config.trainer_targets[0])
     sampling, three_way = sampling_report(run)
     faults = run_faults(run, ref) if config.inject_faults else NO_FAULTS
+    for trainer in config.trainer_targets[1:] if config.inject_faults else ():
+        run.use_trainer(trainer)  # the rollout's faults ran once, with the first trainer
+        faults = merged_faults(faults, run_faults(run, ref, trainer_only=True))
+    run.use_trainer(config.trainer_targets[0])
     base = run.rollouts[1]
     total = base.generate_seconds + base.rescore_seconds
     grads = None
@@ -119,6 +130,7 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
             "new_tokens": [w.max_new_tokens for w in config.workload],
         },
         "rollout_tps": list(config.rollout_tps),
+        "trainers": list(config.trainer_targets),
         "rollout_tokens_identical": rollouts["rollout_tokens_identical"],
         "rollouts": rollouts["rollouts"],
         "layouts": checked["layouts"],
@@ -195,6 +207,15 @@ def _header(report: dict) -> list[str]:
         f"contract  {report['contract']}  ({report['logprob_contract']} logprobs)",
         f"          {report['fingerprint']}",
         f"device    {report['device']}   dtype {dtype}",
+        # several trainer targets: named (one keeps the table as it was)
+        *(
+            [
+                f"trainers  {', '.join(report['trainers'])} (each paired with the rollout; layouts of "
+                f"all but the first are named <trainer>/<layout>)"
+            ]
+            if len(report.get("trainers", [])) > 1
+            else []
+        ),
     ]
 
 

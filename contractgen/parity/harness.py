@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from . import ROLLOUT, TRAINER
 from .faults import EP_ONLY_FIELDS, Fault, SharedBug, catalogue, flipped, shared_bugs
 from .layouts import Layout
 from .rollout import DEFAULT_WORKLOAD, PromptSpec, RolloutJob, RolloutResult, RolloutSession
+from .targets import adapter, rollout_target
 
 # Which rollout logprobs the trainer must equal, by the contract's logprob contract.
 ROLLOUT_LOGPROBS: dict[str, Callable[[RolloutResult], list[torch.Tensor]]] = {
@@ -98,6 +98,15 @@ class GateConfig:
     strict: bool = False
     """``--strict``: the scored runs also watch for stock ops the contract replaces
     (``kernel_audit``); any seen fails the gate."""
+    trainers: tuple[str, ...] = ()
+    """Trainer targets to run (``--trainers``), each paired with the rollout; empty: every
+    trainer target whose generated policy has the contract (``targets.trainer_targets``)."""
+
+    @property
+    def trainer_targets(self) -> tuple[str, ...]:
+        from .targets import trainer_targets
+
+        return self.trainers or tuple(trainer_targets(self.contract_id))
 
 
 @dataclass
@@ -111,6 +120,37 @@ class GateRun:
     _trainer_sessions: dict[str, Any] = field(default_factory=dict)
     kernel_calls: dict[tuple[str, str], Any] = field(default_factory=dict)
     """(side, rollout ``tpN`` or layout name) -> the scored run's ``KernelCalls``."""
+    trainer_target: str = ""
+    """The trainer target the trainer calls run on (``use_trainer``); default the first."""
+
+    def __post_init__(self) -> None:
+        if not self.trainer_target:
+            self.trainer_target = self.config.trainer_targets[0]
+
+    @property
+    def several_trainers(self) -> bool:
+        return len(self.config.trainer_targets) > 1
+
+    def use_trainer(self, name: str) -> None:
+        """Run later trainer calls on target ``name`` (rollouts and their cache are shared)."""
+        self.trainer_target = name
+
+    @property
+    def trainer_adapter(self):
+        """The current trainer target's adapter module (``ROLE_API["trainer"]``)."""
+        return adapter(self.trainer_target)
+
+    def layout_key(self, layout: Layout) -> str:
+        """``layout``'s name for the current trainer: the bare name for the first trainer target
+        (a one-trainer report keeps its shape), ``<target>/<name>`` for the others."""
+        if self.trainer_target == self.config.trainer_targets[0]:
+            return layout.name
+        return f"{self.trainer_target}/{layout.name}"
+
+    def trainer_label(self, layout: Layout) -> str:
+        """``trainer tp2pp1cp1``, or ``<target> tp2pp1cp1`` when several trainers run."""
+        who = self.trainer_target if self.several_trainers else "trainer"
+        return f"{who} {layout.trainer_label}"
 
     @property
     def kernel_audit(self) -> str:
@@ -125,7 +165,7 @@ class GateRun:
 
     def release(self, layout: Layout) -> None:
         """Stop a layout's trainer processes (memory: one layout's trainer ranks at a time)."""
-        session = self._trainer_sessions.pop(layout.name, None)
+        session = self._trainer_sessions.pop(self.layout_key(layout), None)
         if session is not None:
             session.close()
 
@@ -139,7 +179,7 @@ class GateRun:
     def logprob_contract(self) -> str:
         from ..codegen.vendored import load_target
 
-        schema = load_target(ROLLOUT).schema
+        schema = load_target(rollout_target()).schema
         return schema.get_contract_schema(self.config.contract_id).logprob_contract
 
     def release_rollout(self, tp: int) -> None:
@@ -176,16 +216,15 @@ class GateRun:
         return result
 
     def _trainer_session(self, layout: Layout):
-        from ..adapters.megatron.trainer import TrainerSession
-
-        if layout.name not in self._trainer_sessions:
-            session = TrainerSession(
+        key = self.layout_key(layout)
+        if key not in self._trainer_sessions:
+            session = self.trainer_adapter.TrainerSession(
                 self.config.contract_id, self.config.weights, layout,
                 device=self.config.device,
             )  # fmt: skip
             session.start()
-            self._trainer_sessions[layout.name] = session
-        return self._trainer_sessions[layout.name]
+            self._trainer_sessions[key] = session
+        return self._trainer_sessions[key]
 
     def trainer(
         self,
@@ -196,11 +235,12 @@ class GateRun:
     ):
         """(scored logprobs per sequence, layer dumps or None) of the trainer at ``layout``, on
         the sequences of ``rollout`` (default: the unfaulted reference rollout, TP=1)."""
-        from ..adapters.megatron.trainer import TrainerRun
+        TrainerRun = self.trainer_adapter.TrainerRun
 
+        key = self.layout_key(layout)
         default = rollout is None
-        if default and layout.name in self.trainers and fault is None and not dump_layers:
-            return self.trainers[layout.name], None
+        if default and key in self.trainers and fault is None and not dump_layers:
+            return self.trainers[key], None
         base = self.rollout(1) if default else rollout
         run = TrainerRun(
             dtype_override=self.config.dtype_override, fault=fault, dump_layers=dump_layers,
@@ -213,8 +253,8 @@ class GateRun:
         result = self._trainer_session(layout).logprobs(base.sequences, run)
         scored = [lp[p - 1 :] for lp, p in zip(result.logprobs, base.prompt_lens, strict=True)]
         if default and fault is None and not dump_layers:
-            self.trainers[layout.name] = scored
-            self.kernel_calls["trainer", layout.name] = result.kernel_calls
+            self.trainers[key] = scored
+            self.kernel_calls["trainer", key] = result.kernel_calls
         return scored, result.layer_dumps
 
     def trainer_run(self, layout: Layout, sequences: list[list[int]], run):
@@ -278,8 +318,9 @@ def first_divergence(
     }
 
 
-def pair_name(rollout_tp: int, layout: Layout) -> str:
-    return f"rollout tp{rollout_tp} \u00d7 trainer {layout.trainer_label}"
+def pair_name(rollout_tp: int, layout: Layout, run: GateRun | None = None) -> str:
+    trainer = run.trainer_label(layout) if run is not None else f"trainer {layout.trainer_label}"
+    return f"rollout tp{rollout_tp} \u00d7 {trainer}"
 
 
 def same_tokens(a: RolloutResult, b: RolloutResult) -> bool:
@@ -335,11 +376,14 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
         t0 = time.perf_counter()
         if run.config.progress:
             ep = f" EP={layout.ep}" if layout.ep > 1 else ""
-            _say(f"layout {layout.name}: trainer TP={layout.tp} PP={layout.pp} CP={layout.cp}{ep}")
+            _say(
+                f"layout {run.layout_key(layout)}: trainer TP={layout.tp} PP={layout.pp} CP={layout.cp}{ep}"
+            )
         own = run.rollout(layout.tp)
         cmp = compare(run.scored_rollout(own), trainer_for(run, layout, own))
         entry = {
-            "name": layout.name,
+            "name": run.layout_key(layout),
+            "target": run.trainer_target,
             **layout.sizes,
             "exact": cmp.exact,
             "tokens_compared": cmp.tokens_compared,
@@ -354,9 +398,10 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
             pc = compare(run.scored_rollout(r), trainer_for(run, layout, r))
             pairs.append(
                 {
-                    "name": pair_name(tp, layout),
+                    "name": pair_name(tp, layout, run),
                     "rollout_tp": tp,
                     "trainer": layout.sizes,
+                    "target": run.trainer_target,
                     "exact": pc.exact,
                     "max_abs_diff": pc.max_abs_diff,
                     "tokens_compared": pc.tokens_compared,
@@ -373,13 +418,15 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
         if ref is not None:
             reference.append(trainer_reference(run, ref, layout))
             if run.config.progress:
-                _say(f"layout {layout.name}: vs transformers {reference[-1]['max_abs_diff']:.3g}")
+                _say(
+                    f"layout {run.layout_key(layout)}: vs transformers {reference[-1]['max_abs_diff']:.3g}"
+                )
         if grad_ref is not None:
             grads.append(layout_grads(run, grad_ref, layout))
             if run.config.progress:
                 g = grads[-1]
                 how = f"max rel {g['max_rel_diff']:.3g}" if g["supported"] else "not supported"
-                _say(f"layout {layout.name}: gradients vs float64: {how}")
+                _say(f"layout {run.layout_key(layout)}: gradients vs float64: {how}")
         run.release(layout)
     return {"layouts": out, "pairs": pairs, "reference": reference, "grads": grads}
 
@@ -388,9 +435,12 @@ def _policies_at(run: GateRun, layout: Layout):
     from ..codegen.vendored import load_target
 
     cid = run.config.contract_id
-    kp = load_target(TRAINER).schema.kernel_policy_for(cid)
-    sg = load_target(ROLLOUT).runtime_policy.policy_for(cid, SimpleNamespace(tp_size=layout.tp))
-    mg = load_target(TRAINER).runtime_policy.policy_for(
+    trainer = load_target(run.trainer_target)
+    kp = trainer.schema.kernel_policy_for(cid)
+    sg = load_target(rollout_target()).runtime_policy.policy_for(
+        cid, SimpleNamespace(tp_size=layout.tp)
+    )
+    mg = trainer.runtime_policy.policy_for(
         cid,
         SimpleNamespace(
             tensor_model_parallel_size=layout.tp,
@@ -417,7 +467,7 @@ def _try_fault(
     ``faulted_rollouts`` (``run_faults``' cache, keyed by fault and rollout TP) lets layouts of
     one TP size share one faulted rollout; both sides are deterministic, so re-running it would
     give the same bits."""
-    from ..adapters.megatron.trainer import TrainerFault
+    TrainerFault = run.trainer_adapter.TrainerFault
 
     change = fault_change(run, fault, layout)
     try:
@@ -449,7 +499,9 @@ def unobservable_notes(contract_id: str) -> dict[str, str]:
     """The contract's notes on fields the gate cannot observe (from the generated schema)."""
     from ..codegen.vendored import load_target
 
-    return dict(load_target(ROLLOUT).schema.CONTRACT_DATA[contract_id].get("unobservable", {}))
+    return dict(
+        load_target(rollout_target()).schema.CONTRACT_DATA[contract_id].get("unobservable", {})
+    )
 
 
 def _try_shared(run: GateRun, bug: SharedBug, ref, layout: Layout) -> tuple[str, str]:
@@ -481,10 +533,11 @@ def _try_shared(run: GateRun, bug: SharedBug, ref, layout: Layout) -> tuple[str,
     return "undetected", ""
 
 
-def run_faults(run: GateRun, ref=None) -> dict:
+def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
     """Flip each field on one side; a fault is tried layout by layout, cheapest first, until
     one differs. Layout-major, so only one layout's trainer processes are alive at a time.
-    Then each shared-kernel bug is planted on both sides (``_try_shared``).
+    Then each shared-kernel bug is planted on both sides (``_try_shared``). ``trainer_only``
+    (a second trainer target's run): its trainer-side faults alone, the kernel ones named by it.
 
     A fault no layout detects fails the gate unless the contract explains it under
     ``unobservable``; a fault the contract calls unobservable that IS detected fails it too.
@@ -492,7 +545,9 @@ def run_faults(run: GateRun, ref=None) -> dict:
     # cheapest first; among layouts of one size, TP first (reduction-order faults need TP)
     layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, -lay.tp, lay.name))
     kp, sg, mg = _policies_at(run, layouts[0])
-    faults = catalogue(kp, sg, mg)
+    faults = catalogue(kp, sg, mg, rollout_target(), run.trainer_target, trainer_only)
+    if trainer_only:
+        faults = [f for f in faults if f.side == "trainer"]
     left_out = []
     if all(lay.ep == 1 for lay in layouts):
         left_out = [f.name for f in faults if f.kind == "kernel" and f.field in EP_ONLY_FIELDS]
@@ -510,7 +565,7 @@ def run_faults(run: GateRun, ref=None) -> dict:
         if run.config.progress:
             left = sum(1 for o, _ in outcomes.values() if o == "undetected")
             _say(f"faults at {layout.name}: {len(pending)} tried, {left} not yet detected")
-    for bug in shared_bugs():
+    for bug in [] if trainer_only else shared_bugs():
         outcomes[bug.name] = _try_shared(run, bug, ref, layouts[0])
         faults.append(bug)
     run.close()
@@ -559,6 +614,22 @@ def run_faults(run: GateRun, ref=None) -> dict:
     }
 
 
+def merged_faults(first: dict, other: dict) -> dict:
+    """One ``faults`` section of two ``run_faults`` results (two trainer targets' runs)."""
+    out = dict(first)
+    for key in ("injected", "detected", "undetected", "contradicted"):
+        out[key] = first[key] + other[key]
+    for key in ("explained", "errors", "details", "left_out"):
+        out[key] = {**first.get(key, {}), **other.get(key, {})}
+    a, b = first.get("retried"), other.get("retried")
+    if a and b:
+        out["retried"] = {**a, "faults": a["faults"] + b["faults"],
+                          "detected": a["detected"] + b["detected"]}  # fmt: skip
+    else:
+        out["retried"] = a or b
+    return out
+
+
 RETRY_WORKLOAD = "large"
 
 
@@ -586,7 +657,7 @@ def _retry_on_large_workload(
     if config.progress:
         _say(f"faults: {len(faults)} undetected; trying them at {what}")
     big = replace(config, workload=workload, layouts=[layout], rollout_tps=[1])
-    with GateRun(big) as big_run:
+    with GateRun(big, trainer_target=run.trainer_target) as big_run:
         for fault in faults:
             outcome, how = _try_fault(big_run, fault, layout)
             if outcome != "undetected":

@@ -23,7 +23,9 @@ def layout_problems(contract_id: str, layout: Layout, model: str) -> list[str]:
     """Why the contract's model cannot run ``layout`` (the launcher's own layout rules: the
     gate runs the rollout at the layout's TP and the trainer at its TP, PP, CP and EP, with the
     attention DP that EP needs: ``Layout.ep_dp``)."""
-    from ..adapters.launcher.layout import validate_layout
+    from ..codegen.targets import by_role
+
+    validate_layout = by_role("launcher").runtime().validate_layout
 
     def check(lay: Layout) -> tuple:
         try:
@@ -36,9 +38,11 @@ def layout_problems(contract_id: str, layout: Layout, model: str) -> list[str]:
     if any(v.flag == "--ep" for v in found):
         # The launcher's alternatives hold DP fixed; the gate picks the DP each EP size needs.
         from ..codegen.vendored import load_target
-        from . import ROLLOUT
+        from .targets import rollout_target
 
-        sizes = load_target(ROLLOUT).schema.parallel_support_for(contract_id).train_ep_sizes
+        sizes = (
+            load_target(rollout_target()).schema.parallel_support_for(contract_id).train_ep_sizes
+        )
         valid = tuple(
             e for e in sizes if not any(v.flag == "--ep" for v in check(replace(layout, ep=e)))
         )
@@ -48,7 +52,9 @@ def layout_problems(contract_id: str, layout: Layout, model: str) -> list[str]:
 
 def rollout_tp_problems(contract_id: str, tp: int, model: str) -> list[str]:
     """Why the contract's model cannot run a rollout at TP ``tp`` (the launcher's rules)."""
-    from ..adapters.launcher.layout import validate_layout
+    from ..codegen.targets import by_role
+
+    validate_layout = by_role("launcher").runtime().validate_layout
 
     try:
         validate_layout(contract_id, Layout(rollout_tp=tp), model)
@@ -60,9 +66,11 @@ def rollout_tp_problems(contract_id: str, tp: int, model: str) -> list[str]:
 def allowed_rollout_tps(contract_id: str, model: str) -> list[int]:
     """Every rollout TP of the contract's ``parallel.rollout.tp`` that the model can run."""
     from ..codegen.vendored import load_target
-    from . import ROLLOUT
+    from .targets import rollout_target
 
-    sizes = load_target(ROLLOUT).schema.CONTRACT_DATA[contract_id]["parallel"]["rollout"]["tp"]
+    sizes = load_target(rollout_target()).schema.CONTRACT_DATA[contract_id]["parallel"]["rollout"][
+        "tp"
+    ]
     return [tp for tp in sorted(sizes) if not rollout_tp_problems(contract_id, tp, model)]
 
 

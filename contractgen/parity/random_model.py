@@ -28,15 +28,16 @@ def write_random_checkpoint(
     import torch
 
     from ..adapters.launcher.layout import select_checkpoint
-    from ..adapters.sglang.model import ModelArch, random_weights
     from ..codegen.vendored import load_target
-    from . import ROLLOUT
     from .reference import hf_model, reference_config
+    from .targets import rollout_adapter, rollout_target
+
+    ModelArch, random_weights = rollout_adapter().ModelArch, rollout_adapter().random_weights
 
     if init not in INITS:
         raise ValueError(f"init {init!r}: expected one of {', '.join(INITS)}")
     dims = select_checkpoint(contract_id, name)
-    profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
+    profile = load_target(rollout_target()).schema.model_profile_for(contract_id)
     arch = ModelArch.from_profile(profile, dims)
     torch_dtype = getattr(torch, dtype)
     if init == "transformers":

@@ -155,8 +155,9 @@ def policies(
 
 def model_arch(contract_id: str, weights: Any):
     """(arch, HF state dict) for the contract's reference model or a checkpoint directory."""
-    from ..adapters.sglang.checkpoint import load_checkpoint
-    from ..adapters.sglang.model import ModelArch
+    from .targets import rollout_adapter
+
+    load_checkpoint, ModelArch = rollout_adapter().load_checkpoint, rollout_adapter().ModelArch
     from ..codegen.vendored import load_target
 
     profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
@@ -169,8 +170,12 @@ def arch_of(contract_id: str, weights: Any):
     """The ``ModelArch`` alone: for a checkpoint directory from its ``config.json`` (the coverage
     check included), without reading its weights as ``model_arch`` does."""
     if isinstance(weights, (str, os.PathLike)):
-        from ..adapters.sglang.checkpoint import check_checkpoint
-        from ..adapters.sglang.model import ModelArch
+        from .targets import rollout_adapter
+
+        check_checkpoint, ModelArch = (
+            rollout_adapter().check_checkpoint,
+            rollout_adapter().ModelArch,
+        )
         from ..codegen.vendored import load_target
 
         profile = load_target(ROLLOUT).schema.model_profile_for(contract_id)
@@ -187,7 +192,9 @@ def _prompts(workload: Sequence[PromptSpec], vocab_size: int) -> list[list[int]]
 
 def requests_for(workload: Sequence[PromptSpec], vocab_size: int) -> list:
     """The engine's ``Request`` of every prompt of ``workload`` (its seeded prompt ids)."""
-    from ..adapters.sglang.engine import Request
+    from .targets import rollout_adapter
+
+    Request = rollout_adapter().Request
 
     prompts = _prompts(workload, vocab_size)
     return [
@@ -224,8 +231,12 @@ def _rescore_only(engine, sequences) -> RolloutResult:
 
 
 def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> RolloutResult:
-    from ..adapters.sglang.engine import RolloutEngine
-    from ..adapters.sglang.model import ReferenceModel
+    from .targets import rollout_adapter
+
+    RolloutEngine, ReferenceModel = (
+        rollout_adapter().RolloutEngine,
+        rollout_adapter().ReferenceModel,
+    )
 
     _, kp, rp = policies(
         job.contract_id, job.tp, job.dtype_override, job.kernel_changes, job.runtime_changes

@@ -183,7 +183,7 @@ def training_faults(run: GateRun) -> list[str]:
 
 def _one_side_fault(run: GateRun, name: str | None, layout: Layout):
     """(rollout ``RolloutJob`` changes, trainer ``TrainerFault`` or None) for a policy fault."""
-    from ..adapters.megatron.trainer import TrainerFault
+    TrainerFault = run.trainer_adapter.TrainerFault
     from .faults import catalogue
     from .harness import _policies_at
 
@@ -273,8 +273,11 @@ def _run_layout(
     """Yield ``(per-layout entry, pairs, step)`` for each step of one trainer layout's run;
     ``cache`` holds rollout results by (TP, pushed weights, workload, faults) across layouts;
     ``grads`` checks the step-0 gradient."""
-    from ..adapters.megatron.run_types import OptimizerSettings, TrainBatch, TrainInit
-    from ..adapters.megatron.trainer import TrainerSession
+    trainer_api = run.trainer_adapter
+    OptimizerSettings, TrainBatch, TrainInit = (
+        trainer_api.OptimizerSettings, trainer_api.TrainBatch, trainer_api.TrainInit
+    )  # fmt: skip
+    TrainerSession = trainer_api.TrainerSession
     from .rollout import RolloutJob, WeightSync
 
     config = run.config

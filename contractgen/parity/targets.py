@@ -1,0 +1,48 @@
+"""The gate's one way to its targets: found in the registry by role, never named.
+
+``codegen/targets.py`` is the registry (the built-in targets plus the active project's plugins);
+this module picks the gate's rollout target and the trainer targets it runs, and hands out their
+adapter modules, whose names (``ROLE_API``) are all the gate calls.
+"""
+
+from __future__ import annotations
+
+import types
+
+from ..codegen.targets import UnknownTargetError, by_role, targets_for_role
+
+
+def rollout_target() -> str:
+    """The rollout target the gate runs: the role's default (today the one rollout target)."""
+    return by_role("rollout").name
+
+
+def trainer_targets(contract_id: str) -> list[str]:
+    """Every trainer target whose generated policy carries ``contract_id``, built-ins first."""
+    from ..codegen.vendored import load_target
+
+    return [
+        t.name
+        for t in targets_for_role("trainer")
+        if contract_id in load_target(t.name).schema.CONTRACT_IDS
+    ]
+
+
+def parse_trainers(text: str) -> list[str]:
+    """``--trainers a,b``: trainer target names, in order, each once; an unknown one raises
+    ``UnknownTargetError`` listing the trainer targets."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UnknownTargetError(text, [t.name for t in targets_for_role("trainer")], "trainer")
+    return [by_role("trainer", n).name for n in dict.fromkeys(names)]
+
+
+def adapter(name: str) -> types.ModuleType:
+    """The adapter module of target ``name`` (``ROLE_API[role]`` names on it)."""
+    from ..codegen.targets import get_target
+
+    return get_target(name).runtime()
+
+
+def rollout_adapter() -> types.ModuleType:
+    return adapter(rollout_target())
