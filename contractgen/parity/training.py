@@ -20,7 +20,12 @@ Per trainer layout, a run of its own (each layout trains its own copy of the wei
 Step 0 also checks each layout's gradient against float64 autograd (``_GradCheck``;
 ``--no-grad-check`` skips it), and every step checks the loss against its value at a ratio of
 exactly 1 (``loss_if_ratio_one``, minus the token mean of the advantages: bit for bit the loss
-only when every ratio is 1). ``time_s`` says where each step's time went.
+only when every ratio is 1). ``time_s`` says where each step's time went: ``digest`` (hashing
+the pushed weights), ``rollout`` (every rollout TP, of which ``rollout_load``,
+``rollout_sync_check``, ``rollout_generate``, ``rollout_rescore``), ``score``, ``trainer_step``
+(of which the trainer's ``forward_backward``, ``optimizer`` and ``sync``, the weight gather),
+``compare``, ``grad_check`` and ``step``, the step's wall time without the gradient check;
+``response_tokens_per_s`` is the step's response tokens over ``step``.
 
 Training faults (``--train-fault``): any ``--inject-faults`` name flips that field on one side
 for the whole run (the ratio moves off 1 at step 0); ``sync.stale_shard`` makes the last rollout
@@ -226,6 +231,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
                 "three_way": steps_three_way(entries),
                 "grads": grads.report(entries) if grads is not None and step == 0 else None,
                 "time_s": _summed_times(entries),
+                "response_tokens_per_s": _tokens_per_s(entries),
                 "per_layout": entries,
             }
         )
@@ -254,6 +260,24 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
 
 def _worst(values) -> float:
     return max((abs(v) for v in values), default=0.0)
+
+
+def _tokens_per_s(entries: list[dict]) -> float:
+    """A step's response tokens over its wall time without the gradient check (``time_s.step``),
+    both summed over the trainer layouts (which run one after another)."""
+    seconds = sum(e["time_s"]["step"] for e in entries)
+    return round(sum(e["response_tokens"] for e in entries) / seconds, 2) if seconds else 0.0
+
+
+def rollout_parts(result: Any) -> dict[str, float]:
+    """Where a rollout run's time went on its rank 0 (``RolloutResult``): taking the pushed
+    weights in (``rollout_load``), checking them (``rollout_sync_check``), generating and
+    re-scoring."""
+    return {
+        **{f"rollout_{k}": v for k, v in result.extra.get("time_s", {}).items()},
+        "rollout_generate": result.generate_seconds,
+        "rollout_rescore": result.rescore_seconds,
+    }
 
 
 def _summed_times(entries: list[dict]) -> dict[str, float]:
@@ -295,11 +319,12 @@ def _run_layout(
             )
         ).weights
         for step in range(cfg.steps):
-            clock = time.perf_counter()
+            clock = step_start = time.perf_counter()
             workload = step_workload(step, cfg, arch.vocab_size)
-            rollouts, digest, reused = {}, weights_digest(weights), []
+            rollouts, digest, reused = {}, weights_digest(weights.tensors()), []
+            times = {"digest": _lap(clock)}
             for tp in sorted({1, *config.rollout_tps}):  # TP=1 first: the reference
-                sync = WeightSync(reset=step == 0, stale=stale if step > 0 else None)
+                sync = WeightSync(reset=step == 0, stale=stale if step > 0 else None, digest=digest)
                 job = RolloutJob(
                     config.contract_id, weights, tp, workload=workload, device=config.device,
                     arch=arch, weight_sync=sync, planted_bugs=config.planted_bugs,
@@ -313,10 +338,12 @@ def _run_layout(
                     rollouts[tp] = cache[key]
                     continue
                 rollouts[tp] = run.rollout_session(tp).run(job)
+                for part, seconds in rollout_parts(rollouts[tp]).items():
+                    times[part] = round(times.get(part, 0.0) + seconds, 4)
                 if key is not None:
                     cache[key] = rollouts[tp]
             base = rollouts[1]
-            times = {"rollout": _lap(clock)}
+            times["rollout"] = round(_lap(clock) - times["digest"], 4)
             clock = time.perf_counter()
             rewards = [reward(s[p:], arch.vocab_size) for s, p in zip(base.sequences, base.prompt_lens, strict=True)]  # fmt: skip
             advantages = grpo_advantages(rewards, cfg.group_size)
@@ -358,6 +385,8 @@ def _run_layout(
             if grads is not None and step == 0:
                 checked = grads.layout(trainer, layout, base, trainer_fault)
             times["grad_check"] = _lap(clock) if checked is not None else None
+            times["step"] = round(time.perf_counter() - step_start - (times["grad_check"] or 0), 4)
+            tokens = sum(len(s) - p for s, p in zip(base.sequences, base.prompt_lens, strict=True))
             want, bound = advantage_logprob(old, advantages)
             entry = {
                 "name": layout.name,
@@ -384,6 +413,8 @@ def _run_layout(
                     run.logprob_contract, base, result.logprobs, digest, syncs, step
                 ),
                 "grads": checked,
+                "response_tokens": tokens,
+                "response_tokens_per_s": round(tokens / times["step"], 2),
                 "time_s": times,
             }
             if config.progress:
