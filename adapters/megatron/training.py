@@ -369,6 +369,8 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
         "optimizer": t2 - t1,
         "sync": _sync_clock(device) - t3,
     }
+    if device == "cuda":  # the rollout shares the GPU: the step's freed activations go back
+        torch.cuda.empty_cache()
     return out
 
 

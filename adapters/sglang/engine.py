@@ -75,6 +75,9 @@ class _Progress:
             print(f"{self.label}: {msg} ({now - self.t0:.1f} s)", file=sys.stderr, flush=True)
 
 
+# Logits elements a re-score holds at once (``rescore_many``): 64 Mi, 256 MB in float32
+_HEAD_BLOCK_ELEMENTS = 1 << 26
+
 # ``RolloutEngine(decode=...)``: how running requests decode
 DECODE_MODES = {
     "auto": "graph on CUDA where the model allows it (one rank, dense, not recording), else eager",
@@ -272,12 +275,27 @@ class RolloutEngine:
         ids = [torch.tensor(list(s), device=dev) for s in sequences]
         lens = [len(s) for s in sequences]
         per_seq = list(params) if params is not None else [None] * len(ids)
-        logits = self.model.forward(torch.cat(ids), [KVCache() for _ in ids], lens, all_logits=True)
+        h = self.model.forward(torch.cat(ids), [KVCache() for _ in ids], lens, hidden=True)
+        # the logits exist a block of rows at a time (``head`` and the log-softmax are per row,
+        # so the bits are the whole ``[tokens, vocab]`` tensor's): a step's re-score of 128
+        # sequences of 300 tokens would otherwise hold 23 GB of float32 logits at once
+        block = max(1, _HEAD_BLOCK_ELEMENTS // self.model.arch.vocab_size)
         out, lo = [], 0
         for seq_ids, n, p in zip(ids, lens, per_seq, strict=True):
-            out.append(self._scored(logits[lo : lo + n - 1], seq_ids[1:], p))
+            parts = [
+                self._scored(self.model.head(h[a : min(a + block, lo + n - 1)]),
+                             seq_ids[a - lo + 1 : min(a + block, lo + n - 1) - lo + 1], p)
+                for a in range(lo, lo + n - 1, block)
+            ]  # fmt: skip
+            out.append(torch.cat(parts) if parts else h.new_zeros(0, dtype=self._lp_dtype))
             lo += n
         return out
+
+    @property
+    def _lp_dtype(self) -> torch.dtype:
+        from .kernels._dtypes import dtype_of
+
+        return dtype_of(self.kp.logsoftmax_dtype)
 
     def logits(self, sequence: Sequence[int]) -> torch.Tensor:
         """All-position logits of one prefill (for reference comparisons)."""

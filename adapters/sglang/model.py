@@ -499,10 +499,12 @@ class ReferenceModel:
         *,
         all_logits: bool = False,
         layer_outputs: list | None = None,
+        hidden: bool = False,
     ) -> torch.Tensor:
         """Packed forward of ``len(caches)`` segments (``lengths[i]`` new tokens each, appended to
         ``caches[i]``). Returns logits ``[rows, vocab]`` for the last token of every segment, or for
-        every token with ``all_logits``. ``layer_outputs`` (a list) receives the residual stream
+        every token with ``all_logits``; with ``hidden``, the residual stream of every token
+        ``[T, hidden]`` before the final norm (``head`` of its rows gives their logits). ``layer_outputs`` (a list) receives the residual stream
         ``[T, hidden]`` after every layer, for first-divergence reports."""
         a, kp = self.arch, self.kp
         dev = self.embed.device
@@ -545,6 +547,8 @@ class ReferenceModel:
         h = self.decoder(h, cos, sin, attend, layer_outputs)
         for c, n in zip(caches, lengths, strict=True):
             c.length += n
+        if hidden:
+            return h
         rows = torch.arange(T) if all_logits else cu_q[1:] - 1
         return self.head(h[rows.to(dev)])
 

@@ -252,6 +252,10 @@ def _run(job: RolloutJob, group=None, device: str | None = None) -> RolloutResul
 
     with planted(job.planted_bugs), maybe_recording(job.kernel_audit) as calls:
         result = _run_unplanted(job, group, device)
+    if device is not None and torch.device(device).type == "cuda":
+        # the trainer shares the GPU: the run's freed blocks go back (the kept engine's weights,
+        # static KV pool and captured graphs stay)
+        torch.cuda.empty_cache()
     if calls is not None:
         result.extra["kernel_calls"] = calls
     return result
