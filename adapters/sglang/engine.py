@@ -24,7 +24,7 @@ from ..kernels import audit
 from .decode_graph import DecodeRunner, unsupported
 from .kernels.logsoftmax import token_logprobs
 from .model import KVCache, ReferenceModel
-from .sampling import SamplingParams, draw_key, process, sample_rows
+from .sampling import SamplingParams, draw_key, draw_keys, process, sample_rows
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,7 @@ class RolloutEngine:
         # every request's keys and values, preallocated (static: allocated once, never moved)
         pool = runner.pool if runner is not None else self.model.new_kv_pool()
         prog = _Progress("rollout", self.progress)
+        dev = self.model.embed.device
         step = 0
         while pending or running:
             if not running and pending and pending[0].arrival_step > step:
@@ -157,12 +158,13 @@ class RolloutEngine:
                 cache = KVCache(capacity_hint=len(r.prompt) + r.max_new_tokens, pool=None)
                 cache.make_room(pool, 0)
                 running.append((r, Completion(r.rid, tuple(r.prompt), first_step=step), cache))
+            # the draw keys go to the device before the step's work is queued (nothing to wait for)
+            keys = draw_keys([draw_key(r.seed, len(c.tokens)) for r, c, _ in running], dev)
             if runner is None:
                 logits = self._packed_step(running)
             else:
                 logits = self._split_step(running, runner)
             params = [r.sampling for r, _, _ in running]
-            keys = [draw_key(r.seed, len(c.tokens)) for r, c, _ in running]
             tok_B, lp_B = sample_rows(logits, params, keys, self.kp, V)
             still = []
             for row, (tok, (r, c, cache)) in enumerate(zip(tok_B.tolist(), running, strict=True)):
@@ -209,7 +211,7 @@ class RolloutEngine:
         first = parts[0][1]
         out = first.new_empty((len(running), first.shape[1]))
         for rows, logits in parts:
-            out[torch.tensor(rows, device=out.device)] = logits
+            out[torch.tensor(rows).to(out.device, non_blocking=True)] = logits
         return out
 
     def _check(self, requests: Sequence[Request]) -> None:

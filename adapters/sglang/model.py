@@ -245,6 +245,13 @@ class KVPool:
         self.rows = rows
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes and values, compared in the wider dtype (widening is exact: no float64
+    copies of a vocab-sized table)."""
+    wide = torch.promote_types(a.dtype, b.dtype)
+    return a.shape == b.shape and torch.equal(a.to(wide), b.to(wide))
+
+
 def _shard_of(shard: Callable, n: int, t: torch.Tensor) -> torch.Tensor:
     """``shard(t, n)`` (argument order for ``functools.partial``)."""
     return shard(t, n)
@@ -600,6 +607,8 @@ class ReferenceModel:
 
         def gather(t: torch.Tensor, how: str, name: str) -> torch.Tensor:
             parts = all_gather_exact(t.contiguous(), self.group) if self.tp > 1 else [t]
+            if len(parts) == 1:
+                return parts[0]
             if how == "column":
                 return torch.cat(parts, dim=0)
             if how == "row":
@@ -628,6 +637,6 @@ class ReferenceModel:
         head = gather(self.lm_head, "column", names["lm_head"])[: arch.vocab_size]
         if not arch.tie_word_embeddings:
             out[names["lm_head"]] = head
-        elif not torch.equal(head.double(), out[names["embed"]].double()):
+        elif not _same_values(head, out[names["embed"]]):
             problems.append(f"{names['lm_head']} (tied) differs from {names['embed']}")
         return out, problems

@@ -176,55 +176,63 @@ def uniform_noise(keys_B2: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return (hash_bits(keys_B2, vocab_size).to(torch.float64) + 0.5) * 2.0**-32
 
 
-def draw_rows(
-    lp_BV: torch.Tensor, params: SamplingParams, keys: list[tuple[int, int]]
-) -> torch.Tensor:
+def draw_keys(keys: Sequence[tuple[int, int]], device=None) -> torch.Tensor:
+    """``[B, 2]`` int64 of ``draw_key`` pairs on ``device``. The copy does not wait for the
+    device's queued work (an engine makes it before the step's forward is queued)."""
+    return torch.tensor(list(keys), dtype=torch.int64).reshape(-1, 2).to(device, non_blocking=True)
+
+
+def draw_rows(lp_BV: torch.Tensor, params: SamplingParams, keys_B2: torch.Tensor) -> torch.Tensor:
     """``[B]`` int64 token ids on ``lp_BV``'s device, one per row of processed logprobs (all
     rows under ``params``): argmax for greedy, else Gumbel-max with row ``b``'s noise keyed by
-    ``keys[b]`` (``draw_key``). No host sync."""
+    ``keys_B2[b]`` (``draw_keys``). No host sync."""
     if params.greedy:
         return torch.argmax(lp_BV, dim=-1)
-    k = torch.tensor(keys, dtype=torch.int64).reshape(-1, 2).to(lp_BV.device)
-    u = uniform_noise(k, lp_BV.shape[-1])
+    u = uniform_noise(keys_B2.to(lp_BV.device), lp_BV.shape[-1])
     gumbel = -torch.log(-torch.log(u))
     return torch.argmax(lp_BV.detach().to(torch.float64) + gumbel, dim=-1)
 
 
 def draw(lp_V: torch.Tensor, params: SamplingParams, seed: int, index: int) -> int:
     """One token from the processed logprobs of one row (``draw_rows`` of that row alone)."""
-    return int(draw_rows(lp_V[None], params, [draw_key(seed, index)])[0])
+    return int(draw_rows(lp_V[None], params, draw_keys([draw_key(seed, index)]))[0])
 
 
 def sample_rows(
     logits_BV: torch.Tensor,
     params: Sequence[SamplingParams],
-    keys: Sequence[tuple[int, int]],
+    keys_B2: torch.Tensor,
     kp,
     vocab_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tokens [B] int64, their logprobs [B] in kp.logsoftmax_dtype)`` on the rows' device, for
-    rows of whole-vocab logits, row ``b`` under ``params[b]`` with draw key ``keys[b]``: per group
-    of rows sharing params, ONE contract log-softmax of the processed logits (batch invariant:
-    each row's bits are its lone computation's), the draw, and that tensor's entries. Only the
-    rows that truncate go through ``keep_mask``. No host sync: the caller reads the tokens."""
+    rows of whole-vocab logits, row ``b`` under ``params[b]`` with draw key ``keys_B2[b]``
+    (``draw_keys``): per group of rows sharing params, ONE contract log-softmax of the processed
+    logits (batch invariant: each row's bits are its lone computation's), the draw, and that
+    tensor's entries. Only the rows that truncate go through ``keep_mask`` (which reads them on
+    the host). Otherwise no host sync: the caller reads the tokens."""
     from ..kernels.logsoftmax import full_logprobs
 
-    B = logits_BV.shape[0]
+    B, dev = logits_BV.shape[0], logits_BV.device
     groups: dict[SamplingParams, list[int]] = {}
     for b, p in enumerate(params):
         groups.setdefault(p, []).append(b)
     toks, lps = [], []
     for p, rows in groups.items():
-        x = logits_BV[:, :vocab_size] if len(rows) == B else logits_BV[rows, :vocab_size]
+        if len(rows) == B:
+            x, k = logits_BV[:, :vocab_size], keys_B2
+        else:
+            idx = torch.tensor(rows).to(dev, non_blocking=True)
+            x, k = logits_BV[idx, :vocab_size], keys_B2.to(dev)[idx]
         lp_BV = full_logprobs(process(x, p, kp), kp, vocab_size)
-        tok = draw_rows(lp_BV, p, [keys[b] for b in rows])
+        tok = draw_rows(lp_BV, p, k)
         toks.append(tok)
         lps.append(lp_BV.gather(-1, tok[:, None])[:, 0])
     if len(groups) == 1:
         return toks[0], lps[0]
-    order = torch.tensor([b for rows in groups.values() for b in rows], device=logits_BV.device)
-    tok_B = torch.empty(B, dtype=torch.int64, device=logits_BV.device)
-    lp_B = torch.empty(B, dtype=lps[0].dtype, device=logits_BV.device)
+    order = torch.tensor([b for rows in groups.values() for b in rows]).to(dev, non_blocking=True)
+    tok_B = torch.empty(B, dtype=torch.int64, device=dev)
+    lp_B = torch.empty(B, dtype=lps[0].dtype, device=dev)
     tok_B[order] = torch.cat(toks)
     lp_B[order] = torch.cat(lps)
     return tok_B, lp_B
@@ -235,7 +243,8 @@ def sample(
 ) -> tuple[int, torch.Tensor]:
     """``(token, its logprob as the sampler saw it)`` for one row of whole-vocab logits
     (``sample_rows`` of that row alone)."""
-    tok, lp = sample_rows(logits_V[None], [params], [draw_key(seed, index)], kp, vocab_size)
+    keys = draw_keys([draw_key(seed, index)], logits_V.device)
+    tok, lp = sample_rows(logits_V[None], [params], keys, kp, vocab_size)
     return int(tok[0]), lp[0]
 
 

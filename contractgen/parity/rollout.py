@@ -81,8 +81,14 @@ class WeightSync:
     stale: str | None = None
     """Fault injection: the last rank keeps its old copy of this HF tensor (a lost shard)."""
     digest: str | None = None
-    """``weights_digest`` of the pushed weights, when the sender has it: a rank whose gathered
-    weights equal the push bit for bit reports it instead of hashing the same bytes again."""
+    """``weights_digest`` of the pushed weights, when the sender has it (or ``AS_PUSHED``, when
+    the sender is still hashing them and fills it in): a rank whose gathered weights equal the
+    push bit for bit reports it instead of hashing the same bytes again."""
+
+
+AS_PUSHED = "as-pushed"
+"""``WeightSync.digest`` and a synced ``sync_report``'s digest: the pushed weights' own, which
+the sender fills in (it hashes them while the rollout runs)."""
 
 
 def pushed_weights(weights: Any) -> dict[str, torch.Tensor]:
@@ -145,7 +151,11 @@ def _same_bits(held: torch.Tensor, sent: torch.Tensor) -> bool:
     if held.dtype != sent.dtype and not torch.equal(held, sent.to(held.dtype)):
         return False
     a, b = held.to(sent.dtype).contiguous(), sent.contiguous()
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    as_int = _INT_OF_WIDTH[sent.element_size()]
+    return torch.equal(a.reshape(-1).view(as_int), b.reshape(-1).view(as_int))
+
+
+_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def sync_report(model, pushed: dict[str, torch.Tensor], digest: str | None = None) -> dict:
@@ -155,16 +165,16 @@ def sync_report(model, pushed: dict[str, torch.Tensor], digest: str | None = Non
     the pushed weights' (``digest``, when given) when every tensor arrived bit for bit, else
     hashed from the gathered tensors."""
     gathered, problems = model.gathered_weights()
-    gathered = {name: value.cpu() for name, value in gathered.items()}
-    mismatched = sorted(
+    mismatched = sorted(  # compared where the rollout holds them (the push copied there)
         name
         for name, value in pushed.items()
-        if name not in gathered or not _same_bits(gathered[name], value)
+        if name not in gathered
+        or not _same_bits(gathered[name], value.to(gathered[name].device, non_blocking=True))
     )
     synced = not mismatched and not problems
     if not synced or digest is None:
         held = {
-            name: gathered[name].to(value.dtype) if name in gathered else torch.zeros(0)
+            name: gathered[name].to(value.dtype).cpu() if name in gathered else torch.zeros(0)
             for name, value in pushed.items()
         }
         digest = weights_digest(held)

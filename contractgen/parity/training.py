@@ -20,8 +20,8 @@ Per trainer layout, a run of its own (each layout trains its own copy of the wei
 Step 0 also checks each layout's gradient against float64 autograd (``_GradCheck``;
 ``--no-grad-check`` skips it), and every step checks the loss against its value at a ratio of
 exactly 1 (``loss_if_ratio_one``, minus the token mean of the advantages: bit for bit the loss
-only when every ratio is 1). ``time_s`` says where each step's time went: ``digest`` (hashing
-the pushed weights), ``rollout`` (every rollout TP, of which ``rollout_load``,
+only when every ratio is 1). ``time_s`` says where each step's time went: ``digest`` (waiting
+for the push's digest, hashed in a thread while the rollout runs), ``rollout`` (every rollout TP, of which ``rollout_load``,
 ``rollout_sync_check``, ``rollout_generate``, ``rollout_rescore``), ``score``, ``trainer_step``
 (of which the trainer's ``forward_backward``, ``optimizer`` and ``sync``, the weight gather),
 ``compare``, ``grad_check`` and ``step``, the step's wall time without the gradient check;
@@ -38,6 +38,7 @@ import statistics
 import struct
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -299,12 +300,13 @@ def _run_layout(
     ``grads`` checks the step-0 gradient."""
     from ..adapters.megatron.run_types import OptimizerSettings, TrainBatch, TrainInit
     from ..adapters.megatron.trainer import TrainerSession
-    from .rollout import RolloutJob, WeightSync
+    from .rollout import AS_PUSHED, RolloutJob, WeightSync
 
     config = run.config
     rollout_changes, trainer_fault = _one_side_fault(run, cfg.fault, layout)
     stale = stale_tensor(arch) if cfg.fault == STALE_SHARD else None
     t0 = time.perf_counter()
+    digests = ThreadPoolExecutor(1, thread_name_prefix="weights-digest")
     trainer = TrainerSession(
         config.contract_id, config.weights, layout,
         device=config.device,
@@ -321,10 +323,16 @@ def _run_layout(
         for step in range(cfg.steps):
             clock = step_start = time.perf_counter()
             workload = step_workload(step, cfg, arch.vocab_size)
-            rollouts, digest, reused = {}, weights_digest(weights.tensors()), []
+            # the push's digest is hashed while the rollout runs (hashlib lets the GIL go); a
+            # run that may reuse another layout's rollouts needs it first, for the cache key
+            hashing = digests.submit(weights_digest, weights.tensors())
+            digest = hashing.result() if len(config.layouts) > 1 else None
+            rollouts, reused = {}, []
             times = {"digest": _lap(clock)}
             for tp in sorted({1, *config.rollout_tps}):  # TP=1 first: the reference
-                sync = WeightSync(reset=step == 0, stale=stale if step > 0 else None, digest=digest)
+                sync = WeightSync(
+                    reset=step == 0, stale=stale if step > 0 else None, digest=digest or AS_PUSHED
+                )
                 job = RolloutJob(
                     config.contract_id, weights, tp, workload=workload, device=config.device,
                     arch=arch, weight_sync=sync, planted_bugs=config.planted_bugs,
@@ -332,7 +340,7 @@ def _run_layout(
                 )  # fmt: skip
                 # A full push replaces everything the ranks held, so the run is a function of the
                 # pushed weights: another layout that pushed the same bits reuses it.
-                key = None if sync.stale else (tp, digest, workload, repr(rollout_changes))
+                key = None if sync.stale or digest is None else (tp, digest, workload, repr(rollout_changes))  # fmt: skip
                 if key is not None and key in cache:
                     reused.append(tp)
                     rollouts[tp] = cache[key]
@@ -344,6 +352,12 @@ def _run_layout(
                     cache[key] = rollouts[tp]
             base = rollouts[1]
             times["rollout"] = round(_lap(clock) - times["digest"], 4)
+            lap = time.perf_counter()
+            digest = hashing.result()
+            times["digest"] = round(times["digest"] + _lap(lap), 4)  # the wait for it
+            for r in rollouts.values():
+                if r.extra["weight_sync"]["digest"] == AS_PUSHED:
+                    r.extra["weight_sync"]["digest"] = digest
             clock = time.perf_counter()
             rewards = [reward(s[p:], arch.vocab_size) for s, p in zip(base.sequences, base.prompt_lens, strict=True)]  # fmt: skip
             advantages = grpo_advantages(rewards, cfg.group_size)
@@ -429,6 +443,7 @@ def _run_layout(
             yield entry, step_pairs, step
             weights = result.weights
     finally:
+        digests.shutdown(wait=True)
         trainer.close()
 
 

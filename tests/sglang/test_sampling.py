@@ -15,6 +15,7 @@ from contractgen.adapters.sglang.sampling import (
     SamplingParams,
     draw,
     draw_key,
+    draw_keys,
     hash_bits,
     keep_mask,
     process,
@@ -231,9 +232,9 @@ def _batched_rows(kp, sampler):
     V_big = 3_001  # a vocab of several log-softmax chunks, not a multiple of any block
     logits = torch.randn(len(ROW_PARAMS), V_big, generator=torch.Generator().manual_seed(9)) * 3
     logits = logits.to(torch.bfloat16)
-    keys = [draw_key(sample_seed(0, 1, b, 0), b % 3) for b in range(len(ROW_PARAMS))]
+    keys = draw_keys([draw_key(sample_seed(0, 1, b, 0), b % 3) for b in range(len(ROW_PARAMS))])
     tok, lp = sampler(logits, ROW_PARAMS, keys, kp, V_big)
-    alone = [sampler(logits[b : b + 1], [p], [keys[b]], kp, V_big)
+    alone = [sampler(logits[b : b + 1], [p], keys[b : b + 1], kp, V_big)
              for b, p in enumerate(ROW_PARAMS)]  # fmt: skip
     lone_tok = torch.cat([t for t, _ in alone])
     lone_lp = torch.cat([x for _, x in alone])
