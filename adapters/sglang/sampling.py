@@ -15,7 +15,7 @@ rows) and the trainer (vocab shards, gathered for truncated rows) build the same
 
 ``draw_rows`` is Gumbel-max over the processed logprobs: ``argmax(lp + g)``, ``g = -log(-log(u))``,
 which samples from ``softmax(lp)``; the logprob reported for the drawn token is read from the same
-tensor it drew from. ``u`` is a counter-based hash (``uniform_noise``) of the request's seed, the
+tensor it drew from. ``u`` is a counter-based hash (``hash_bits``) of the request's seed, the
 draw's index within the request (its n-th new token) and the token id, computed on the rows'
 device in exact integer arithmetic. Why a hash and not a per-request ``torch.Generator``:
 
@@ -34,6 +34,7 @@ bias below 1e-11 per draw).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -132,7 +133,7 @@ def process(
 
 _M32 = (1 << 32) - 1
 _M64 = (1 << 64) - 1
-# The 32-bit finaliser of ``uniform_noise`` (Wellons' hash-prospector "lowbias32", the variant
+# The 32-bit finaliser of ``hash_bits`` (Wellons' hash-prospector "lowbias32", the variant
 # whose two multipliers are below 2**31): with ``h < 2**32`` every product stays below 2**63, so
 # int64 tensors compute it exactly (no wrap-around) on every device.
 _MUL = (0x21F0AAAD, 0x735A2D97)
@@ -154,26 +155,36 @@ def draw_key(seed: int, index: int) -> tuple[int, int]:
     return k & _M32, k >> 32
 
 
-def _lowbias32(h: torch.Tensor) -> torch.Tensor:
-    """``lowbias32`` of int64 values in [0, 2**32), exact (see ``_MUL``)."""
-    h = h ^ (h >> _SHIFTS[0])
-    h = (h * _MUL[0]) & _M32
-    h = h ^ (h >> _SHIFTS[1])
-    h = (h * _MUL[1]) & _M32
-    return h ^ (h >> _SHIFTS[2])
+def _lowbias32_(h: torch.Tensor) -> torch.Tensor:
+    """``lowbias32`` of int64 values in [0, 2**32), in place and exact (see ``_MUL``)."""
+    h.bitwise_xor_(h >> _SHIFTS[0])
+    h.mul_(_MUL[0]).bitwise_and_(_M32)
+    h.bitwise_xor_(h >> _SHIFTS[1])
+    h.mul_(_MUL[1]).bitwise_and_(_M32)
+    return h.bitwise_xor_(h >> _SHIFTS[2])
+
+
+@functools.cache
+def _token_hash(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """``[vocab_size]`` int64: ``lowbias32(id * _TOKEN_MUL mod 2**32)`` of every token id (the
+    same for every row and step: made once per vocab and device)."""
+    ids = torch.arange(vocab_size, device=device, dtype=torch.int64)
+    return _lowbias32_(ids.mul_(_TOKEN_MUL).bitwise_and_(_M32))
 
 
 def hash_bits(keys_B2: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``[B, vocab_size]`` int64 in [0, 2**32): the hash of each row's key (``draw_key``) and
-    each token id. Row ``b`` depends on ``keys_B2[b]`` alone."""
-    ids = torch.arange(vocab_size, device=keys_B2.device, dtype=torch.int64)
-    h = _lowbias32((ids * _TOKEN_MUL) & _M32)[None, :] ^ keys_B2[:, :1]
-    return _lowbias32(_lowbias32(h) ^ keys_B2[:, 1:])
+    each token id, ``lowbias32(lowbias32(token_hash ^ k1) ^ k2)``. Row ``b`` depends on
+    ``keys_B2[b]`` alone. Written in place: one ``[B, V]`` tensor, about 20 passes over it."""
+    h = _token_hash(vocab_size, keys_B2.device)[None, :] ^ keys_B2[:, :1]
+    return _lowbias32_(_lowbias32_(h).bitwise_xor_(keys_B2[:, 1:]))
 
 
-def uniform_noise(keys_B2: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``[B, vocab_size]`` float64 uniforms in (0, 1): ``(hash_bits + 0.5) / 2**32``."""
-    return (hash_bits(keys_B2, vocab_size).to(torch.float64) + 0.5) * 2.0**-32
+def gumbel_noise(keys_B2: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[B, vocab_size]`` float64 ``-log(-log(u))``, ``u = (hash_bits + 0.5) / 2**32`` in
+    (0, 1) (exact in float64), computed in place."""
+    u = hash_bits(keys_B2, vocab_size).to(torch.float64).add_(0.5).mul_(2.0**-32)
+    return u.log_().neg_().log_().neg_()
 
 
 def draw_keys(keys: Sequence[tuple[int, int]], device=None) -> torch.Tensor:
@@ -188,9 +199,8 @@ def draw_rows(lp_BV: torch.Tensor, params: SamplingParams, keys_B2: torch.Tensor
     ``keys_B2[b]`` (``draw_keys``). No host sync."""
     if params.greedy:
         return torch.argmax(lp_BV, dim=-1)
-    u = uniform_noise(keys_B2.to(lp_BV.device), lp_BV.shape[-1])
-    gumbel = -torch.log(-torch.log(u))
-    return torch.argmax(lp_BV.detach().to(torch.float64) + gumbel, dim=-1)
+    noisy = gumbel_noise(keys_B2.to(lp_BV.device), lp_BV.shape[-1])
+    return torch.argmax(noisy.add_(lp_BV.detach()), dim=-1)  # lp + g, in float64
 
 
 def draw(lp_V: torch.Tensor, params: SamplingParams, seed: int, index: int) -> int:
