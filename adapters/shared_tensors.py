@@ -100,6 +100,8 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _fill(buffer: torch.Tensor, offset: int, nbytes: int, t: torch.Tensor) -> None:
+    """``t``'s bits into its place in ``buffer``: one copy, from wherever ``t`` is (a device
+    tensor straight into shared memory, no host staging copy of our own)."""
     if nbytes:
-        flat = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        buffer[offset : offset + nbytes].copy_(flat)
+        dst = buffer[offset : offset + nbytes].view(t.dtype).view(t.shape)
+        dst.copy_(t.detach())

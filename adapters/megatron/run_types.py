@@ -143,9 +143,10 @@ class TrainStepResult:
     """``max |exp(logp - old) - 1|`` over the response tokens, as the loss saw it."""
     kl: float | None = None
     """Mean over response tokens of ``exp(old - logp) - (old - logp) - 1`` (k3 estimator)."""
-    weights: dict[str, torch.Tensor] | None = None
-    """HF-named weights after the step, gathered from every TP/PP shard (storage dtype)."""
+    weights: Any = None
+    """HF-named weights after the step, from every TP/PP shard (storage dtype), as one
+    ``shared_tensors.SharedTensors`` buffer (``.tensors()`` gives the state dict)."""
     time_s: dict[str, float] | None = None
     """Global rank 0's wall seconds: ``forward_backward`` (the pipeline's forward, loss and
     backward), ``optimizer`` (gradient finalisation and the optimizer step), ``sync`` (the
-    weights gathered to rank 0 under HF names)."""
+    weights gathered under HF names into shared memory)."""

@@ -210,11 +210,20 @@ class TrainerSession:
         one step (``TrainBatch``); the ranks' parts of the result merged."""
         replies = self._send(command, "trainer step")
         merged = TrainStepResult()
+        parts = []  # each stage's weights (``training.gather_weights``), in rank order
         for _, reply in sorted(replies.items()):
             part = reply[1]
+            if part.weights is not None:
+                parts.append(part.weights)
             for f in dataclasses.fields(part):
                 if getattr(part, f.name) is not None and getattr(merged, f.name) is None:
                     setattr(merged, f.name, getattr(part, f.name))
+        if len(parts) > 1:  # pipeline stages: one buffer (a tied head's copy: the first stage's)
+            whole: dict[str, torch.Tensor] = {}
+            for part in parts:
+                for name, value in part.tensors().items():
+                    whole.setdefault(name, value)
+            merged.weights = SharedTensors.pack(whole)
         return merged
 
     def _send(self, command: Any, what: str) -> dict[int, tuple]:

@@ -28,6 +28,7 @@ from megatron.core.optimizer.optimizer import (
     MegatronOptimizer,
 )
 
+from ..shared_tensors import SharedTensors
 from .checkpoint import hf_state_from_stage
 from .grads import finalize_grads
 from .kernels import kernel_module
@@ -139,9 +140,24 @@ def _gather_tp(param: torch.Tensor, t: torch.Tensor, group: Any) -> torch.Tensor
     return torch.cat(parts, dim=param.partition_dim)
 
 
-def gather_weights(state: TrainState, job: Any) -> dict[str, torch.Tensor] | None:
-    """HF-named weights of the whole model on global rank 0 (``None`` elsewhere; collective)."""
-    return gather_hf(state.model, job, lambda p: p.detach())
+def gather_weights(state: TrainState, job: Any) -> SharedTensors | None:
+    """This rank's part of the HF-named weights, in one shared-memory buffer: its stage's, every
+    TP shard concatenated, on the stage's TP-0, CP-0, DP-0 rank (``None`` on the others;
+    collective within the TP group). The parent takes the parts from the ranks' replies and
+    merges them in rank order (``TrainerSession.train``): no pickled state dict, no gather to
+    rank 0, and each tensor copied once, from the device into the buffer the rollout reads."""
+    tp_group = ps.get_tensor_model_parallel_group()
+    model = state.model
+    full = {n: _gather_tp(p, p.detach(), tp_group) for n, p in model.named_parameters()}
+    if (
+        ps.get_tensor_model_parallel_rank() != 0
+        or ps.get_context_parallel_rank() != 0
+        or ps.get_data_parallel_rank() != 0
+    ):
+        return None
+    layers = getattr(model.decoder, "layers", [])
+    numbers = {local: layer.layer_number - 1 for local, layer in enumerate(layers)}
+    return SharedTensors.pack(hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp))
 
 
 def gather_hf(
@@ -353,6 +369,8 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
         "optimizer": t2 - t1,
         "sync": _sync_clock(device) - t3,
     }
+    if device == "cuda":  # the rollout shares the GPU: the step's freed activations go back
+        torch.cuda.empty_cache()
     return out
 
 

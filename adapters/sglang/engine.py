@@ -2,9 +2,11 @@
 
 Every step runs ONE packed forward holding the prompts of requests joining at that step (prefill)
 and the last token of every running request (decode); requests finish at different steps. Greedy
-or seeded sampling (``sampling``: temperature, top-k, top-p; Gumbel-max with a per-request
-generator, so a request's draws never depend on its neighbours). Each sampled token comes with its
-logprob as the sampler saw it (the processed distribution it was drawn from, the contract's dtype).
+or seeded sampling (``sampling``: temperature, top-k, top-p; Gumbel-max with noise keyed by the
+request's seed and the draw's index, so a request's draws never depend on its neighbours). A step's
+rows are sampled together on their device (``sampling.sample_rows``) and its tokens read with one
+host sync. Each sampled token comes with its logprob as the sampler saw it (the processed
+distribution it was drawn from, the contract's dtype).
 ``rescore`` is one prefill pass over a finished sequence: the public ``sglang_prefill`` contract;
 given the requests' sampling params it scores the same processed distribution.
 """
@@ -22,7 +24,7 @@ from ..kernels import audit
 from .decode_graph import DecodeRunner, unsupported
 from .kernels.logsoftmax import token_logprobs
 from .model import KVCache, ReferenceModel
-from .sampling import SamplingParams, process, sample
+from .sampling import SamplingParams, draw_key, draw_keys, process, sample_rows
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class _Progress:
             self.last = now
             print(f"{self.label}: {msg} ({now - self.t0:.1f} s)", file=sys.stderr, flush=True)
 
+
+# Logits elements a re-score holds at once (``rescore_many``): 64 Mi, 256 MB in float32
+_HEAD_BLOCK_ELEMENTS = 1 << 26
 
 # ``RolloutEngine(decode=...)``: how running requests decode
 DECODE_MODES = {
@@ -137,11 +142,12 @@ class RolloutEngine:
         self._check(requests)
         pending = sorted(requests, key=lambda r: (r.arrival_step, r.rid))
         done: dict[str, Completion] = {}
-        running: list[tuple[Request, Completion, KVCache, torch.Generator]] = []
+        running: list[tuple[Request, Completion, KVCache]] = []
         runner = self._decode_runner(requests) if requests else None
         # every request's keys and values, preallocated (static: allocated once, never moved)
         pool = runner.pool if runner is not None else self.model.new_kv_pool()
         prog = _Progress("rollout", self.progress)
+        dev = self.model.embed.device
         step = 0
         while pending or running:
             if not running and pending and pending[0].arrival_step > step:
@@ -149,25 +155,27 @@ class RolloutEngine:
             joining = [r for r in pending if r.arrival_step <= step]
             pending = [r for r in pending if r.arrival_step > step]
             for r in joining:
-                gen = torch.Generator().manual_seed(r.seed)
                 cache = KVCache(capacity_hint=len(r.prompt) + r.max_new_tokens, pool=None)
                 cache.make_room(pool, 0)
-                running.append((r, Completion(r.rid, tuple(r.prompt), first_step=step), cache, gen))
+                running.append((r, Completion(r.rid, tuple(r.prompt), first_step=step), cache))
+            # the draw keys go to the device before the step's work is queued (nothing to wait for)
+            keys = draw_keys([draw_key(r.seed, len(c.tokens)) for r, c, _ in running], dev)
             if runner is None:
                 logits = self._packed_step(running)
             else:
                 logits = self._split_step(running, runner)
+            params = [r.sampling for r, _, _ in running]
+            tok_B, lp_B = sample_rows(logits, params, keys, self.kp, V)
             still = []
-            for row, (r, c, cache, gen) in enumerate(running):
-                tok, lp = sample(logits[row], r.sampling, self.kp, V, gen)
+            for row, (tok, (r, c, cache)) in enumerate(zip(tok_B.tolist(), running, strict=True)):
                 c.tokens.append(tok)
-                c.logprobs.append(lp)
+                c.logprobs.append(lp_B[row])
                 if len(c.tokens) >= r.max_new_tokens or tok in r.stop_token_ids:
                     c.finish_step = step
                     done[r.rid] = c
                     cache.release()
                 else:
-                    still.append((r, c, cache, gen))
+                    still.append((r, c, cache))
             running = still
             step += 1
             prog(f"step {step}, {len(running)} running, {len(pending)} waiting, {len(done)} done")
@@ -176,33 +184,35 @@ class RolloutEngine:
     def _packed_step(self, running) -> torch.Tensor:
         """One packed forward: the prompts of joining requests and the last token of the others."""
         ids, lens = [], []
-        for r, c, cache, _ in running:
+        for r, c, cache in running:
             new = list(r.prompt) if cache.length == 0 else [c.tokens[-1]]
             ids.extend(new)
             lens.append(len(new))
         return self.model.forward(torch.tensor(ids), [x[2] for x in running], lens)
 
-    def _split_step(self, running, runner: DecodeRunner) -> list[torch.Tensor]:
+    def _split_step(self, running, runner: DecodeRunner) -> torch.Tensor:
         """Joining requests' prompts in one packed prefill, the others in one static decode step;
-        logits rows in ``running``'s order (the kernels are batch invariant: the same bits as
-        ``_packed_step``)."""
-        rows: list[torch.Tensor | None] = [None] * len(running)
+        logits ``[len(running), vocab]`` in ``running``'s order (the kernels are batch invariant:
+        the same bits as ``_packed_step``)."""
         new = [i for i, x in enumerate(running) if x[2].length == 0]
         old = [i for i, x in enumerate(running) if x[2].length > 0]
+        parts: list[tuple[list[int], torch.Tensor]] = []
         if new:
             ids = torch.tensor([t for i in new for t in running[i][0].prompt])
             lens = [len(running[i][0].prompt) for i in new]
-            logits = self.model.forward(ids, [running[i][2] for i in new], lens)
-            for j, i in enumerate(new):
-                rows[i] = logits[j]
+            parts.append((new, self.model.forward(ids, [running[i][2] for i in new], lens)))
         if old:
             caches = [running[i][2] for i in old]
             for cache in caches:
                 cache.make_room(runner.pool, 1)
-            logits = runner.step([running[i][1].tokens[-1] for i in old], caches)
-            for j, i in enumerate(old):
-                rows[i] = logits[j]
-        return rows
+            parts.append((old, runner.step([running[i][1].tokens[-1] for i in old], caches)))
+        if len(parts) == 1 and parts[0][0] == list(range(len(running))):
+            return parts[0][1]
+        first = parts[0][1]
+        out = first.new_empty((len(running), first.shape[1]))
+        for rows, logits in parts:
+            out[torch.tensor(rows).to(out.device, non_blocking=True)] = logits
+        return out
 
     def _check(self, requests: Sequence[Request]) -> None:
         """Refuse requests the model cannot serve, naming the request and the limit."""
@@ -267,12 +277,27 @@ class RolloutEngine:
         ids = [torch.tensor(list(s), device=dev) for s in sequences]
         lens = [len(s) for s in sequences]
         per_seq = list(params) if params is not None else [None] * len(ids)
-        logits = self.model.forward(torch.cat(ids), [KVCache() for _ in ids], lens, all_logits=True)
+        h = self.model.forward(torch.cat(ids), [KVCache() for _ in ids], lens, hidden=True)
+        # the logits exist a block of rows at a time (``head`` and the log-softmax are per row,
+        # so the bits are the whole ``[tokens, vocab]`` tensor's): a step's re-score of 128
+        # sequences of 300 tokens would otherwise hold 23 GB of float32 logits at once
+        block = max(1, _HEAD_BLOCK_ELEMENTS // self.model.arch.vocab_size)
         out, lo = [], 0
         for seq_ids, n, p in zip(ids, lens, per_seq, strict=True):
-            out.append(self._scored(logits[lo : lo + n - 1], seq_ids[1:], p))
+            parts = [
+                self._scored(self.model.head(h[a : min(a + block, lo + n - 1)]),
+                             seq_ids[a - lo + 1 : min(a + block, lo + n - 1) - lo + 1], p)
+                for a in range(lo, lo + n - 1, block)
+            ]  # fmt: skip
+            out.append(torch.cat(parts) if parts else h.new_zeros(0, dtype=self._lp_dtype))
             lo += n
         return out
+
+    @property
+    def _lp_dtype(self) -> torch.dtype:
+        from .kernels._dtypes import dtype_of
+
+        return dtype_of(self.kp.logsoftmax_dtype)
 
     def logits(self, sequence: Sequence[int]) -> torch.Tensor:
         """All-position logits of one prefill (for reference comparisons)."""

@@ -18,6 +18,7 @@ One layer, with the casts the trainer must reproduce (h is the residual stream, 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -244,6 +245,18 @@ class KVPool:
         self.rows = rows
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes and values, compared in the wider dtype (widening is exact: no float64
+    copies of a vocab-sized table)."""
+    wide = torch.promote_types(a.dtype, b.dtype)
+    return a.shape == b.shape and torch.equal(a.to(wide), b.to(wide))
+
+
+def _shard_of(shard: Callable, n: int, t: torch.Tensor) -> torch.Tensor:
+    """``shard(t, n)`` (argument order for ``functools.partial``)."""
+    return shard(t, n)
+
+
 def _vocab_rows(t: torch.Tensor, rank: int, per: int) -> torch.Tensor:
     """Rows ``rank * per ..`` of ``t`` zero-padded to ``per`` rows (the vocab padding falls in
     the last shards): a view when the shard holds no padding, so the table is never copied whole."""
@@ -314,11 +327,30 @@ class ReferenceModel:
     """The rollout model on one TP rank (``group`` of size 1 or unset: the whole model)."""
 
     def __init__(
-        self, arch: ModelArch, weights: dict[str, torch.Tensor], kp, rp, *, group=None, device=None
+        self,
+        arch: ModelArch,
+        weights: dict[str, torch.Tensor],
+        kp,
+        rp,
+        *,
+        group=None,
+        device=None,
+        own: bool = False,
     ):
+        """``own``: copy ``weights`` first, so no tensor the model holds shares memory with the
+        caller's (a model that takes updates in place, ``load_weights_``, must own its tensors)."""
         check_weights(arch, weights)
-        if device is not None:
-            weights = {k: v.to(device) for k, v in weights.items()}
+        if device is not None or own:
+            weights = {k: v.to(device, copy=own) for k, v in weights.items()}
+        # HF name -> the tensors it loads into, each with the function that makes its local
+        # value (this rank's shard, in the held dtype) from the whole HF tensor
+        self._loads: dict[str, list[tuple[torch.Tensor, Callable]]] = {}
+
+        def place(name: str, local: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+            t = local(weights[name])
+            self._loads.setdefault(name, []).append((t, local))
+            return t
+
         self.arch, self.kp, self.rp, self.group = arch, kp, rp, group
         self.tp = world_size(group)
         self.rank = dist.get_rank(group) if self.tp > 1 else 0
@@ -372,22 +404,53 @@ class ReferenceModel:
                 names = [w.hf_name.format(e=e) for e in range(arch.num_experts or 0)]
                 if w.block is not None and w.block not in here:
                     layer[role] = None
-                elif w.per_expert and w.shard in shard:
-                    layer[role] = [shard[w.shard](weights[p + n], local[role]) for n in names]
-                elif w.shard in shard:
-                    layer[role] = shard[w.shard](weights[p + w.hf_name], local[role])
+                    continue
+                if w.shard in shard:
+                    fn = functools.partial(_shard_of, shard[w.shard], local[role])
                 else:
-                    layer[role] = weights[p + w.hf_name].to(dense)
+                    fn = functools.partial(torch.Tensor.to, dtype=dense)
+                if w.per_expert and w.shard in shard:
+                    layer[role] = [place(p + n, fn) for n in names]
+                else:
+                    layer[role] = place(p + w.hf_name, fn)
             self.layers.append(_Layer(**layer))
             self.mlps.append(getattr(self, MLP_BLOCKS[mlp]))
         names = {role: w.hf_name for role, w in spec.model_weights.items()}
-        self.embed = weights[names["embed"]].to(dense)
-        self.final_norm = weights[names["final_norm"]].to(dense)
-        lm = weights[names["embed"] if arch.tie_word_embeddings else names["lm_head"]]
+        self.embed = place(names["embed"], functools.partial(torch.Tensor.to, dtype=dense))
+        self.final_norm = place(
+            names["final_norm"], functools.partial(torch.Tensor.to, dtype=dense)
+        )
         vp = math.ceil(arch.vocab_size / (N_TILE * tp)) * N_TILE * tp
-        lm = _vocab_rows(lm, r, vp // tp).to(dense).contiguous()
-        self.lm_head = lm.to(dtype_of(kp.lm_head_input_dtype))
+        lm_dtype = dtype_of(kp.lm_head_input_dtype)
+
+        def lm_rows(t: torch.Tensor) -> torch.Tensor:
+            return _vocab_rows(t, r, vp // tp).to(dense).contiguous().to(lm_dtype)
+
+        self.lm_head = place(
+            names["embed"] if arch.tie_word_embeddings else names["lm_head"], lm_rows
+        )
         self.hl, self.kvl = hl, kvl
+
+    @torch.no_grad()
+    def load_weights_(self, weights: dict[str, torch.Tensor]) -> None:
+        """Take an update of some or all HF-named weights in place: each tensor's local value
+        (this rank's shard, in the held dtype, made as ``__init__`` makes it) is ``copy_``-ed into
+        the tensor the model already holds, so every address stays (captured decode graphs stay
+        valid). Names the model does not hold are refused; an update of a model that shares
+        memory with its caller's tensors (built without ``own``) writes into them."""
+        if unknown := sorted(set(weights) - set(self._loads)):
+            raise KeyError(f"{self.arch.name}: no weight named {unknown[0]!r} to load")
+        dev = self.embed.device
+        for name, value in weights.items():
+            whole = value.to(dev, non_blocking=True)
+            for held, local in self._loads[name]:
+                new = local(whole)
+                if new.shape != held.shape:
+                    raise ValueError(
+                        f"{name}: update of shape {tuple(new.shape)} for a held "
+                        f"{tuple(held.shape)}"
+                    )
+                held.copy_(new)
 
     # -- forward -----------------------------------------------------------------------------
     def _dense_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -443,10 +506,12 @@ class ReferenceModel:
         *,
         all_logits: bool = False,
         layer_outputs: list | None = None,
+        hidden: bool = False,
     ) -> torch.Tensor:
         """Packed forward of ``len(caches)`` segments (``lengths[i]`` new tokens each, appended to
         ``caches[i]``). Returns logits ``[rows, vocab]`` for the last token of every segment, or for
-        every token with ``all_logits``. ``layer_outputs`` (a list) receives the residual stream
+        every token with ``all_logits``; with ``hidden``, the residual stream of every token
+        ``[T, hidden]`` before the final norm (``head`` of its rows gives their logits). ``layer_outputs`` (a list) receives the residual stream
         ``[T, hidden]`` after every layer, for first-divergence reports."""
         a, kp = self.arch, self.kp
         dev = self.embed.device
@@ -489,6 +554,8 @@ class ReferenceModel:
         h = self.decoder(h, cos, sin, attend, layer_outputs)
         for c, n in zip(caches, lengths, strict=True):
             c.length += n
+        if hidden:
+            return h
         rows = torch.arange(T) if all_logits else cu_q[1:] - 1
         return self.head(h[rows.to(dev)])
 
@@ -540,6 +607,8 @@ class ReferenceModel:
 
         def gather(t: torch.Tensor, how: str, name: str) -> torch.Tensor:
             parts = all_gather_exact(t.contiguous(), self.group) if self.tp > 1 else [t]
+            if len(parts) == 1:
+                return parts[0]
             if how == "column":
                 return torch.cat(parts, dim=0)
             if how == "row":
@@ -568,6 +637,6 @@ class ReferenceModel:
         head = gather(self.lm_head, "column", names["lm_head"])[: arch.vocab_size]
         if not arch.tie_word_embeddings:
             out[names["lm_head"]] = head
-        elif not torch.equal(head.double(), out[names["embed"]].double()):
+        elif not _same_values(head, out[names["embed"]]):
             problems.append(f"{names['lm_head']} (tied) differs from {names['embed']}")
         return out, problems

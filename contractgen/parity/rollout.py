@@ -66,8 +66,9 @@ class RolloutJob:
     """The model's ``ModelArch`` when ``weights`` is a state dict of a checkpoint's model (default:
     the contract's reference model)."""
     weight_sync: WeightSync | None = None
-    """``weights`` are an update pushed by the trainer: each rank updates the weights it holds
-    (kept across runs, as an engine's are), then the shards it loaded are gathered back and
+    """``weights`` are an update pushed by the trainer (an HF state dict, or a ``SharedTensors``
+    of one: one shared-memory buffer): each rank keeps its engine across such runs (``_held``)
+    and loads the update into it in place, then the shards it loaded are gathered back and
     compared bitwise with ``weights`` (``RolloutResult.extra["weight_sync"]``)."""
 
 
@@ -76,26 +77,60 @@ class WeightSync:
     """How a rollout run takes a weight update (see ``RolloutJob.weight_sync``)."""
 
     reset: bool = False
-    """Drop whatever the ranks held (a new run's first push)."""
+    """A new run's first push (every rank loads every tensor, whatever it held)."""
     stale: str | None = None
     """Fault injection: the last rank keeps its old copy of this HF tensor (a lost shard)."""
+    digest: str | None = None
+    """``weights_digest`` of the pushed weights, when the sender has it (or ``AS_PUSHED``, when
+    the sender is still hashing them and fills it in): a rank whose gathered weights equal the
+    push bit for bit reports it instead of hashing the same bytes again."""
 
 
-# The weights this process's rollout rank holds between runs (``WeightSync``); per process, as
-# each rank of a real engine holds its own.
-_HELD: dict[str, torch.Tensor] = {}
+AS_PUSHED = "as-pushed"
+"""``WeightSync.digest`` and a synced ``sync_report``'s digest: the pushed weights' own, which
+the sender fills in (it hashes them while the rollout runs)."""
 
 
-def _synced_weights(job: RolloutJob, rank: int, tp: int) -> dict[str, torch.Tensor]:
-    """This rank's weights after taking ``job.weights`` as an update."""
-    sync = job.weight_sync
-    if sync.reset:
-        _HELD.clear()
-    keep = sync.stale if (sync.stale is not None and rank == tp - 1 and _HELD) else None
-    for name, value in job.weights.items():
-        if name != keep:
-            _HELD[name] = value
-    return dict(_HELD)
+def pushed_weights(weights: Any) -> dict[str, torch.Tensor]:
+    """An update's HF state dict (views of a ``SharedTensors`` buffer, not copies)."""
+    from ..adapters.shared_tensors import SharedTensors
+
+    return weights.tensors() if isinstance(weights, SharedTensors) else weights
+
+
+def _update(job: RolloutJob, rank: int, tp: int) -> dict[str, torch.Tensor]:
+    """The part of ``job.weights`` this rank loads (all of it but the stale-shard fault's)."""
+    sync, pushed = job.weight_sync, pushed_weights(job.weights)
+    if sync.stale is not None and not sync.reset and rank == tp - 1:
+        return {name: value for name, value in pushed.items() if name != sync.stale}
+    return pushed
+
+
+# This process's rollout engine, kept across weight-sync runs (one per rank, as a real engine
+# holds its model): ``(key, RolloutEngine)``; a run with another key builds a new one.
+_ENGINE: list = []
+
+
+def _held_engine(job: RolloutJob, kp, rp, arch, group, device, update: dict):
+    """The engine this rank keeps for ``job`` (same contract, TP, policies, faults, model and
+    device), with ``update`` loaded in place (``ReferenceModel.load_weights_``: decode graphs
+    captured on the old weights stay valid); built, owning its tensors, on the first push."""
+    api = rollout_adapter()
+    RolloutEngine, ReferenceModel = api.RolloutEngine, api.ReferenceModel
+
+    key = repr((job.contract_id, job.tp, job.dtype_override, sorted(job.kernel_changes.items()),
+                sorted(job.runtime_changes.items()), arch, device, job.planted_bugs))  # fmt: skip
+    if _ENGINE and _ENGINE[0][0] == key:
+        engine = _ENGINE[0][1]
+        engine.model.load_weights_(update)
+        return engine
+    _ENGINE.clear()  # the old model's memory goes before the new one's is taken
+    if not job.weight_sync.reset and len(update) < len(pushed_weights(job.weights)):
+        update = pushed_weights(job.weights)  # nothing held to keep stale: a full load
+    model = ReferenceModel(arch, update, kp, rp, group=group, device=device, own=True)
+    engine = RolloutEngine(model, progress=False)
+    _ENGINE.append((key, engine))
+    return engine
 
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:
@@ -104,30 +139,46 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
     for name in sorted(weights):
         t = weights[name].detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the bytes in place, not a copy
     return h.hexdigest()
 
 
-def sync_report(model, pushed: dict[str, torch.Tensor]) -> dict:
-    """Every tensor the rollout's ranks loaded, gathered back, vs what was pushed (bitwise, by
-    value: the rollout may hold a tensor in a wider dtype than it was sent in). ``digest``: the
-    ``weights_digest`` of what the rollout holds, each tensor in the dtype it was pushed in (the
-    pushed weights' digest when every tensor arrived)."""
+def _same_bits(held: torch.Tensor, sent: torch.Tensor) -> bool:
+    """``held`` (the rollout's copy, possibly wider) is ``sent`` exactly: ``sent`` widened to
+    ``held``'s dtype equals it, and ``held`` in ``sent``'s dtype has ``sent``'s bit pattern."""
+    if held.shape != sent.shape:
+        return False
+    if held.dtype != sent.dtype and not torch.equal(held, sent.to(held.dtype)):
+        return False
+    a, b = held.to(sent.dtype).contiguous(), sent.contiguous()
+    as_int = _INT_OF_WIDTH[sent.element_size()]
+    return torch.equal(a.reshape(-1).view(as_int), b.reshape(-1).view(as_int))
+
+
+_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def sync_report(model, pushed: dict[str, torch.Tensor], digest: str | None = None) -> dict:
+    """Every tensor the rollout's ranks loaded, gathered back, vs what was pushed (bitwise; the
+    rollout may hold a tensor in a wider dtype than it was sent in: ``_same_bits``). ``digest``:
+    the ``weights_digest`` of what the rollout holds, each tensor in the dtype it was pushed in:
+    the pushed weights' (``digest``, when given) when every tensor arrived bit for bit, else
+    hashed from the gathered tensors."""
     gathered, problems = model.gathered_weights()
-    gathered = {name: value.cpu() for name, value in gathered.items()}
-    held = {
-        name: gathered[name].to(value.dtype) if name in gathered else torch.zeros(0)
-        for name, value in pushed.items()
-    }
-    mismatched = sorted(
+    mismatched = sorted(  # compared where the rollout holds them (the push copied there)
         name
         for name, value in pushed.items()
         if name not in gathered
-        or gathered[name].shape != value.shape
-        or not torch.equal(gathered[name].double(), value.double())
+        or not _same_bits(gathered[name], value.to(gathered[name].device, non_blocking=True))
     )
-    return {"synced": not mismatched and not problems, "mismatched": mismatched,
-            "problems": problems, "digest": weights_digest(held)}  # fmt: skip
+    synced = not mismatched and not problems
+    if not synced or digest is None:
+        held = {
+            name: gathered[name].to(value.dtype).cpu() if name in gathered else torch.zeros(0)
+            for name, value in pushed.items()
+        }
+        digest = weights_digest(held)
+    return {"synced": synced, "mismatched": mismatched, "problems": problems, "digest": digest}
 
 
 def policies(
@@ -218,6 +269,10 @@ def _run(job: RolloutJob, group=None, device: str | None = None) -> RolloutResul
 
     with planted(job.planted_bugs), maybe_recording(job.kernel_audit) as calls:
         result = _run_unplanted(job, group, device)
+    if device is not None and torch.device(device).type == "cuda":
+        # the trainer shares the GPU: the run's freed blocks go back (the kept engine's weights,
+        # static KV pool and captured graphs stay)
+        torch.cuda.empty_cache()
     if calls is not None:
         result.extra["kernel_calls"] = calls
     return result
@@ -241,15 +296,21 @@ def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> Ro
     _, kp, rp = policies(
         job.contract_id, job.tp, job.dtype_override, job.kernel_changes, job.runtime_changes
     )
+    sync, times = None, {}
     if job.weight_sync is not None:
+        t0 = time.perf_counter()
         rank = dist.get_rank(group) if group is not None else 0
         arch = job.arch if job.arch is not None else model_arch(job.contract_id, {})[0]
-        weights = _synced_weights(job, rank, job.tp)
+        update = _update(job, rank, job.tp)
+        engine = _held_engine(job, kp, rp, arch, group, device, update)
+        times["load"] = _synced_clock(device) - t0
+        pushed = pushed_weights(job.weights)
+        sync = sync_report(engine.model, pushed, job.weight_sync.digest)
+        times["sync_check"] = time.perf_counter() - t0 - times["load"]
     else:
         arch, weights = model_arch(job.contract_id, job.weights)
-    model = ReferenceModel(arch, weights, kp, rp, group=group, device=device)
-    sync = sync_report(model, job.weights) if job.weight_sync is not None else None
-    engine = RolloutEngine(model, progress=False)
+        model = ReferenceModel(arch, weights, kp, rp, group=group, device=device)
+        engine = RolloutEngine(model, progress=False)
     if job.rescore_only is not None:
         return _rescore_only(engine, job.rescore_only)
     requests = requests_for(job.workload, arch.vocab_size)
@@ -273,9 +334,17 @@ def _run_unplanted(job: RolloutJob, group=None, device: str | None = None) -> Ro
     t2 = time.perf_counter()
     return RolloutResult(
         sequences, prompt_lens, decode_lp, prefill_lp, t1 - t0, t2 - t1,
-        dumps if job.dump_layers else None, {} if sync is None else {"weight_sync": sync},
+        dumps if job.dump_layers else None,
+        {} if sync is None else {"weight_sync": sync, "time_s": times},
         sampling=params,
     )  # fmt: skip
+
+
+def _synced_clock(device: str | None) -> float:
+    """``time.perf_counter()`` once ``device``'s queued work is done."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _free_port() -> int:
@@ -349,6 +418,8 @@ class RolloutSession:
         return result
 
     def close(self) -> None:
+        if self.tp == 1 and self.device == "cpu":  # the engine it kept in this process
+            _ENGINE.clear()
         self._pool.close()
 
 

@@ -20,7 +20,12 @@ Per trainer layout, a run of its own (each layout trains its own copy of the wei
 Step 0 also checks each layout's gradient against float64 autograd (``_GradCheck``;
 ``--no-grad-check`` skips it), and every step checks the loss against its value at a ratio of
 exactly 1 (``loss_if_ratio_one``, minus the token mean of the advantages: bit for bit the loss
-only when every ratio is 1). ``time_s`` says where each step's time went.
+only when every ratio is 1). ``time_s`` says where each step's time went: ``digest`` (waiting
+for the push's digest, hashed in a thread while the rollout runs), ``rollout`` (every rollout TP, of which ``rollout_load``,
+``rollout_sync_check``, ``rollout_generate``, ``rollout_rescore``), ``score``, ``trainer_step``
+(of which the trainer's ``forward_backward``, ``optimizer`` and ``sync``, the weight gather),
+``compare``, ``grad_check`` and ``step``, the step's wall time without the gradient check;
+``response_tokens_per_s`` is the step's response tokens over ``step``.
 
 Training faults (``--train-fault``): any ``--inject-faults`` name flips that field on one side
 for the whole run (the ratio moves off 1 at step 0); ``sync.stale_shard`` makes the last rollout
@@ -33,6 +38,7 @@ import statistics
 import struct
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,6 +232,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
                 "three_way": steps_three_way(entries),
                 "grads": grads.report(entries) if grads is not None and step == 0 else None,
                 "time_s": _summed_times(entries),
+                "response_tokens_per_s": _tokens_per_s(entries),
                 "per_layout": entries,
             }
         )
@@ -256,6 +263,24 @@ def _worst(values) -> float:
     return max((abs(v) for v in values), default=0.0)
 
 
+def _tokens_per_s(entries: list[dict]) -> float:
+    """A step's response tokens over its wall time without the gradient check (``time_s.step``),
+    both summed over the trainer layouts (which run one after another)."""
+    seconds = sum(e["time_s"]["step"] for e in entries)
+    return round(sum(e["response_tokens"] for e in entries) / seconds, 2) if seconds else 0.0
+
+
+def rollout_parts(result: Any) -> dict[str, float]:
+    """Where a rollout run's time went on its rank 0 (``RolloutResult``): taking the pushed
+    weights in (``rollout_load``), checking them (``rollout_sync_check``), generating and
+    re-scoring."""
+    return {
+        **{f"rollout_{k}": v for k, v in result.extra.get("time_s", {}).items()},
+        "rollout_generate": result.generate_seconds,
+        "rollout_rescore": result.rescore_seconds,
+    }
+
+
 def _summed_times(entries: list[dict]) -> dict[str, float]:
     """A step's ``time_s``: each phase summed over the trainer layouts (run one after another)."""
     out: dict[str, float] = {}
@@ -278,12 +303,13 @@ def _run_layout(
         trainer_api.OptimizerSettings, trainer_api.TrainBatch, trainer_api.TrainInit
     )  # fmt: skip
     TrainerSession = trainer_api.TrainerSession
-    from .rollout import RolloutJob, WeightSync
+    from .rollout import AS_PUSHED, RolloutJob, WeightSync
 
     config = run.config
     rollout_changes, trainer_fault = _one_side_fault(run, cfg.fault, layout)
     stale = stale_tensor(arch) if cfg.fault == STALE_SHARD else None
     t0 = time.perf_counter()
+    digests = ThreadPoolExecutor(1, thread_name_prefix="weights-digest")
     trainer = TrainerSession(
         config.contract_id, config.weights, layout,
         device=config.device,
@@ -298,11 +324,18 @@ def _run_layout(
             )
         ).weights
         for step in range(cfg.steps):
-            clock = time.perf_counter()
+            clock = step_start = time.perf_counter()
             workload = step_workload(step, cfg, arch.vocab_size)
-            rollouts, digest, reused = {}, weights_digest(weights), []
+            # the push's digest is hashed while the rollout runs (hashlib lets the GIL go); a
+            # run that may reuse another layout's rollouts needs it first, for the cache key
+            hashing = digests.submit(weights_digest, weights.tensors())
+            digest = hashing.result() if len(config.layouts) > 1 else None
+            rollouts, reused = {}, []
+            times = {"digest": _lap(clock)}
             for tp in sorted({1, *config.rollout_tps}):  # TP=1 first: the reference
-                sync = WeightSync(reset=step == 0, stale=stale if step > 0 else None)
+                sync = WeightSync(
+                    reset=step == 0, stale=stale if step > 0 else None, digest=digest or AS_PUSHED
+                )
                 job = RolloutJob(
                     config.contract_id, weights, tp, workload=workload, device=config.device,
                     arch=arch, weight_sync=sync, planted_bugs=config.planted_bugs,
@@ -310,16 +343,24 @@ def _run_layout(
                 )  # fmt: skip
                 # A full push replaces everything the ranks held, so the run is a function of the
                 # pushed weights: another layout that pushed the same bits reuses it.
-                key = None if sync.stale else (tp, digest, workload, repr(rollout_changes))
+                key = None if sync.stale or digest is None else (tp, digest, workload, repr(rollout_changes))  # fmt: skip
                 if key is not None and key in cache:
                     reused.append(tp)
                     rollouts[tp] = cache[key]
                     continue
                 rollouts[tp] = run.rollout_session(tp).run(job)
+                for part, seconds in rollout_parts(rollouts[tp]).items():
+                    times[part] = round(times.get(part, 0.0) + seconds, 4)
                 if key is not None:
                     cache[key] = rollouts[tp]
             base = rollouts[1]
-            times = {"rollout": _lap(clock)}
+            times["rollout"] = round(_lap(clock) - times["digest"], 4)
+            lap = time.perf_counter()
+            digest = hashing.result()
+            times["digest"] = round(times["digest"] + _lap(lap), 4)  # the wait for it
+            for r in rollouts.values():
+                if r.extra["weight_sync"]["digest"] == AS_PUSHED:
+                    r.extra["weight_sync"]["digest"] = digest
             clock = time.perf_counter()
             rewards = [reward(s[p:], arch.vocab_size) for s, p in zip(base.sequences, base.prompt_lens, strict=True)]  # fmt: skip
             advantages = grpo_advantages(rewards, cfg.group_size)
@@ -361,6 +402,8 @@ def _run_layout(
             if grads is not None and step == 0:
                 checked = grads.layout(trainer, layout, base, trainer_fault)
             times["grad_check"] = _lap(clock) if checked is not None else None
+            times["step"] = round(time.perf_counter() - step_start - (times["grad_check"] or 0), 4)
+            tokens = sum(len(s) - p for s, p in zip(base.sequences, base.prompt_lens, strict=True))
             want, bound = advantage_logprob(old, advantages)
             entry = {
                 "name": layout.name,
@@ -387,6 +430,8 @@ def _run_layout(
                     run.logprob_contract, base, result.logprobs, digest, syncs, step
                 ),
                 "grads": checked,
+                "response_tokens": tokens,
+                "response_tokens_per_s": round(tokens / times["step"], 2),
                 "time_s": times,
             }
             if config.progress:
@@ -401,6 +446,7 @@ def _run_layout(
             yield entry, step_pairs, step
             weights = result.weights
     finally:
+        digests.shutdown(wait=True)
         trainer.close()
 
 

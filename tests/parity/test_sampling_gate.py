@@ -46,14 +46,13 @@ def _decode_position_error(monkeypatch):
 
 def _temperature_ignored(monkeypatch):
     """The sampler draws at temperature 1 whatever the request says (and reports what it saw)."""
-    sample = engine_mod.sample
+    sample_rows = engine_mod.sample_rows
 
     def at_one(logits, params, *a, **k):
-        if not params.greedy:
-            params = dataclasses.replace(params, temperature=1.0)
-        return sample(logits, params, *a, **k)
+        params = [p if p.greedy else dataclasses.replace(p, temperature=1.0) for p in params]
+        return sample_rows(logits, params, *a, **k)
 
-    monkeypatch.setattr(engine_mod, "sample", at_one)
+    monkeypatch.setattr(engine_mod, "sample_rows", at_one)
 
 
 def test_honest_v1_sampling_is_reported_and_passes(honest_v1):

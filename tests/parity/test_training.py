@@ -121,22 +121,38 @@ def test_the_advantage_weighted_logprob_is_recomputed_from_what_the_step_sent():
 
 
 def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
+    """The fault skips one tensor of the update on the last rank only; the engine a rank keeps
+    across pushes then still holds that tensor's old value (loaded in place, never rebuilt),
+    and the sync check names it. A first push (``reset``) loads everything."""
+    from contractgen.adapters.shared_tensors import SharedTensors
     from contractgen.parity import rollout
-    from contractgen.parity.rollout import RolloutJob, WeightSync
+    from contractgen.parity.rollout import RolloutJob, WeightSync, policies, sync_report
 
     arch, weights = reference_weights
     name = stale_tensor(arch)
     old, new = _bf16(weights), {k: v.to(torch.bfloat16) + 1 for k, v in weights.items()}
-
-    def held(rank: int, tp: int) -> dict:
-        rollout._synced_weights(RolloutJob(V1, old, tp, weight_sync=WeightSync(reset=True)), rank, tp)  # fmt: skip
-        job = RolloutJob(V1, new, tp, weight_sync=WeightSync(stale=name))
-        return rollout._synced_weights(job, rank, tp)
-
-    last, other = held(1, 2), held(0, 2)
-    assert torch.equal(last[name], old[name]) and torch.equal(other[name], new[name])
-    assert all(torch.equal(last[k], new[k]) for k in new if k != name)
+    stale_job = RolloutJob(V1, new, 2, arch=arch, weight_sync=WeightSync(stale=name))
+    assert name not in rollout._update(stale_job, 1, 2) and len(rollout._update(stale_job, 0, 2)) == len(new)  # fmt: skip
+    first = RolloutJob(V1, old, 2, arch=arch, weight_sync=WeightSync(reset=True, stale=name))
+    assert len(rollout._update(first, 1, 2)) == len(old)
     assert name.startswith("model.layers.0.") and name.endswith("down_proj.weight")
+
+    _, kp, rp = policies(V1, 1, None, {}, {})
+    try:
+        for job in (
+            RolloutJob(V1, SharedTensors.pack(old), 1, arch=arch, weight_sync=WeightSync(reset=True)),
+            RolloutJob(V1, SharedTensors.pack(new), 1, arch=arch, weight_sync=WeightSync(stale=name)),
+        ):  # fmt: skip
+            engine = rollout._held_engine(job, kp, rp, arch, None, None, rollout._update(job, 0, 1))
+        assert len(rollout._ENGINE) == 1, "one engine kept across the pushes"
+        held, _ = engine.model.gathered_weights()
+        assert torch.equal(held[name], old[name])
+        assert all(torch.equal(held[k].to(torch.bfloat16), new[k]) for k in new if k != name)
+        report = sync_report(engine.model, new, digest="sent")
+        assert report["mismatched"] == [name] and report["digest"] != "sent"
+        assert sync_report(engine.model, held, digest="sent")["digest"] == "sent"
+    finally:
+        rollout._ENGINE.clear()
 
 
 @pytest.mark.parametrize(

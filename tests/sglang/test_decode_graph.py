@@ -278,3 +278,54 @@ def test_cuda_graph_decode_equals_eager_engine(generated, contract):
     _assert_same(eager, engine.generate(REQUESTS))
     _assert_same(eager, _generate(model, "static"))
     assert RolloutEngine(model).decode_mode() == "graph"
+
+
+def _held(model) -> list[torch.Tensor]:
+    return [t for loads in model._loads.values() for t, _ in loads]
+
+
+def test_weights_loaded_in_place_give_a_fresh_models_bits(generated):
+    """An engine kept across RL steps takes each update in place (``load_weights_``): its next
+    run gives the bits of a model built afresh from the new weights, on the same static buffers
+    and at the same addresses (what keeps captured graphs valid), without writing into the
+    caller's tensors. The twin: before the update, the bits are another model's."""
+    kp, rp, profile = _policies(generated, CONTRACTS[0])
+    arch = ModelArch.from_profile(profile)
+    w0, w1 = random_weights(arch, seed=0), random_weights(arch, seed=1)
+    w0_bits = {k: _bits(v).clone() for k, v in w0.items()}
+    model = ReferenceModel(arch, w0, kp, rp, own=True)
+    engine = RolloutEngine(model, progress=False, decode="static")
+    before = engine.generate(REQUESTS)
+    runner, ptrs = engine._runner, [t.data_ptr() for t in _held(model)]
+    fresh = _generate(ReferenceModel(arch, w1, kp, rp), "eager")
+    with pytest.raises(AssertionError):
+        _assert_same(before, fresh)  # the twin: the old weights give other bits
+    model.load_weights_(w1)
+    _assert_same(fresh, engine.generate(REQUESTS))
+    assert engine._runner is runner and [t.data_ptr() for t in _held(model)] == ptrs
+    assert all(torch.equal(_bits(w0[k]), b) for k, b in w0_bits.items()), "caller's tensors"
+    # a partial update (one tensor) moves only what it names
+    name = next(n for n in w1 if n.endswith("o_proj.weight"))
+    model.load_weights_({name: w0[name]})
+    with pytest.raises(AssertionError):
+        _assert_same(fresh, engine.generate(REQUESTS))
+    with pytest.raises(KeyError, match="no weight named"):
+        model.load_weights_({"model.nonsense.weight": w0[name]})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_graphs_replay_weights_loaded_in_place(generated):
+    """On CUDA: graphs captured on the old weights, replayed after ``load_weights_``, give the
+    eager bits of a fresh model on the new weights (no recapture)."""
+    kp, rp, profile = _policies(generated, CONTRACTS[1])
+    arch = ModelArch.from_profile(profile)
+    model = ReferenceModel(arch, random_weights(arch, seed=0), kp, rp, device="cuda", own=True)
+    engine = RolloutEngine(model, progress=False, decode="graph")
+    engine.generate(REQUESTS)
+    graphs = {size: b.graph for size, b in engine._runner.buckets.items()}
+    w1 = random_weights(arch, seed=1)
+    model.load_weights_(w1)
+    fresh = _generate(ReferenceModel(arch, w1, kp, rp, device="cuda"), "eager")
+    _assert_same(fresh, engine.generate(REQUESTS))
+    assert {size: b.graph for size, b in engine._runner.buckets.items()} == graphs

@@ -14,10 +14,14 @@ from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_
 from contractgen.adapters.sglang.sampling import (
     SamplingParams,
     draw,
+    draw_key,
+    draw_keys,
+    hash_bits,
     keep_mask,
     process,
     process_shard,
     sample,
+    sample_rows,
     scale,
 )
 from contractgen.parity.workload import sample_seed
@@ -74,10 +78,9 @@ def _counts(kp, p: SamplingParams, seed: int = 0, wrong_temperature: bool = Fals
     """``DRAWS`` draws from ``p``'s processed logprobs of ``LOGITS``."""
     lp_params = SamplingParams(1.0, p.top_k, p.top_p) if wrong_temperature else p
     lp = full_logprobs(process(LOGITS[None], lp_params, kp), kp, V)[0]
-    gen = torch.Generator().manual_seed(seed)
     counts = torch.zeros(V, dtype=torch.int64)
-    for _ in range(DRAWS):
-        counts[draw(lp, p, gen)] += 1
+    for i in range(DRAWS):  # the draws of one request: its seed, indices 0, 1, ...
+        counts[draw(lp, p, seed, i)] += 1
     return counts
 
 
@@ -185,7 +188,7 @@ def test_reported_logprob_is_the_drawn_tensors_entry(kp):
     temperature 1 leaves the logits' bits unchanged."""
     logits = torch.randn(V, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     for p in CASES:
-        tok, lp = sample(logits, p, kp, V, torch.Generator().manual_seed(5))
+        tok, lp = sample(logits, p, kp, V, 5, 0)
         again = token_logprobs(process(logits[None], p, kp), torch.tensor([tok]), kp, V)[0]
         assert lp.dtype == again.dtype and torch.equal(
             lp.view(torch.int16), again.view(torch.int16)
@@ -194,6 +197,99 @@ def test_reported_logprob_is_the_drawn_tensors_entry(kp):
     assert torch.equal(plain.view(torch.int16), logits[None].to(plain.dtype).view(torch.int16))
     hot = token_logprobs(process(logits[None], CASES[0], kp), torch.tensor([0]), kp, V)
     assert not torch.equal(hot, token_logprobs(logits[None], torch.tensor([0]), kp, V))
+
+
+def _lowbias32(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x21F0AAAD) & 0xFFFFFFFF
+    h ^= h >> 15
+    h = (h * 0x735A2D97) & 0xFFFFFFFF
+    return h ^ (h >> 15)
+
+
+def test_noise_bits_are_the_hash_written_out_in_python_ints():
+    """The int64 tensor hash is the 32-bit hash computed with Python's exact integers (no
+    product wraps in int64), for large and small keys and the last token id of a Qwen3 vocab."""
+    keys = [draw_key(seed, i) for seed in (0, 1, 2**63 - 1) for i in (0, 7, 255)]
+    ids = [0, 1, 2, 77_777, 151_935]
+    bits = hash_bits(torch.tensor(keys), 151_936)
+    for b, (k1, k2) in enumerate(keys):
+        for v in ids:
+            want = _lowbias32(_lowbias32(_lowbias32((v * 0x9E3779B1) & 0xFFFFFFFF) ^ k1) ^ k2)
+            assert int(bits[b, v]) == want
+    assert bits.min() >= 0 and bits.max() < 2**32
+    assert len({draw_key(5, i) for i in range(1000)}) == 1000
+
+
+# one step's rows: mixed params (greedy, temperature, top-k, top-p; several rows per group)
+ROW_PARAMS = [CASES[0], SamplingParams(0.0), CASES[2], CASES[0], CASES[4], SamplingParams(1.0),
+              CASES[2], CASES[3]]  # fmt: skip
+
+
+def _batched_rows(kp, sampler):
+    """``sampler(logits, params, keys)`` over one batch of rows and over each row alone:
+    ``(batched tokens, lone tokens, batched logprob bits, lone logprob bits)``."""
+    V_big = 3_001  # a vocab of several log-softmax chunks, not a multiple of any block
+    logits = torch.randn(len(ROW_PARAMS), V_big, generator=torch.Generator().manual_seed(9)) * 3
+    logits = logits.to(torch.bfloat16)
+    keys = draw_keys([draw_key(sample_seed(0, 1, b, 0), b % 3) for b in range(len(ROW_PARAMS))])
+    tok, lp = sampler(logits, ROW_PARAMS, keys, kp, V_big)
+    alone = [sampler(logits[b : b + 1], [p], keys[b : b + 1], kp, V_big)
+             for b, p in enumerate(ROW_PARAMS)]  # fmt: skip
+    lone_tok = torch.cat([t for t, _ in alone])
+    lone_lp = torch.cat([x for _, x in alone])
+    int_t = {2: torch.int16, 4: torch.int32}[lp.element_size()]
+    return tok, lone_tok, lp.view(int_t), lone_lp.view(int_t)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_draw_and_logprob_are_its_lone_computations_bit_for_bit(kp, threads):
+    """``sample_rows`` over a step's rows (several params groups) gives every row the token and
+    logprob bits it gets alone: the log-softmax is batch invariant and the noise is keyed by
+    the row's own request, never by its place in the batch."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tok, lone_tok, lp, lone_lp = _batched_rows(kp, sample_rows)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(tok, lone_tok) and torch.equal(lp, lone_lp)
+    assert len(set(tok.tolist())) > 3  # not a degenerate draw
+    # the reported logprob is the entry of the full processed log-softmax at the drawn token
+    for b, p in enumerate(ROW_PARAMS):
+        x = torch.randn(len(ROW_PARAMS), 3_001, generator=torch.Generator().manual_seed(9)) * 3
+        full = full_logprobs(process(x.to(torch.bfloat16)[b : b + 1], p, kp), kp, 3_001)[0]
+        assert torch.equal(full[tok[b]].view(torch.int16), lp[b].view(torch.int16)[None][0])
+
+
+def test_a_sampler_with_one_shared_generator_fails_the_lone_row_check(kp):
+    """The check above has power: noise drawn for the batch from one generator in row order
+    (the obvious batched sampler) gives a row other noise alone than in the batch."""
+
+    def shared_generator(logits, params, keys, kp, vocab_size):
+        gen = torch.Generator().manual_seed(0)
+        lp = torch.cat([full_logprobs(process(logits[b : b + 1], p, kp), kp, vocab_size)
+                        for b, p in enumerate(params)])  # fmt: skip
+        u = torch.rand(lp.shape, generator=gen, dtype=torch.float64)
+        tok = torch.argmax(lp.double() - torch.log(-torch.log(u)), dim=-1)
+        return tok, lp.gather(-1, tok[:, None])[:, 0]
+
+    tok, lone_tok, lp, lone_lp = _batched_rows(kp, shared_generator)
+    assert not torch.equal(tok, lone_tok)
+
+
+def test_a_batch_wide_log_softmax_fails_the_lone_row_check(kp):
+    """...and sees a log-softmax whose bits depend on the other rows (shifted by the batch's
+    mean, a float32 rounding that moves with the rows beside it)."""
+
+    def batch_max(logits, params, keys, kp, vocab_size):
+        x = logits[:, :vocab_size].float() / 3.7
+        lp = torch.log_softmax(x - x.mean(), dim=-1)
+        tok = torch.argmax(lp, dim=-1)
+        return tok, lp.gather(-1, tok[:, None])[:, 0]
+
+    tok, lone_tok, lp, lone_lp = _batched_rows(kp, batch_max)
+    assert not torch.equal(lp, lone_lp)
 
 
 def test_a_vocab_shard_is_processed_as_its_columns_of_the_whole_row(kp):

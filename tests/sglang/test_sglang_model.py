@@ -22,6 +22,7 @@ from contractgen.adapters.sglang.model import (
     ReferenceModel,
     random_weights,
 )
+from contractgen.parity.harness import bits
 
 HF_CONFIGS = {
     "gqa_tied": dict(
@@ -192,15 +193,27 @@ def test_decode_logprobs_equal_prefill_rescore(ref_model, kp_dtype, runtime_poli
         assert torch.equal(rescored[len(c.prompt) - 1 :], _lp(c)), r.rid
 
 
-def test_packed_rescore_equals_one_prefill_per_sequence(ref_model, kp_dtype, runtime_policy):
+@pytest.mark.parametrize("block_rows", [None, 7])
+def test_packed_rescore_equals_one_prefill_per_sequence(
+    ref_model, kp_dtype, runtime_policy, block_rows, monkeypatch
+):
     """The gate re-scores every finished rollout in one packed prefill: each sequence's bits must
-    be those of its own prefill (sequences of different lengths, one across a KV chunk)."""
+    be those of its own prefill (sequences of different lengths, one across a KV chunk), also
+    when its logits are made ``block_rows`` rows at a time (what a long step's re-score does)."""
+    import contractgen.adapters.sglang.engine as engine_mod
+
     kp, _ = kp_dtype
     eng = _engine(*ref_model, kp, runtime_policy(1))
-    seqs = [c.sequence for c in eng.generate(MIX).values()]
+    out = eng.generate(MIX)
+    seqs = [out[r.rid].sequence for r in MIX]
+    params = [r.sampling for r in MIX]
     assert len({len(s) for s in seqs}) > 1
-    for packed, seq in zip(eng.rescore_many(seqs), seqs, strict=True):
-        assert torch.equal(packed, eng.rescore(seq))
+    if block_rows is not None:
+        vocab = eng.model.arch.vocab_size
+        monkeypatch.setattr(engine_mod, "_HEAD_BLOCK_ELEMENTS", block_rows * vocab)
+        assert any(len(s) - 1 > block_rows for s in seqs)
+    for packed, seq, p in zip(eng.rescore_many(seqs, params), seqs, params, strict=True):
+        assert torch.equal(bits(packed), bits(eng.rescore(seq, params=p)))
 
 
 def test_twin_stock_engine_breaks_batch_and_decode_invariance(ref_model, kp32, generated):
