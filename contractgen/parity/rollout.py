@@ -115,6 +115,8 @@ def _held_engine(job: RolloutJob, kp, rp, arch, group, device, update: dict):
     """The engine this rank keeps for ``job`` (same contract, TP, policies, faults, model and
     device), with ``update`` loaded in place (``ReferenceModel.load_weights_``: decode graphs
     captured on the old weights stay valid); built, owning its tensors, on the first push."""
+    from .targets import rollout_adapter
+
     api = rollout_adapter()
     RolloutEngine, ReferenceModel = api.RolloutEngine, api.ReferenceModel
 
