@@ -4,10 +4,13 @@ Two backends share every op's semantics (the contract's K block, per-tile roundi
 accumulation dtype, its tile order, fixed KV chunks at absolute positions, fixed vocab blocks):
 ``torch``, the PyTorch reference (CPU, CI, and any device), and ``triton`` (CUDA: tensor-core
 tile dots). The rollout and the trainer look ops up here by the tensor's device, so on one device
-they always run the same backend; parity is per device. ``rms_norm`` runs the PyTorch
-reference in both (a Triton kernel in fixed_sum's halving-tree order took 0.9 ms a call on the H200 and
-made the 16k-token no-grad forward slower, 0.204 -> 0.252 s: taken out). Ops not listed (RoPE, SiLU-GLU, residual,
-log-softmax, all-reduce) are device-generic PyTorch, shared by both backends.
+they always run the same backend; parity is per device. The small ops (``rms_norm``,
+``apply_rope``, ``silu_glu``, the log-softmax's ``logsoftmax_chunk_sums`` and its gradient
+``logprob_backward``) are one Triton kernel each on CUDA, with the reference's operations and
+roundings (a decode step's reference was thousands of tiny launches: ``fixed_sum`` alone is one per
+tree level); the ``triton`` backend runs them under autograd too, so the trainer's training
+forward has the rollout's bits. Ops not listed (residual, the chunks' own tree, all-reduce) are
+device-generic PyTorch, shared by both backends.
 
 While a run records (``audit.recording``: the parity gate's ``kernel_calls`` and ``--strict``),
 ``kernel`` hands out the backend wrapped to count its calls as the op; otherwise the backend
