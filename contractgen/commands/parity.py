@@ -358,8 +358,19 @@ def command(
             training = dataclasses.replace(training, temperature=train_temperature)
         if train_microbatches is not None:
             training = dataclasses.replace(training, microbatches=train_microbatches)
-        if train_fault == "dp.desync_rank" and all(lay.dp == 1 for lay in config.layouts):
-            fail("error: --train-fault dp.desync_rank needs a data-parallel layout (dp2, tp2dp2)")
+        from ..parity.training import DP_DESYNC
+
+        if train_fault == DP_DESYNC and all(lay.dp == 1 for lay in config.layouts):
+            fail(f"error: --train-fault {DP_DESYNC} needs a data-parallel layout (dp2, tp2dp2)")
+        per_step = training.prompts * training.group_size
+        for lay in config.layouts:  # the smallest DP share must fill every microbatch
+            if per_step // lay.dp < training.microbatches:
+                fail(
+                    f"error: --train-microbatches {training.microbatches}: layout {lay.name} "
+                    f"gives each of its {lay.dp} data-parallel ranks {per_step // lay.dp} of the "
+                    f"step's {per_step} sequences; give at most that many microbatches or more "
+                    "--requests"
+                )
         config = dataclasses.replace(config, training=training)
     from ..parity.reference import ReferenceUnavailable
 
