@@ -104,9 +104,14 @@ class TrainInit:
     microbatches: int = 1
     """Microbatches per step on each data-parallel rank (gradient accumulation: each one's
     gradient added into an fp32 buffer in order; ``data_parallel``)."""
+    distributed_optimizer: bool = False
+    """Shard the optimizer state over the data-parallel ranks (``distributed_optimizer.
+    ShardedAdamW``: reduce-scatter, AdamW on this rank's fp32 shard, all-gather) instead of
+    megatron-core's mixed-precision optimizer on every rank."""
     desync_dp: bool = False
     """Fault: the last data-parallel rank skips the gradient reduction and steps on its own
-    gradient, so its replica drifts (``TrainStepResult.replica_mismatches`` must name it)."""
+    gradient (with the distributed optimizer: skips taking the all-gathered parameters), so its
+    replica drifts (``TrainStepResult.replica_mismatches`` must name it)."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from megatron.core.optimizer.optimizer import (
 from ..shared_tensors import SharedTensors
 from .checkpoint import hf_state_from_stage
 from .data_parallel import GradBuffer, replica_mismatches, replica_tensors, split_batch
+from .distributed_optimizer import ShardedAdamW
 from .grads import finalize_grads
 from .kernels import kernel_module
 from .packing import pack_sequences
@@ -113,7 +114,9 @@ class TrainState:
     model: Any
     config: Any
     padded_vocab: int
-    optimizer: MegatronOptimizer
+    optimizer: Any
+    """megatron-core's mixed-precision optimizer (``make_optimizer``) or, with the distributed
+    optimizer, ``ShardedAdamW``."""
     planted_bugs: tuple[str, ...] = ()
     """``TrainInit.planted_bugs``: switched on for every step (``kernels.planted``)."""
     microbatches: int = 1
@@ -122,7 +125,10 @@ class TrainState:
     """The fp32 gradient buffer (``data_parallel``) under DP or several microbatches; None:
     gradients stay in ``.grad`` (one microbatch, no DP)."""
     desync_dp: bool = False
-    """``TrainInit.desync_dp``: the last DP rank keeps its own gradient (a fault)."""
+    """``TrainInit.desync_dp``: the last DP rank keeps its own gradient, or under the
+    distributed optimizer its own parameters (a fault)."""
+    distributed: bool = False
+    """``TrainInit.distributed_optimizer``: ``optimizer`` is a ``ShardedAdamW``."""
 
 
 def init_state(job: Any, init: TrainInit) -> TrainState:
@@ -134,11 +140,17 @@ def init_state(job: Any, init: TrainInit) -> TrainState:
         )
     model, config, padded = build_stage(job, TrainerRun(fault=init.fault))
     model.train()
-    optimizer = make_optimizer(model, init.optimizer, job.device)
-    buffered = ps.get_data_parallel_world_size() > 1 or init.microbatches > 1
+    dp = ps.get_data_parallel_world_size()
+    grads = (
+        GradBuffer(model) if dp > 1 or init.microbatches > 1 or init.distributed_optimizer else None
+    )
+    if init.distributed_optimizer:
+        optimizer: Any = ShardedAdamW(model, grads, init.optimizer, ps.get_data_parallel_group())
+    else:
+        optimizer = make_optimizer(model, init.optimizer, job.device)
     return TrainState(
         model, config, padded, optimizer, tuple(init.planted_bugs), init.microbatches,
-        GradBuffer(model) if buffered else None, init.desync_dp,
+        grads, init.desync_dp, init.distributed_optimizer,
     )  # fmt: skip
 
 
@@ -303,14 +315,17 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
         if state.grads is not None:
             state.grads.accumulate()
     t1 = _sync_clock(device)
-    if state.grads is not None:
-        last_dp = dp > 1 and dp_rank == dp - 1
-        state.grads.reduce(ps.get_data_parallel_group(), skip=state.desync_dp and last_dp)
+    fault = state.desync_dp and dp > 1 and dp_rank == dp - 1
+    if state.distributed:  # reduce-scatter, shard step, all-gather (``ShardedAdamW``)
+        state.optimizer.step(skip_gather=fault)
     else:
-        for p in model.parameters():  # fp32 parameters: megatron's optimizer reads main_grad
-            if p.dtype == torch.float32 and p.grad is not None:
-                p.main_grad = p.grad
-    state.optimizer.step()
+        if state.grads is not None:
+            state.grads.reduce(ps.get_data_parallel_group(), skip=fault)
+        else:
+            for p in model.parameters():  # fp32 parameters: megatron's optimizer reads main_grad
+                if p.dtype == torch.float32 and p.grad is not None:
+                    p.main_grad = p.grad
+        state.optimizer.step()
     t2 = _sync_clock(device)
     out = TrainStepResult()
     if scored[0][1] is not None:  # the last pipeline stage

@@ -171,6 +171,12 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "over their DP ranks first.",
 )  # fmt: skip
 @click.option(
+    "--train-distributed-optimizer", is_flag=True,
+    help="With --train-steps: shard the optimizer state over the data-parallel ranks "
+    "(reduce-scatter of the gradient, AdamW on each rank's fp32 shard, all-gather), as "
+    "megatron-core's distributed optimizer does, with fixed-order collectives.",
+)  # fmt: skip
+@click.option(
     "--no-grad-check", is_flag=True,
     help="With --train-steps: skip the step-0 gradient check (each layout's float32 gradient "
     "on the step's samples vs float64 autograd through transformers, as --grads).",
@@ -199,7 +205,7 @@ def command(
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
     train_temperature: float | None = None, trainers: str | None = None,
-    train_microbatches: int | None = None,
+    train_microbatches: int | None = None, train_distributed_optimizer: bool = False,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
 
@@ -290,10 +296,10 @@ def command(
         if given:
             fail(f"error: {given[0]} cannot be combined with --train-steps (use --train-fault)")
     elif (train_fault is not None or train_lr is not None or no_grad_check or train_temperature
-          or train_microbatches is not None):  # fmt: skip
+          or train_microbatches is not None or train_distributed_optimizer):  # fmt: skip
         fail(
-            "error: --train-fault, --train-lr, --train-temperature, --train-microbatches and "
-            "--no-grad-check need --train-steps N (N >= 1)"
+            "error: --train-fault, --train-lr, --train-temperature, --train-microbatches, "
+            "--train-distributed-optimizer and --no-grad-check need --train-steps N (N >= 1)"
         )
     preset = WORKLOADS[workload]
     sizes = (requests or preset[0], prompt_tokens or preset[1], new_tokens or preset[2])
@@ -358,6 +364,8 @@ def command(
             training = dataclasses.replace(training, temperature=train_temperature)
         if train_microbatches is not None:
             training = dataclasses.replace(training, microbatches=train_microbatches)
+        if train_distributed_optimizer:
+            training = dataclasses.replace(training, distributed_optimizer=True)
         from ..parity.training import DP_DESYNC
 
         if train_fault == DP_DESYNC and all(lay.dp == 1 for lay in config.layouts):

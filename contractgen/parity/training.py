@@ -88,6 +88,8 @@ class TrainingConfig:
     """Check each layout's step-0 gradient against float64 autograd (``_GradCheck``)."""
     microbatches: int = 1
     """Microbatches per step on each data-parallel rank (gradient accumulation)."""
+    distributed_optimizer: bool = False
+    """Shard the optimizer state over the DP ranks (the trainer's ``ShardedAdamW``)."""
 
 
 GRAD_CHECK_LOSS = "minus the sum of the step's response-token logprobs (the --grads loss)"
@@ -262,10 +264,20 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
             "microbatches": cfg.microbatches,
             "data_parallel": "each DP rank every dp-th sequence, in microbatches; fp32 gradient "
             "accumulation, fixed-tree sum over DP (not megatron-core's DDP, which needs CUDA); "
-            "every optimizer state on every DP rank (no distributed optimizer)",
+            + (
+                "optimizer state sharded over the DP ranks"
+                if cfg.distributed_optimizer
+                else "every optimizer state on every DP rank (no distributed optimizer)"
+            ),
             "loss": f"PPO clip (eps {cfg.clip_eps}), token mean over the step's response tokens",
-            "optimizer": f"megatron-core mixed-precision optimizer (fp32 main params), AdamW "
-            f"lr {cfg.lr}, no weight decay, no grad clipping",
+            "optimizer": (
+                f"AdamW on fp32 shards over the DP ranks (reduce-scatter, all-gather; fixed "
+                f"order), lr {cfg.lr}, no weight decay, no grad clipping"
+                if cfg.distributed_optimizer
+                else f"megatron-core mixed-precision optimizer (fp32 main params), AdamW "
+                f"lr {cfg.lr}, no weight decay, no grad clipping"
+            ),
+            "distributed_optimizer": cfg.distributed_optimizer,
             "fault": cfg.fault,
             "stale_tensor": stale_tensor(arch) if cfg.fault == STALE_SHARD else None,
             "grad_check": cfg.grad_check,
@@ -340,6 +352,7 @@ def _run_layout(
                 fault=trainer_fault,
                 planted_bugs=config.planted_bugs,
                 microbatches=cfg.microbatches,
+                distributed_optimizer=cfg.distributed_optimizer,
                 desync_dp=cfg.fault == DP_DESYNC,
             )
         ).weights

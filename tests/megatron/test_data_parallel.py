@@ -1,7 +1,9 @@
-"""The trainer's data-parallel pieces (``adapters/megatron/data_parallel.py``) without a model:
-the batch split, fp32 microbatch accumulation in order, the fixed-tree DP gradient sum (the same
-bits on every rank, and not what a sequential sum gives), the replica check that names a
-desynchronised parameter, and the ``dp`` axis of the one ``Layout`` type. The end-to-end run
+"""The trainer's data-parallel pieces (``adapters/megatron/data_parallel.py``,
+``distributed_optimizer.py``) without a model: the batch split, fp32 microbatch accumulation in
+order, the fixed-tree DP gradient sum (the same bits on every rank, and not what a sequential
+sum gives), the replica check that names a desynchronised parameter, the sharded optimizer
+(bit for bit the replicated AdamW on the tree-summed gradient, on every rank), and the ``dp``
+axis of the one ``Layout`` type. The end-to-end run
 (``parity --train-steps`` at ``dp2``) is ``tests/parity/test_training_dp.py``."""
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from contractgen.adapters.megatron.data_parallel import (
     replica_tensors,
     split_batch,
 )
+from contractgen.adapters.megatron.distributed_optimizer import ShardedAdamW, shard_bounds
+from contractgen.adapters.megatron.run_types import OptimizerSettings
 
 
 def test_split_batch_spreads_the_groups_and_keeps_microbatch_order():
@@ -115,8 +119,50 @@ def _rank(rank: int, port: int) -> None:
         buf.reduce(None, skip=rank == RANKS - 1)
         want = local if rank == RANKS - 1 else tree_sum(everyone)
         assert torch.equal(buf.flat, want), rank
+        _sharded_step_equals_the_replicated_one(rank, local, tree_sum(everyone))
     finally:
         dist.destroy_process_group()
+
+
+def _sharded_step_equals_the_replicated_one(
+    rank: int, local: torch.Tensor, summed: torch.Tensor
+) -> None:
+    """``ShardedAdamW`` (reduce-scatter, AdamW on a quarter of the padded 1015 values,
+    all-gather) against torch's AdamW on every parameter's fp32 copy with the whole summed
+    gradient, rounded to the parameter's dtype: the same bits, on every rank, over two steps."""
+    settings = OptimizerSettings(lr=1e-2)
+    model, ref = _Tiny(), _Tiny()
+    with torch.no_grad():
+        for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters(), strict=True)):
+            p.copy_(_fp32(7 + k, *p.shape))
+            q.copy_(p)
+    buf = GradBuffer(model)
+    opt = ShardedAdamW(model, buf, settings, None)
+    assert (opt.hi - opt.lo, opt.padded) == (254, 1016)
+    mains = [q.detach().float().clone().requires_grad_() for q in ref.parameters()]
+    adam = torch.optim.AdamW(mains, lr=settings.lr, betas=settings.betas, eps=settings.eps,
+                             weight_decay=settings.weight_decay)  # fmt: skip
+    for _ in range(2):
+        buf.flat.copy_(local)
+        opt.zero_grad()
+        opt.step()
+        lo = 0
+        for m in mains:
+            m.grad = summed[lo : lo + m.numel()].view_as(m).clone()
+            lo += m.numel()
+        adam.step()
+        for p, q, m in zip(model.parameters(), ref.parameters(), mains, strict=True):
+            with torch.no_grad():
+                q.copy_(m)
+            assert torch.equal(p, q), (rank, p.dtype)
+    gathered = [torch.empty_like(model.b) for _ in range(RANKS)]
+    dist.all_gather(gathered, model.b.detach())
+    assert all(torch.equal(g, gathered[0]) for g in gathered)
+
+
+def test_shard_bounds_pad_to_equal_contiguous_shards():
+    assert shard_bounds(1015, 4) == (1016, [(0, 254), (254, 508), (508, 762), (762, 1016)])
+    assert shard_bounds(8, 1) == (8, [(0, 8)])
 
 
 def _free_port() -> int:
@@ -126,6 +172,7 @@ def _free_port() -> int:
 
 
 def test_dp_gradient_sum_is_one_fixed_tree_on_every_rank_and_a_desync_is_named():
+    """Also the sharded optimizer's step (``_sharded_step_equals_the_replicated_one``)."""
     mp.spawn(_rank, args=(_free_port(),), nprocs=RANKS, join=True)
 
 

@@ -164,6 +164,7 @@ def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
         (["--train-steps", "1", "--train-fault", "nope"], "--train-fault 'nope': unknown"),
         (["--no-grad-check"], "need --train-steps"),
         (["--train-microbatches", "2"], "need --train-steps"),
+        (["--train-distributed-optimizer"], "need --train-steps"),
         (
             ["--train-steps", "1", "--layouts", "tp1", "--train-fault", "dp.desync_rank"],
             "dp.desync_rank needs a data-parallel layout",

@@ -1,9 +1,12 @@
 """``parity --train-steps`` at a data-parallel layout (``dp2``: two DP replicas, each with every
 other sequence of the step in two microbatches, the gradient summed over DP in the fixed tree
-order). The honest run: every step exact, ratio exactly 1, the loss bit for bit its ratio-1
-value, the rollout holding the pushed weights and both replicas' parameters and fp32 main
-copies bit-identical. The fault run: the last DP rank skipping the reduction is named after
-step 0 and breaks the ratio at step 1 (its sequences are scored with drifted weights)."""
+order). The honest run, with the distributed optimizer (state sharded over the two ranks):
+every step exact, ratio exactly 1, the loss bit for bit its ratio-1 value, the rollout holding
+the pushed weights and both replicas' parameters bit-identical. The fault run, with the
+replicated optimizer: the last DP rank skipping the reduction is named after step 0 (parameters
+and fp32 main copies) and breaks the ratio at step 1 (its sequences are scored with drifted
+weights). The two optimizers' steps are bit for bit the same (``tests/megatron/
+test_data_parallel.py``)."""
 
 from __future__ import annotations
 
@@ -24,9 +27,12 @@ def _bits(x: float) -> bytes:
 
 @pytest.mark.slow
 def test_two_rl_steps_at_dp2_stay_bit_identical_with_synced_replicas(tmp_path):
-    code, report, out = run_parity("--train-steps", "2", *DP_RUN, tmp_path=tmp_path)
+    code, report, out = run_parity(
+        "--train-steps", "2", *DP_RUN, "--train-distributed-optimizer", tmp_path=tmp_path
+    )
     assert code == 0, out
     assert report["training"]["microbatches"] == 2
+    assert report["training"]["distributed_optimizer"] is True
     for s in report["steps"]:
         (pair,) = s["pairs"]
         assert pair["name"] == "rollout tp1 \u00d7 trainer tp1pp1cp1dp2" and pair["exact"], pair
