@@ -5,8 +5,9 @@ Why not megatron-core's own ``DistributedDataParallel``: in 0.16.1 its ``_ParamA
 allocates the gradient (and, for the distributed optimizer, parameter) buffers on
 ``torch.cuda.current_device()`` with no device option, so wrapping a CPU stage fails with "Torch
 not compiled with CUDA enabled" (``/tmp`` repro in the branch's report); and its reduction is a
-backend all-reduce or reduce-scatter (NCCL / gloo choose the order). The distributed optimizer
-works on those CUDA buffers, so it cannot run here either.
+backend all-reduce or reduce-scatter (NCCL / gloo choose the order). Its distributed optimizer
+works on those CUDA buffers, so it cannot run here either (``distributed_optimizer.py`` is this
+trainer's).
 
 What this layer keeps of megatron DDP: an fp32 ``main_grad`` per parameter, views of one
 contiguous buffer (``grad_reduce_in_fp32``); each microbatch's gradient added into it in
@@ -19,9 +20,10 @@ count, so the DP reduction is a plain sum (scale 1).
 What differs, and why: the sum is ``kernels.all_reduce.tree_all_reduce`` (every rank's bits
 gathered, adjacent pairs summed level by level), so every DP rank gets the same bits by
 construction, whatever the backend would have summed in; it is synchronous (no buckets, no
-overlap with the backward); there is no optimizer-state sharding: every DP rank keeps the whole
-optimizer and takes the same step on the same gradient, so the replicas stay bit-identical
-(``replica_mismatches`` checks it every step).
+overlap with the backward). Without the distributed optimizer every DP rank keeps the whole
+optimizer and takes the same step on the same gradient; with it (``ShardedAdamW``) the buffer is
+reduce-scattered instead and the updated shards all-gathered. Either way the replicas stay
+bit-identical, and ``replica_mismatches`` checks it every step.
 """
 
 from __future__ import annotations

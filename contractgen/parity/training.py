@@ -36,7 +36,8 @@ ratios leave 1).
 
 Data parallelism (``dp2``, ``tp2dp2``): each DP rank takes every ``dp``-th sequence of the step,
 in ``microbatches`` consecutive microbatches; the gradient is accumulated in fp32 and summed over
-DP in a fixed tree order (``adapters.megatron.data_parallel``), and after every step the ranks
+DP in a fixed tree order (``adapters.megatron.data_parallel``; with ``distributed_optimizer``
+reduce-scattered to optimizer shards and the shards all-gathered), and after every step the ranks
 compare every parameter and fp32 main copy of their replicas by sha256 (``replica_mismatches``).
 """
 
