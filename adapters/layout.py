@@ -18,7 +18,7 @@ import math
 import re
 from dataclasses import dataclass
 
-_PART = re.compile(r"(tp|pp|cp|ep)([1-9][0-9]*)")
+_PART = re.compile(r"(fsdp|tp|pp|cp|ep)([1-9][0-9]*)")
 
 
 class LayoutError(ValueError):
@@ -42,6 +42,9 @@ class Layout:
     rollout_dp: int = 1
     world: int | None = None  # when given, must equal tp * pp * cp * dp
     ep: int = 1
+    fsdp: int = 0
+    """FSDP ranks of an FSDP trainer's layout (``fsdpN``: data parallel, parameters sharded
+    by ``fully_shard``); 0: not an FSDP layout (a model-parallel trainer's)."""
 
     @property
     def ep_dp(self) -> int:
@@ -52,7 +55,7 @@ class Layout:
     @property
     def world_size(self) -> int:
         """Ranks of one trainer session (TP x PP x CP, times ``ep_dp``)."""
-        return self.tp * self.pp * self.cp * self.ep_dp
+        return self.tp * self.pp * self.cp * self.ep_dp * max(self.fsdp, 1)
 
     @property
     def train_world(self) -> int:
@@ -70,29 +73,37 @@ class Layout:
     @property
     def trainer_label(self) -> str:
         """``tp2pp1cp1`` (with ``ep2`` appended under expert parallelism): the pair names'."""
+        if self.fsdp:
+            return self.name
         return f"tp{self.tp}pp{self.pp}cp{self.cp}" + (f"ep{self.ep}" if self.ep > 1 else "")
 
     @property
     def sizes(self) -> dict[str, int]:
-        """``{"tp", "pp", "cp", "ep"}``: the trainer sizes a report lists."""
-        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
+        """``{"tp", "pp", "cp", "ep"}`` (and ``"fsdp"`` for an FSDP layout): the trainer sizes
+        a report lists."""
+        sizes = {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
+        return sizes | ({"fsdp": self.fsdp} if self.fsdp else {})
 
     @property
     def name(self) -> str:
         """The trainer sizes above 1 as ``tp2pp2`` (``tp1`` when all are 1), the form
         ``parse_layout`` reads."""
         sizes = (("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("ep", self.ep))
-        return "".join(f"{k}{v}" for k, v in sizes if v > 1) or "tp1"
+        rest = "".join(f"{k}{v}" for k, v in sizes if v > 1)
+        if self.fsdp:
+            return f"fsdp{self.fsdp}{rest}"
+        return rest or "tp1"
 
 
 def parse_layout(token: str) -> Layout:
     """``"tp2pp2"`` -> ``Layout(tp=2, pp=2)`` (the trainer sizes; any order, each axis once;
-    ``ep2`` is expert parallelism)."""
+    ``ep2`` is expert parallelism; ``fsdp2`` an FSDP trainer's two ranks)."""
     token = token.strip()
     parts = _PART.findall(token)
     if not parts or "".join(a + b for a, b in parts) != token:
         raise LayoutError(
-            f"layout {token!r}: expected tpN, ppN, cpN, epN or a combination such as tp2pp2"
+            f"layout {token!r}: expected tpN, ppN, cpN, epN or a combination such as tp2pp2 "
+            "(or fsdpN for an FSDP trainer)"
         )
     sizes: dict[str, int] = {}
     for axis, n in parts:

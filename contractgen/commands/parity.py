@@ -227,7 +227,7 @@ def command(
         rollout_tp_problems,
     )
     from ..parity.rollout import arch_of
-    from ..parity.targets import parse_trainers, rollout_target, trainer_targets
+    from ..parity.targets import parse_trainers, rollout_target
     from ..parity.workload import make_workload
 
     use_project_from(ctx)
@@ -237,7 +237,7 @@ def command(
         chosen_trainers = parse_trainers(trainers) if trainers is not None else []
     except UnknownTargetError as exc:
         fail(f"error: --trainers: {exc}")
-    chosen_trainers = chosen_trainers or trainer_targets(contract_id)
+    chosen_trainers = chosen_trainers or _default_trainers(contract_id, layouts)
     if not chosen_trainers:
         fail(f"error: {contract_id}: no trainer target's generated policy has this contract")
     if len(chosen_trainers) > 1 and train_steps:
@@ -313,6 +313,9 @@ def command(
                     f"--layouts {', '.join(ep)}: expert parallelism runs the forward only (the "
                     "token exchange has no backward yet); --train-steps needs EP 1 layouts"
                 )
+        chosen, chosen_trainers = _layouts_per_trainer(
+            chosen, chosen_trainers, layouts is None, explicit=trainers is not None
+        )
         gpus = _cuda_device_count() if device == "cuda" else None
         if gpus is not None:
             chosen = _fit_gpus(chosen, gpus, given=layouts is not None)
@@ -404,6 +407,49 @@ def _check_blocks(contract_id: str, profile, trainers: list[str]) -> None:
                 f"the {', '.join(missing)} block of {family.name} models (it implements: "
                 f"{', '.join(sorted(have))}); parity needs both sides"
             )
+
+
+def _default_trainers(contract_id: str, layouts: str | None) -> list[str]:
+    """Without ``--trainers``: every trainer target with the contract that runs one of the
+    layouts (``--layouts``, else the defaults): the model-parallel trainer for ``tp1,…``, the
+    FSDP trainer for ``fsdpN``."""
+    from ..parity.layouts import LayoutError, parse_layouts
+    from ..parity.targets import runs_layout, trainer_targets
+
+    try:
+        wanted = parse_layouts(layouts or DEFAULT_LAYOUTS)
+    except LayoutError:
+        wanted = []  # reported where the layouts are checked
+    found = trainer_targets(contract_id)
+    return [t for t in found if any(runs_layout(t, lay) for lay in wanted)] or found[:1]
+
+
+def _layouts_per_trainer(
+    chosen: list, trainers: list[str], defaults: bool, explicit: bool
+) -> tuple[list, list[str]]:
+    """Each trainer target runs the layouts of its axes (``targets.runs_layout``): with no
+    ``--layouts``, a target's own ``DEFAULT_LAYOUTS`` (where its adapter has them) join the
+    defaults; a default trainer that runs none of the layouts is left out, one named in
+    ``--trainers`` that runs none is refused."""
+    from ..parity.layouts import LayoutError, parse_layouts
+    from ..parity.targets import adapter, runs_layout
+
+    if defaults and explicit:
+        for name in trainers:
+            extra = getattr(adapter(name), "DEFAULT_LAYOUTS", None)
+            if extra:
+                chosen = chosen + [
+                    lay for lay in parse_layouts(extra) if lay.name not in {c.name for c in chosen}
+                ]
+        chosen = [lay for lay in chosen if any(runs_layout(t, lay) for t in trainers)]
+    idle = [t for t in trainers if not any(runs_layout(t, lay) for lay in chosen)]
+    if idle and explicit:
+        axes = ", ".join(sorted(adapter(idle[0]).LAYOUT_AXES))
+        raise LayoutError(
+            f"--trainers {idle[0]}: none of the layouts {[lay.name for lay in chosen]} is one it "
+            f"runs (its axes: {axes}); add such layouts to --layouts"
+        )
+    return chosen, [t for t in trainers if t not in idle]
 
 
 def _fit_gpus(layouts: list, gpus: int, given: bool) -> list:

@@ -140,6 +140,13 @@ class GateRun:
         """The current trainer target's adapter module (``ROLE_API["trainer"]``)."""
         return adapter(self.trainer_target)
 
+    @property
+    def layouts(self) -> list[Layout]:
+        """The configured layouts the current trainer target runs (``targets.runs_layout``)."""
+        from .targets import runs_layout
+
+        return [lay for lay in self.config.layouts if runs_layout(self.trainer_target, lay)]
+
     def layout_key(self, layout: Layout) -> str:
         """``layout``'s name for the current trainer: the bare name for the first trainer target
         (a one-trainer report keeps its shape), ``<target>/<name>`` for the others."""
@@ -372,7 +379,7 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
     from .correctness import layout_grads, trainer_reference
 
     out, pairs, reference, grads = [], [], [], []
-    for layout in run.config.layouts:
+    for layout in run.layouts:
         t0 = time.perf_counter()
         if run.config.progress:
             ep = f" EP={layout.ep}" if layout.ep > 1 else ""
@@ -543,7 +550,7 @@ def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
     ``unobservable``; a fault the contract calls unobservable that IS detected fails it too.
     """
     # cheapest first; among layouts of one size, TP first (reduction-order faults need TP)
-    layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, -lay.tp, lay.name))
+    layouts = sorted(run.layouts, key=lambda lay: (lay.world_size, -lay.tp, lay.name))
     kp, sg, mg = _policies_at(run, layouts[0])
     faults = catalogue(kp, sg, mg, rollout_target(), run.trainer_target, trainer_only)
     if trainer_only:

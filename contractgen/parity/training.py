@@ -183,7 +183,7 @@ def training_faults(run: GateRun) -> list[str]:
     from .faults import catalogue
     from .harness import _policies_at
 
-    first = run.config.layouts[0]
+    first = run.layouts[0]
     return [STALE_SHARD, *(f.name for f in catalogue(*_policies_at(run, first)))]
 
 
@@ -211,7 +211,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
     pairs: list[list[dict]] = [[] for _ in range(cfg.steps)]
     cache: dict = {}
     grads = _grad_check(run, cfg)
-    for layout in run.config.layouts:
+    for layout in run.layouts:
         for entry, step_pairs, step in _run_layout(run, cfg, layout, arch, cache, grads):
             per_step[step].append(entry)
             pairs[step].extend(step_pairs)

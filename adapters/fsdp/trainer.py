@@ -1,0 +1,173 @@
+"""The FSDP trainer the parity gate calls: ``TrainerSession`` (``ROLE_API["trainer"]``).
+
+A session spawns ``layout.fsdp`` ranks (gloo on CPU, NCCL on CUDA, one GPU per rank) from the
+project's rank pool (``adapters.workers``) that keep running across calls; each call builds the
+sharded model afresh under the run's policies (milliseconds for the tiny models), so faults never
+leak between runs. Weights come as one shared-memory buffer (``SharedTensors``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..layout import Layout, LayoutError
+from ..shared_tensors import SharedTensors
+from ..workers import RankPool
+from .run_types import BACKENDS, TrainBatch, TrainerResult, TrainerRun, TrainInit, TrainStepResult
+
+
+@dataclass(frozen=True)
+class _Job:
+    contract_id: str
+    weights: Any  # HF names -> tensors; a ``SharedTensors`` on its way to the ranks
+    sequences: list[list[int]]
+    layout: Layout
+    arch: Any  # contractgen.adapters.sglang.model.ModelArch
+    device: str
+    port: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fsdp_ranks(layout: Layout) -> int:
+    """The ranks an ``fsdpN`` layout runs; any other layout is refused (this trainer has no TP,
+    PP, CP or EP: ``LAYOUT_AXES``)."""
+    other = {k: v for k, v in layout.sizes.items() if k != "fsdp" and v > 1}
+    if layout.fsdp < 1 or other:
+        raise LayoutError(
+            f"layout {layout.name}: the fsdp trainer runs fsdpN layouts only (FSDP ranks, no "
+            "model parallelism), e.g. fsdp1, fsdp2, fsdp4"
+        )
+    return layout.fsdp
+
+
+def _arch(contract_id: str, weights: Any, arch: Any) -> Any:
+    """The model ``weights`` hold: a checkpoint's from its ``config.json`` (the rollout's
+    coverage check), else ``arch``, else the contract's reference model."""
+    from ..sglang.checkpoint import check_checkpoint
+    from ..sglang.model import ModelArch
+    from .policy import generated
+
+    profile = generated().schema.model_profile_for(contract_id)
+    if isinstance(weights, str | os.PathLike):
+        return ModelArch.from_profile(profile, check_checkpoint(weights, profile))
+    return arch if arch is not None else ModelArch.from_profile(profile)
+
+
+class TrainerSession:
+    """Spawned FSDP ranks kept alive across calls.
+
+    ``with TrainerSession(contract, weights, parse_layout("fsdp2")) as s: s.logprobs(seqs)``.
+    """
+
+    def __init__(
+        self,
+        contract_id: str,
+        weights_or_checkpoint: Mapping[str, torch.Tensor] | str | os.PathLike[str],
+        layout: Layout,
+        *,
+        device: str = "cpu",
+        arch: Any = None,
+        timeout_s: float = 900.0,
+    ) -> None:
+        world = fsdp_ranks(layout)
+        if device not in BACKENDS:
+            raise ValueError(f"device={device!r}: expected one of {sorted(BACKENDS)}")
+        if device == "cuda" and torch.cuda.device_count() < world:
+            raise RuntimeError(
+                f"layout {layout.name} needs {world} CUDA devices, "
+                f"{torch.cuda.device_count()} visible"
+            )
+        arch = _arch(contract_id, weights_or_checkpoint, arch)
+        if isinstance(weights_or_checkpoint, str | os.PathLike):
+            from ..sglang.checkpoint import safetensors_files
+
+            shared = SharedTensors.from_safetensors(safetensors_files(weights_or_checkpoint))
+        else:
+            shared = SharedTensors.pack(weights_or_checkpoint)
+        self.layout, self.timeout_s = layout, timeout_s
+        self._job = _Job(contract_id, shared, [], layout, arch, device, _free_port())
+        self._pool = RankPool(
+            f"fsdp trainer session ({layout.name})", world, _session_worker, (self._job,),
+            device=device, timeout_s=timeout_s,
+        )  # fmt: skip
+
+    def __enter__(self) -> TrainerSession:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self._pool.start()
+
+    def logprobs(self, sequences: Sequence[Sequence[int]], run: TrainerRun | None = None):
+        """One forward of ``sequences`` (each rank scores its share; merged here)."""
+        run = run or TrainerRun()
+        if run.grads:
+            raise NotImplementedError("the fsdp trainer has no gradient run (TrainerRun.grads)")
+        seqs = [[int(t) for t in seq] for seq in sequences]
+        replies = self._pool.send((seqs, run), "fsdp trainer forward")
+        results = [p[1] for _, p in sorted(replies.items()) if p[1] is not None]
+        merged = TrainerResult(
+            logprobs=[
+                next(r.logprobs[i] for r in results if r.logprobs[i] is not None)
+                for i in range(len(seqs))
+            ]
+        )
+        if run.dump_layers:
+            merged.layer_dumps = next(p[2] for _, p in sorted(replies.items()) if p[2])
+        if run.kernel_audit is not None:
+            from ..kernels.audit import merge
+
+            merged.kernel_calls = merge({r: p[3] for r, p in replies.items()})
+        return merged
+
+    def train(self, command: TrainInit | TrainBatch) -> TrainStepResult:
+        raise NotImplementedError("the fsdp trainer does not train yet (--train-steps)")
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _session_worker(rank: int, commands: Any, results: Any, job: _Job) -> None:
+    import traceback
+
+    from . import runtime
+
+    torch.set_num_threads(1)
+    if isinstance(job.weights, SharedTensors):
+        job = dataclasses.replace(job, weights=job.weights.tensors())
+    try:
+        me = runtime.init_distributed(rank, job.layout.fsdp, job.port, job.device)
+    except Exception:
+        results.put((rank, "err", traceback.format_exc(), None, None))
+        return
+    try:
+        while (command := commands.get()) is not None:
+            try:
+                from ..kernels.audit import maybe_recording
+                from ..kernels.planted import planted
+
+                sequences, run = command
+                with planted(run.planted_bugs), maybe_recording(run.kernel_audit) as calls:
+                    result, dumps = runtime.forward_logprobs(
+                        dataclasses.replace(job, sequences=sequences), run, me
+                    )
+                results.put((rank, "ok", result, dumps, calls))
+            except Exception:
+                results.put((rank, "err", traceback.format_exc(), None, None))
+    finally:
+        runtime.shutdown()
