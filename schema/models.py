@@ -552,7 +552,21 @@ class RuntimePolicies(_Model):
     sglang: SGLangRuntimePolicy
     megatron: MegatronRuntimePolicy
     launcher: LauncherRuntimePolicy
-    fsdp: FsdpRuntimePolicy
+    fsdp: FsdpRuntimePolicy | None = Field(
+        default=None,
+        description=(
+            "The FSDP trainer's section; a contract without it is off on that target (every "
+            "field its off value)."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_targets(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # a contract written before a target existed serialises as before (same canonical data)
+        data = handler(self)
+        if data.get("fsdp") is None:
+            data.pop("fsdp", None)
+        return data
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-# canonical-sha256: a9bbf40d36c35ff5dddddeb13adc3cb3540aa089a1195fc7d8454cc1200eaf7b
+# canonical-sha256: ccdbb314863129112d2d533c827b909f15eda40487cf1a0e2e06ffe91cf8d352
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -700,6 +700,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -1235,6 +1243,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -1539,6 +1555,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -1840,6 +1864,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -2129,6 +2161,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -2388,6 +2428,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -2652,6 +2700,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -2893,6 +2949,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -2994,41 +3058,49 @@ FINGERPRINTS: dict[str, str] = {
 # sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
 POLICY_FINGERPRINTS: dict[str, dict[str, str]] = {
     "llama3_dense_true_on_policy_v1": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "llama3_dense_true_on_policy_v2": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_dense_true_on_policy_v1": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_dense_true_on_policy_v2": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_dense_true_on_policy_v3": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_moe_true_on_policy_v1": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_moe_true_on_policy_v2": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_moe_true_on_policy_v3": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",

@@ -1,0 +1,80 @@
+"""Issue 33, the FSDP trainer target: transformers' own model classes with the contract's ops
+attached, sharded with FSDP2 over gloo, bit-identical with the rollout at ``fsdpN`` layouts; a
+flipped FSDP runtime-policy field breaks that; layouts go to the trainer whose axes they use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import V1, run_parity
+
+from contractgen.adapters.layout import LayoutError, parse_layout
+
+
+def test_fsdp_layouts_parse_and_go_to_the_fsdp_trainer_only() -> None:
+    from contractgen.parity.targets import runs_layout
+
+    fsdp2 = parse_layout("fsdp2")
+    assert (fsdp2.name, fsdp2.world_size, fsdp2.sizes["fsdp"]) == ("fsdp2", 2, 2)
+    assert parse_layout("fsdp1").name == "fsdp1" != parse_layout("tp1").name
+    assert "fsdp" not in parse_layout("tp2").sizes  # model-parallel reports keep their shape
+    for token, megatron, fsdp in (("fsdp1", False, True), ("fsdp4", False, True),
+                                  ("tp1", True, False), ("tp2pp2", True, False)):  # fmt: skip
+        lay = parse_layout(token)
+        assert (runs_layout("megatron", lay), runs_layout("fsdp", lay)) == (megatron, fsdp)
+    with pytest.raises(LayoutError):
+        parse_layout("fsdp2fsdp2")
+
+
+def test_fsdp_trainer_refuses_model_parallel_layouts() -> None:
+    from contractgen.adapters.fsdp.trainer import fsdp_ranks
+
+    assert fsdp_ranks(parse_layout("fsdp4")) == 4
+    with pytest.raises(LayoutError, match="fsdpN layouts only"):
+        fsdp_ranks(parse_layout("tp2"))
+
+
+@pytest.mark.slow
+def test_fsdp_runtime_policy_fields_are_load_bearing() -> None:
+    """Each numerics-bearing FSDP runtime field flipped on the trainer alone moves its bits off
+    the unfaulted run's (one fsdp1 session, several runs)."""
+    from contractgen.adapters.fsdp import TrainerFault, TrainerRun, TrainerSession
+    from contractgen.adapters.sglang import ModelArch, random_weights
+    from contractgen.codegen.vendored import load_target
+
+    arch = ModelArch.from_profile(load_target("fsdp").schema.model_profile_for(V1))
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (40, 70)]
+    flips = {
+        "batch_invariant_mode": False,
+        "attn_implementation": "sdpa",
+        "param_dtype": "float32",
+        "enabled": False,
+    }
+    with TrainerSession(V1, random_weights(arch, seed=0), parse_layout("fsdp1")) as s:
+        base = s.logprobs(seqs, TrainerRun()).logprobs
+        again = s.logprobs(seqs, TrainerRun()).logprobs
+        faulted = {
+            f: s.logprobs(seqs, TrainerRun(fault=TrainerFault(runtime_policy={f: v}))).logprobs
+            for f, v in flips.items()
+        }
+    assert all(torch.equal(a, b) for a, b in zip(base, again, strict=True))  # deterministic
+    same = [f for f, lp in faulted.items() if all(map(torch.equal, base, lp))]
+    assert not same, f"flipping {same} left the FSDP trainer's logprobs bit-identical"
+
+
+@pytest.mark.slow
+def test_gate_fsdp_layouts_exact_against_every_rollout_tp(tmp_path: Path) -> None:
+    """The gate with both trainer targets: megatron at tp1, FSDP2 at fsdp1 and fsdp2 (two gloo
+    ranks, each scoring its share), every pair with rollout TP 1 and 2 bitwise exact."""
+    code, report, out = run_parity(
+        "--trainers", "megatron,fsdp", "--layouts", "tp1,fsdp1,fsdp2", "--rollout-tps", "1,2",
+        "--no-reference", "--requests", "3", "--new-tokens", "4", tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 0, out
+    names = [lay["name"] for lay in report["layouts"]]
+    assert names == ["tp1", "fsdp/fsdp1", "fsdp/fsdp2"]
+    assert all(lay["exact"] and lay["tokens"] > 0 for lay in report["layouts"])
+    assert len(report["pairs"]) == 6 and all(p["exact"] for p in report["pairs"])
