@@ -76,5 +76,5 @@ def test_gate_fsdp_layouts_exact_against_every_rollout_tp(tmp_path: Path) -> Non
     assert code == 0, out
     names = [lay["name"] for lay in report["layouts"]]
     assert names == ["tp1", "fsdp/fsdp1", "fsdp/fsdp2"]
-    assert all(lay["exact"] and lay["tokens"] > 0 for lay in report["layouts"])
+    assert all(lay["exact"] and lay["tokens_compared"] > 0 for lay in report["layouts"])
     assert len(report["pairs"]) == 6 and all(p["exact"] for p in report["pairs"])
