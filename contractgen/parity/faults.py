@@ -44,6 +44,10 @@ EP_ONLY_FIELDS = ("moe_ep_combine",)
 STRING_ALTERNATIVES: dict[str, dict[Any, Any]] = {
     "attention_backend": {"fa3_varlen": "sdpa", "sdpa": "fa3_varlen", None: "fa3_varlen"},
     "cp_layout": {"ulysses_a2a": None, None: "ulysses_a2a"},
+    # the FSDP trainer's: transformers' stock attention; the other FSDP mixed-precision dtype
+    "attn_implementation": {"true_on_policy_chunked": "sdpa", "sdpa": "true_on_policy_chunked"},
+    "param_dtype": {"bfloat16": "float32", "float32": "bfloat16"},
+    "reduce_dtype": {"float32": "bfloat16", "bfloat16": "float32"},
 }
 
 SKIPPED_FIELDS = ("contract_name",)  # identity, not behaviour

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import V1, run_parity
+from conftest import V1, run_parity, run_parity_in_process
 
 from contractgen.adapters.layout import LayoutError, parse_layout
 
@@ -34,6 +34,17 @@ def test_fsdp_trainer_refuses_model_parallel_layouts() -> None:
     assert fsdp_ranks(parse_layout("fsdp4")) == 4
     with pytest.raises(LayoutError, match="fsdpN layouts only"):
         fsdp_ranks(parse_layout("tp2"))
+
+
+def test_a_named_trainer_with_none_of_its_layouts_is_refused(tmp_path: Path) -> None:
+    code, report, out = run_parity_in_process(
+        "--trainers", "megatron,fsdp", "--layouts", "tp1", tmp_path=tmp_path
+    )
+    assert code == 2 and report is None
+    assert (
+        "error: --trainers fsdp: none of the layouts ['tp1'] is one it runs (its axes: fsdp); "
+        "add such layouts to --layouts"
+    ) in out
 
 
 @pytest.mark.slow
