@@ -16,8 +16,9 @@ Submodules import torch and megatron-core; this package file imports nothing hea
 # refuses a contract whose models need another.
 MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
 
-# The layout axes this trainer runs (``adapters.layout.Layout``): model parallelism, not fsdpN.
-LAYOUT_AXES = frozenset({"tp", "pp", "cp", "ep"})
+# The layout axes this trainer runs (``adapters.layout.Layout``): model parallelism and its
+# data parallelism (``dp``: DDP replicas), not fsdpN.
+LAYOUT_AXES = frozenset({"tp", "pp", "cp", "dp", "ep"})
 
 __all__ = [
     "LAYOUT_AXES",
