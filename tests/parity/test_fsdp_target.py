@@ -21,7 +21,8 @@ def test_fsdp_layouts_parse_and_go_to_the_fsdp_trainer_only() -> None:
     assert parse_layout("fsdp1").name == "fsdp1" != parse_layout("tp1").name
     assert "fsdp" not in parse_layout("tp2").sizes  # model-parallel reports keep their shape
     for token, megatron, fsdp in (("fsdp1", False, True), ("fsdp4", False, True),
-                                  ("tp1", True, False), ("tp2pp2", True, False)):  # fmt: skip
+                                  ("tp1", True, False), ("tp2pp2", True, False),
+                                  ("dp2", True, False), ("tp2dp2", True, False)):  # fmt: skip
         lay = parse_layout(token)
         assert (runs_layout("megatron", lay), runs_layout("fsdp", lay)) == (megatron, fsdp)
     with pytest.raises(LayoutError):
@@ -45,6 +46,53 @@ def test_a_named_trainer_with_none_of_its_layouts_is_refused(tmp_path: Path) -> 
         "error: --trainers fsdp: none of the layouts ['tp1'] is one it runs (its axes: fsdp); "
         "add such layouts to --layouts"
     ) in out
+
+
+def _fault_run(layouts: str, rollout_tps: list[int], trainer: str = "fsdp", hf: bool = True):
+    from types import SimpleNamespace
+
+    from contractgen.adapters.layout import parse_layouts
+
+    lays = parse_layouts(layouts)
+    config = SimpleNamespace(rollout_tps=rollout_tps, hf_reference=hf, layouts=lays)
+    return SimpleNamespace(config=config, layouts=lays, trainer_target=trainer)
+
+
+def test_cross_rank_kernel_faults_are_left_out_only_where_no_rank_could_show_them() -> None:
+    """``kernel_policy.all_reduce`` sums TP partials: an fsdpN trainer never has TP, so its
+    fault is left out with the reason; the rollout's is tried while some rollout TP is > 1
+    (paired with the fsdp layout), and left out when the gate runs rollout TP 1 only. A
+    megatron tp2 layout keeps both; EP's field follows EP as before."""
+    from contractgen.parity.faults import Fault
+    from contractgen.parity.harness import _left_out
+
+    faults = [Fault(side, "kernel", f, "fsdp" if side == "trainer" else "")
+              for side in ("rollout", "trainer") for f in ("all_reduce", "moe_ep_combine",
+                                                           "matmul_k_block")]  # fmt: skip
+    out = _left_out(_fault_run("fsdp2", [1, 2]), _fault_run("fsdp2", [1, 2]).layouts, faults)
+    assert set(out) == {"kernel.all_reduce@fsdp", "kernel.moe_ep_combine@fsdp",
+                        "kernel.moe_ep_combine@rollout"}  # fmt: skip
+    assert out["kernel.all_reduce@fsdp"] == (
+        "acts only under tensor parallelism (a sum over TP ranks); the trainer runs no TP > 1 "
+        "here (fsdp layouts fsdp2)"
+    )
+    run = _fault_run("fsdp1,fsdp2", [1])
+    assert "kernel.all_reduce@rollout" in _left_out(run, run.layouts, faults)
+    run = _fault_run("tp2,ep2", [1], trainer="megatron")
+    assert _left_out(run, run.layouts, faults) == {}
+
+
+def test_a_shared_bug_without_a_reference_is_left_out_with_the_reason() -> None:
+    """Planted on both sides, ``silu_glu_sign_flip`` moves no pair's bits and every rollout TP
+    alike: with ``--no-reference`` nothing in the run can show it, which the gate says (left
+    out) instead of calling it undetected; with a reference it is tried there."""
+    from contractgen.parity.faults import SharedBug
+    from contractgen.parity.harness import _try_shared
+
+    run = _fault_run("fsdp2", [1], hf=False)
+    run.rollout = lambda tp, **kw: None  # TP 1 only: no cross-TP comparison is made
+    outcome, how = _try_shared(run, SharedBug("silu_glu_sign_flip"), None, run.layouts[0])
+    assert outcome == "left out" and "(--no-reference)" in how and "TPs [1]" in how
 
 
 @pytest.mark.slow

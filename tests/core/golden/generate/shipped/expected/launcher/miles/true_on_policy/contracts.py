@@ -10,14 +10,14 @@
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
 # Contract fingerprints:
-#   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
-#   llama3_dense_true_on_policy_v2 sha256:f296a48c168e53c08651496c9041a1f8138a36892dd4a6e1377c4f78078b40a8
-#   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
-#   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
-#   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
-#   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
-#   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
-#   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
+#   llama3_dense_true_on_policy_v1 sha256:3e7c3224cd7ea2156ec9adb9b453e91d05e2e8eb63a9136df3b0becd997206da
+#   llama3_dense_true_on_policy_v2 sha256:1ef7f07b3006f3d5b87bbf40b835394b5d98e00da35b168becf4becf3eb62cbd
+#   qwen3_dense_true_on_policy_v1 sha256:62e156b706b20c679612ed42eb53d42bd4ee9f37ed88c4b30c9c40a5e15262ae
+#   qwen3_dense_true_on_policy_v2 sha256:a1cee9322f0f691b51f067aaedb6cc8bb714327f3183fc82a0704b478946de03
+#   qwen3_dense_true_on_policy_v3 sha256:272203814eeee3e469e72605fad5019b7cebf42b98188cd02a0f3a54408555d2
+#   qwen3_moe_true_on_policy_v1 sha256:debd113d066132de916d18e3a8285b8310d3dd021289344e2a610b9f7d59819c
+#   qwen3_moe_true_on_policy_v2 sha256:bb405eb020a7e0f214d3029ba17f694624e7daeeeebd92a45666f37037d8aba8
+#   qwen3_moe_true_on_policy_v3 sha256:13efd2712467d13e6b8353925f4f86da2df6ea0df7eaba684c114de03cb4711c
 # canonical-sha256: ccfadeed9f967d1b962ff8d6f0e14eb0bb1024f74cb6c61ac23f8e4a3773950e
 """Public contract names of the true-on-policy package, as the miles repository's own
 modules import them (``from .contracts import ...``): the schema's aliases and constants and the
