@@ -15,13 +15,28 @@ MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
 # parallelism; the gate gives it the ``fsdpN`` layouts and no others.
 LAYOUT_AXES = frozenset({"fsdp"})
 
+# Whether ``TrainerSession.logprobs`` takes ``TrainerRun(grads=True)`` (the gradient check
+# against float64 autograd): not yet here; ``--train-steps`` reports its step-0 check as not
+# supported for this target.
+GRADIENT_RUN = False
+
+# How ``--train-steps`` trains here (``adapters/fsdp/training.py``), in the report's words.
+TRAINING_DESCRIPTION = {
+    "data_parallel": "FSDP2: each rank every world-th sequence, one microbatch; gradients "
+    "reduce-scattered by FSDP in reduce_dtype",
+    "optimizer": "torch.optim.AdamW on the FSDP-sharded parameters (master_dtype), lr {lr}, "
+    "no weight decay, no grad clipping; a full state dict pushed in param_dtype",
+}
+
 # What ``contractgen parity --trainers …,fsdp`` runs when no ``--layouts`` is given.
 DEFAULT_LAYOUTS = "fsdp1,fsdp2"
 
 __all__ = [
     "DEFAULT_LAYOUTS",
+    "GRADIENT_RUN",
     "LAYOUT_AXES",
     "MLP_BLOCKS",
+    "TRAINING_DESCRIPTION",
     "OptimizerSettings",
     "TrainBatch",
     "TrainInit",

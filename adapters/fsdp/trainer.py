@@ -136,7 +136,11 @@ class TrainerSession:
         return merged
 
     def train(self, command: TrainInit | TrainBatch) -> TrainStepResult:
-        raise NotImplementedError("the fsdp trainer does not train yet (--train-steps)")
+        """Set up training (``TrainInit``: the ranks keep the sharded model and AdamW) or take
+        one step (``TrainBatch``, ``training.py``); rank 0's reply carries the result and the
+        full state dict for the push."""
+        replies = self._pool.send(command, "fsdp trainer step")
+        return replies[0][1]
 
     def close(self) -> None:
         self._pool.close()
@@ -155,12 +159,25 @@ def _session_worker(rank: int, commands: Any, results: Any, job: _Job) -> None:
     except Exception:
         results.put((rank, "err", traceback.format_exc(), None, None))
         return
+    state = None  # training state (sharded model + AdamW), built by a TrainInit, kept
     try:
         while (command := commands.get()) is not None:
             try:
                 from ..kernels.audit import maybe_recording
                 from ..kernels.planted import planted
 
+                if isinstance(command, TrainInit | TrainBatch):
+                    from . import training
+
+                    if isinstance(command, TrainInit):
+                        state = training.init_state(job, command, me)
+                        result = TrainStepResult(weights=training.full_weights(state, job, me))
+                    elif state is None:
+                        raise RuntimeError("TrainBatch before TrainInit")
+                    else:
+                        result = training.train_step(state, job, command, me)
+                    results.put((rank, "ok", result, None, None))
+                    continue
                 sequences, run = command
                 with planted(run.planted_bugs), maybe_recording(run.kernel_audit) as calls:
                     result, dumps = runtime.forward_logprobs(

@@ -38,6 +38,7 @@ from .kernels import kernel_module
 from .packing import pack_sequences
 from .pipeline import pipeline_forward_backward
 from .policy import policy_for
+from .ppo import ppo_clip
 from .run_types import OptimizerSettings, TrainBatch, TrainerRun, TrainInit, TrainStepResult
 from .runtime import LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT, build_stage
 
@@ -431,27 +432,7 @@ def _microbatch(
         lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
             x, targets_d, vocab_start, vocab, kp_head, tp_group
         )
-        new = lp.float()
-        old, adv = old_d, adv_d
-        ratio = torch.exp(new - old)
-        eps = batch.clip_eps
-        surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
-        loss = -surrogate.sum() / total
-        # the loss at a ratio of exactly 1: min(1 * A, clip(1) * A) is A bit for bit, so this
-        # equals ``loss`` bitwise exactly when every ratio is 1 (``loss_if_ratio_one``)
-        loss_if_ratio_one = -adv.sum() / total
-        # the policy-gradient objective's value, for the parent to recompute from what it sent
-        advantage_logprob = (adv * new.detach()).sum() / total
-        d = (old - new).detach()
-        stats = torch.stack(
-            [
-                loss.detach(),
-                (torch.exp(d) - d - 1).sum() / total,
-                loss_if_ratio_one,
-                advantage_logprob,
-                (ratio.detach() - 1).abs().max() if mine.numel() else ratio.new_zeros(()),
-            ]
-        )
+        loss, stats = ppo_clip(lp.float(), old_d, adv_d, batch.clip_eps, total)
         return loss, (lp.detach(), stats)
 
     result = pipeline_forward_backward(

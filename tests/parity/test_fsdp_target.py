@@ -4,6 +4,7 @@ flipped FSDP runtime-policy field breaks that; layouts go to the trainer whose a
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,30 @@ def test_gate_fsdp_layouts_exact_against_every_rollout_tp(tmp_path: Path) -> Non
     assert names == ["tp1", "fsdp/fsdp1", "fsdp/fsdp2"]
     assert all(lay["exact"] and lay["tokens_compared"] > 0 for lay in report["layouts"])
     assert len(report["pairs"]) == 6 and all(p["exact"] for p in report["pairs"])
+
+
+@pytest.mark.slow
+def test_fsdp2_trains_a_step_at_ratio_one_and_pushes_the_updated_weights(reference_weights):
+    """``--train-steps``' trainer half at fsdp2: the training forward scores the sequences with
+    the bits of the plain forward (ratio exactly 1, loss its value at ratio 1), AdamW moves the
+    sharded weights, and the pushed full state dict has every checkpoint name in bfloat16."""
+    from contractgen.adapters.fsdp import TrainBatch, TrainerSession, TrainInit
+    from contractgen.adapters.fsdp.run_types import OptimizerSettings
+
+    arch, weights = reference_weights
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (40, 31, 25)]
+    prompt_lens = (30, 20, 18)
+    with TrainerSession(V1, weights, parse_layout("fsdp2"), arch=arch) as s:
+        before = s.train(TrainInit(OptimizerSettings(lr=1e-2))).weights.tensors()
+        old = [lp[p - 1 :] for lp, p in zip(s.logprobs(seqs).logprobs, prompt_lens, strict=True)]
+        batch = TrainBatch(tuple(map(tuple, seqs)), prompt_lens, tuple(old), (1.0, -0.5, 0.25))
+        step = s.train(batch)
+    after = step.weights.tensors()
+    assert step.ratio_max_abs_dev == 0.0 and step.kl == 0.0
+    assert struct.pack("<d", step.loss) == struct.pack("<d", step.loss_if_ratio_one)
+    assert all(torch.equal(a, b) for a, b in zip(step.logprobs, old, strict=True))
+    assert set(after) == set(before) == set(weights)
+    assert {t.dtype for t in after.values()} == {torch.bfloat16}
+    moved = [k for k in after if not torch.equal(after[k], before[k])]
+    assert len(moved) > len(after) // 2, f"AdamW moved only {moved}"
