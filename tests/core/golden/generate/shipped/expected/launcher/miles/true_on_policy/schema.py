@@ -12,17 +12,17 @@
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
 # Contract fingerprints:
-#   llama3_dense_lora_true_on_policy_v1 sha256:62588785be5ccdf7a52d82b7b4fd9622ee20d888e2d5ee3fce1488af476e0347
+#   llama3_dense_lora_true_on_policy_v1 sha256:446b89a7d146604332be0e8f2ab6053c6edb4d3cade9ade57f37e2418632a5eb
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
 #   llama3_dense_true_on_policy_v2 sha256:f296a48c168e53c08651496c9041a1f8138a36892dd4a6e1377c4f78078b40a8
-#   qwen3_dense_lora_true_on_policy_v1 sha256:8bc97a6eb53ae3c282e2d2a30a7044a0cc2f4c59958e4cdf43f6538714741290
+#   qwen3_dense_lora_true_on_policy_v1 sha256:26dc2370dea91819324e90022234f77bb75cdd5229ca40d1b86bc6452dcea7b5
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-# canonical-sha256: a5430ba7d125d4e7fd3f0560d606bbcc8be7d75878a9696a73ff62a3f7e725d0
+# canonical-sha256: 904f5f6801d6cee080bf2db87588b8fcd7d532f7ac61054e18ee216b6384c39e
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -819,6 +819,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "unobservable": {
             "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
             "kernel_policy.logsoftmax_vocab_block": "Another block size reorders the float32 max / sum-exp reduction by a few ulps of the log-sum-exp, and v1 rounds logprobs to bfloat16, which hides that on the gate's workload (a logit near a bfloat16 rounding boundary could still show it). Under v2's float32 logprobs the same fault is detected.",
+            "kernel_policy.lora_low_rank_dtype": "float32 instead of bfloat16 is a no-op while matmul_accumulation_dtype is bfloat16: x·Aᵀ's tile partials are rounded to bfloat16 and summed in bfloat16, so t is a bfloat16 value whatever dtype holds it (tests/parity/test_lora.py shows the flip visible under float32 accumulation). It matters for a contract that accumulates in float32.",
             "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
             "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
             "runtime_policy.megatron.cast_qk_norm_input_before_weight_mul": "Llama 3 has no QK-norm, so this QK-norm rounding never runs. Detected under qwen3_dense.",
@@ -2212,6 +2213,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "supersedes": None,
         "unobservable": {
             "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
+            "kernel_policy.lora_low_rank_dtype": "float32 instead of bfloat16 is a no-op while matmul_accumulation_dtype is bfloat16: x·Aᵀ's tile partials are rounded to bfloat16 and summed in bfloat16, so t is a bfloat16 value whatever dtype holds it (tests/parity/test_lora.py shows the flip visible under float32 accumulation). It matters for a contract that accumulates in float32.",
             "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
             "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
             "runtime_policy.megatron.cp_layout": "Names how context parallelism moves data. The adapter's alternative to the Ulysses all-to-all gathers K/V instead; each query still sees the same keys in the same fixed KV-chunk order, so the forward bits agree by construction. The launcher renders it, and it selects the recompute path below.",
@@ -3881,10 +3883,10 @@ CONTRACT_DATA: dict[str, dict] = {
 # UTF-8) with the description and the per-target runtime policies left out. Rollout and trainer
 # agree on it in the handshake; adding a target to a contract leaves it unchanged.
 FINGERPRINTS: dict[str, str] = {
-    "llama3_dense_lora_true_on_policy_v1": "sha256:62588785be5ccdf7a52d82b7b4fd9622ee20d888e2d5ee3fce1488af476e0347",
+    "llama3_dense_lora_true_on_policy_v1": "sha256:446b89a7d146604332be0e8f2ab6053c6edb4d3cade9ade57f37e2418632a5eb",
     "llama3_dense_true_on_policy_v1": "sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8",
     "llama3_dense_true_on_policy_v2": "sha256:f296a48c168e53c08651496c9041a1f8138a36892dd4a6e1377c4f78078b40a8",
-    "qwen3_dense_lora_true_on_policy_v1": "sha256:8bc97a6eb53ae3c282e2d2a30a7044a0cc2f4c59958e4cdf43f6538714741290",
+    "qwen3_dense_lora_true_on_policy_v1": "sha256:26dc2370dea91819324e90022234f77bb75cdd5229ca40d1b86bc6452dcea7b5",
     "qwen3_dense_true_on_policy_v1": "sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644",
     "qwen3_dense_true_on_policy_v2": "sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085",
     "qwen3_dense_true_on_policy_v3": "sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa",
