@@ -140,3 +140,47 @@ def peft_state_dict(adapter: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
 def peft_target_modules(adapter: Mapping[str, torch.Tensor]) -> list[str]:
     """The PEFT module names (``q_proj`` …) the adapter's tensors adapt, sorted."""
     return sorted({k.split(".")[-3] for k in adapter if k.endswith(_A)})
+
+
+def peft_adapter_config(adapter: Mapping[str, torch.Tensor], base_model: str) -> dict:
+    """``adapter_config.json`` of the adapter: PEFT's LoRA keys (r, lora_alpha, target_modules,
+    dropout 0, no bias, unmerged), ``base_model_name_or_path`` naming the base checkpoint."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": adapter_rank(adapter),
+        "lora_alpha": adapter_alpha(adapter),
+        "target_modules": peft_target_modules(adapter),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "inference_mode": True,
+    }
+
+
+def export_peft(
+    adapter: Mapping[str, torch.Tensor], out, base_model: str, dtype: torch.dtype = torch.float32
+) -> None:
+    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` (PEFT's layout and key
+    names) into the folder ``out``: both files built and checked in memory first, then each
+    written through a temp file and ``os.replace``."""
+    import json
+    import os
+    from pathlib import Path
+
+    from safetensors.torch import save
+
+    config = json.dumps(peft_adapter_config(adapter, base_model), indent=2, sort_keys=True)
+    tensors = {k: v.to(dtype).contiguous() for k, v in peft_state_dict(adapter).items()}
+    payload = {
+        "adapter_config.json": (config + "\n").encode(),
+        "adapter_model.safetensors": save(tensors),
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in payload.items():
+        tmp = out / f".{name}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, out / name)
