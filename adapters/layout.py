@@ -3,9 +3,11 @@ builds. Standard library only.
 
 A ``Layout`` holds the training sizes (TP, PP, Ulysses CP, DP, expert-parallel EP) and the
 rollout's (TP, DP). EP is folded over the other trainer ranks (megatron-core's expert groups,
-expert TP 1): one trainer session runs ``tp * pp * cp * ep_dp`` ranks, where ``ep_dp`` is the
-attention data parallelism EP needs beyond TP x CP (``ep2`` alone: two DP ranks, each with its
-own sequences, exchanging tokens with the other's experts). The
+expert TP 1): one trainer session runs ``tp * pp * cp * dp * ep_dp`` ranks, where ``ep_dp`` is
+the attention data parallelism EP needs beyond TP x CP (``ep2`` alone: two DP ranks, each with
+its own sequences, exchanging tokens with the other's experts). An explicit DP (``dp2``,
+``tp2dp2``: data-parallel replicas, each with its share of the batch) is not combined with EP
+(``parse_layout`` refuses it: EP picks its own attention DP). The
 contract's rules for it live in one place, ``adapters/launcher/layout.py`` (``validate_layout``),
 and every check (``contractgen plan``, ``handshake``, ``parity --layouts``) goes through them. A
 layout the contract does not allow, or a layout string that does not parse, is a
@@ -18,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 
-_PART = re.compile(r"(tp|pp|cp|ep)([1-9][0-9]*)")
+_PART = re.compile(r"(tp|pp|cp|dp|ep)([1-9][0-9]*)")
 
 
 class LayoutError(ValueError):
@@ -51,8 +53,8 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        """Ranks of one trainer session (TP x PP x CP, times ``ep_dp``)."""
-        return self.tp * self.pp * self.cp * self.ep_dp
+        """Ranks of one trainer session (TP x PP x CP x DP, times ``ep_dp``)."""
+        return self.tp * self.pp * self.cp * self.dp * self.ep_dp
 
     @property
     def train_world(self) -> int:
@@ -69,36 +71,45 @@ class Layout:
 
     @property
     def trainer_label(self) -> str:
-        """``tp2pp1cp1`` (with ``ep2`` appended under expert parallelism): the pair names'."""
-        return f"tp{self.tp}pp{self.pp}cp{self.cp}" + (f"ep{self.ep}" if self.ep > 1 else "")
+        """``tp2pp1cp1`` (with ``dp2`` / ``ep2`` appended under data / expert parallelism): the
+        pair names'."""
+        extra = "".join(f"{k}{v}" for k, v in (("dp", self.dp), ("ep", self.ep)) if v > 1)
+        return f"tp{self.tp}pp{self.pp}cp{self.cp}" + extra
 
     @property
     def sizes(self) -> dict[str, int]:
-        """``{"tp", "pp", "cp", "ep"}``: the trainer sizes a report lists."""
-        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep}
+        """``{"tp", "pp", "cp", "dp", "ep"}``: the trainer sizes a report lists."""
+        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "dp": self.dp, "ep": self.ep}
 
     @property
     def name(self) -> str:
         """The trainer sizes above 1 as ``tp2pp2`` (``tp1`` when all are 1), the form
         ``parse_layout`` reads."""
-        sizes = (("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("ep", self.ep))
+        sizes = (
+            ("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("dp", self.dp), ("ep", self.ep)
+        )  # fmt: skip
         return "".join(f"{k}{v}" for k, v in sizes if v > 1) or "tp1"
 
 
 def parse_layout(token: str) -> Layout:
     """``"tp2pp2"`` -> ``Layout(tp=2, pp=2)`` (the trainer sizes; any order, each axis once;
-    ``ep2`` is expert parallelism)."""
+    ``dp2`` is data parallelism, ``ep2`` expert parallelism; the two are not combined)."""
     token = token.strip()
     parts = _PART.findall(token)
     if not parts or "".join(a + b for a, b in parts) != token:
         raise LayoutError(
-            f"layout {token!r}: expected tpN, ppN, cpN, epN or a combination such as tp2pp2"
+            f"layout {token!r}: expected tpN, ppN, cpN, dpN, epN or a combination such as tp2pp2"
         )
     sizes: dict[str, int] = {}
     for axis, n in parts:
         if axis in sizes:
             raise LayoutError(f"layout {token!r}: {axis} given twice")
         sizes[axis] = int(n)
+    if sizes.get("dp", 1) > 1 and sizes.get("ep", 1) > 1:
+        raise LayoutError(
+            f"layout {token!r}: dp and ep together are not supported (EP brings the attention "
+            "data parallelism it needs); give one of them"
+        )
     return Layout(**sizes)
 
 

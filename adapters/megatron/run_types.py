@@ -101,6 +101,17 @@ class TrainInit:
     planted_bugs: tuple[str, ...] = ()
     """Shared-kernel bugs switched on in every training step (``kernels.planted``: the gate's
     self-test; the rollout gets the same ones)."""
+    microbatches: int = 1
+    """Microbatches per step on each data-parallel rank (gradient accumulation: each one's
+    gradient added into an fp32 buffer in order; ``data_parallel``)."""
+    distributed_optimizer: bool = False
+    """Shard the optimizer state over the data-parallel ranks (``distributed_optimizer.
+    ShardedAdamW``: reduce-scatter, AdamW on this rank's fp32 shard, all-gather) instead of
+    megatron-core's mixed-precision optimizer on every rank."""
+    desync_dp: bool = False
+    """Fault: the last data-parallel rank skips the gradient reduction and steps on its own
+    gradient (with the distributed optimizer: skips taking the all-gathered parameters), so its
+    replica drifts (``TrainStepResult.replica_mismatches`` must name it)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,10 @@ class TrainStepResult:
     """``max |exp(logp - old) - 1|`` over the response tokens, as the loss saw it."""
     kl: float | None = None
     """Mean over response tokens of ``exp(old - logp) - (old - logp) - 1`` (k3 estimator)."""
+    replica_mismatches: list[str] | None = None
+    """Under data parallelism: the parameters (``<name>#main``: their fp32 optimizer copies)
+    whose bits differ between DP replicas after the step; empty when all agree. None without
+    DP."""
     weights: Any = None
     """HF-named weights after the step, from every TP/PP shard (storage dtype), as one
     ``shared_tensors.SharedTensors`` buffer (``.tensors()`` gives the state dict)."""

@@ -22,6 +22,7 @@ from megatron.core import parallel_state as ps
 
 from ..layout import Layout
 from .checkpoint import load_into
+from .data_parallel import dp_share
 from .kernels import kernel_module
 from .lora import attach_lora
 from .model import build_model, make_config, padded_vocab_size
@@ -136,12 +137,6 @@ def _padded_vocab(real: int, padded: int) -> int:
 LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT = {True: _real_vocab, False: _padded_vocab}
 
 
-def dp_share(n: int, dp: int, dp_rank: int) -> list[int]:
-    """The sequences (indices into ``n``) a data-parallel rank scores: every ``dp``-th one,
-    from ``dp_rank`` on."""
-    return list(range(dp_rank, n, dp))
-
-
 def _rows_of(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``t[rows]``; a view when ``rows`` is one ascending run (a flat pack's path), so a
     ``[tokens, vocab]`` logits matrix is not copied per sequence."""
@@ -156,7 +151,8 @@ def _rows_of(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     """Forward on this rank: ``(TrainerResult or None, layer dumps of this stage or None)``.
 
-    Under attention DP (``Layout.ep_dp`` > 1, what EP beyond TP x CP needs) each DP rank scores
+    Under data parallelism (``Layout.dp`` > 1, or the attention DP that EP beyond TP x CP needs:
+    ``Layout.ep_dp`` > 1; a DP layout's forward is its TP x PP x CP layout's) each DP rank scores
     ``dp_share`` of the sequences; its result lists ``None`` for the others (the session merges
     the DP ranks' lists). Layer dumps (``first_divergence``) are per sequence of one pack, so a
     dumping run has every DP rank score every sequence and only DP rank 0 answer."""

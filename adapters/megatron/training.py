@@ -13,6 +13,7 @@ PP shard on global rank 0, for the rollout to load.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from megatron.core.optimizer.optimizer import (
 
 from ..shared_tensors import SharedTensors
 from .checkpoint import hf_state_from_stage
+from .data_parallel import GradBuffer, replica_mismatches, replica_tensors, split_batch
+from .distributed_optimizer import ShardedAdamW
 from .grads import finalize_grads
 from .kernels import kernel_module
 from .packing import pack_sequences
@@ -111,9 +114,21 @@ class TrainState:
     model: Any
     config: Any
     padded_vocab: int
-    optimizer: MegatronOptimizer
+    optimizer: Any
+    """megatron-core's mixed-precision optimizer (``make_optimizer``) or, with the distributed
+    optimizer, ``ShardedAdamW``."""
     planted_bugs: tuple[str, ...] = ()
     """``TrainInit.planted_bugs``: switched on for every step (``kernels.planted``)."""
+    microbatches: int = 1
+    """Microbatches per step per DP rank (``TrainInit.microbatches``)."""
+    grads: GradBuffer | None = None
+    """The fp32 gradient buffer (``data_parallel``) under DP or several microbatches; None:
+    gradients stay in ``.grad`` (one microbatch, no DP)."""
+    desync_dp: bool = False
+    """``TrainInit.desync_dp``: the last DP rank keeps its own gradient, or under the
+    distributed optimizer its own parameters (a fault)."""
+    distributed: bool = False
+    """``TrainInit.distributed_optimizer``: ``optimizer`` is a ``ShardedAdamW``."""
 
 
 def init_state(job: Any, init: TrainInit) -> TrainState:
@@ -125,8 +140,18 @@ def init_state(job: Any, init: TrainInit) -> TrainState:
         )
     model, config, padded = build_stage(job, TrainerRun(fault=init.fault))
     model.train()
-    optimizer = make_optimizer(model, init.optimizer, job.device)
-    return TrainState(model, config, padded, optimizer, tuple(init.planted_bugs))
+    dp = ps.get_data_parallel_world_size()
+    grads = (
+        GradBuffer(model) if dp > 1 or init.microbatches > 1 or init.distributed_optimizer else None
+    )
+    if init.distributed_optimizer:
+        optimizer: Any = ShardedAdamW(model, grads, init.optimizer, ps.get_data_parallel_group())
+    else:
+        optimizer = make_optimizer(model, init.optimizer, job.device)
+    return TrainState(
+        model, config, padded, optimizer, tuple(init.planted_bugs), init.microbatches,
+        grads, init.desync_dp, init.distributed_optimizer,
+    )  # fmt: skip
 
 
 def _gather_tp(param: torch.Tensor, t: torch.Tensor, group: Any) -> torch.Tensor:
@@ -250,7 +275,124 @@ def _sync_clock(device: str) -> float:
     return time.perf_counter()
 
 
+def _sub_batch(batch: TrainBatch, indices: list[int]) -> TrainBatch:
+    """The sequences ``indices`` of ``batch`` (a microbatch), with their own logprobs,
+    advantages and sampling params."""
+
+    def pick(values: Any) -> Any:
+        return None if values is None else tuple(values[i] for i in indices)
+
+    return dataclasses.replace(
+        batch,
+        sequences=pick(batch.sequences),
+        prompt_lens=pick(batch.prompt_lens),
+        old_logprobs=pick(batch.old_logprobs),
+        advantages=pick(batch.advantages),
+        sampling=pick(batch.sampling),
+    )
+
+
 def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResult:
+    """One step over ``state.microbatches`` microbatches of this DP rank's share of the batch
+    (``data_parallel.split_batch``). Each microbatch: forward, loss (over the step's global
+    response-token count), backward, ``grads.finalize_grads`` over CP/TP/tied embedding. With
+    one microbatch and no DP (``state.grads`` None) the gradient stays in ``.grad``; else each
+    microbatch's is added into the fp32 ``GradBuffer`` and summed over DP in the fixed tree
+    order after the last. Then the optimizer step, the DP replicas' bits compared, and the
+    weights gathered for the push."""
+    model, device = state.model, job.device
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    parts = split_batch(len(batch.sequences), dp, dp_rank, state.microbatches)
+    total = sum(len(s) - p for s, p in zip(batch.sequences, batch.prompt_lens, strict=True))
+    state.optimizer.zero_grad()
+    if state.grads is not None:
+        state.grads.zero()
+    t0 = _sync_clock(device)
+    scored: list[tuple[list[int], _MicrobatchResult | None]] = []
+    for indices in parts:
+        res = _microbatch(state, job, _sub_batch(batch, indices), total)
+        scored.append((indices, res))
+        if state.grads is not None:
+            state.grads.accumulate()
+    t1 = _sync_clock(device)
+    fault = state.desync_dp and dp > 1 and dp_rank == dp - 1
+    if state.distributed:  # reduce-scatter, shard step, all-gather (``ShardedAdamW``)
+        state.optimizer.step(skip_gather=fault)
+    else:
+        if state.grads is not None:
+            state.grads.reduce(ps.get_data_parallel_group(), skip=fault)
+        else:
+            for p in model.parameters():  # fp32 parameters: megatron's optimizer reads main_grad
+                if p.dtype == torch.float32 and p.grad is not None:
+                    p.main_grad = p.grad
+        state.optimizer.step()
+    t2 = _sync_clock(device)
+    out = TrainStepResult()
+    if scored[0][1] is not None:  # the last pipeline stage
+        _report(out, scored, len(batch.sequences), dp)
+    if dp > 1:  # every replica's parameters and fp32 main copies, bit for bit, every step
+        mismatched = replica_mismatches(replica_tensors(model), ps.get_data_parallel_group())
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mismatched)
+        if dist.get_rank() == 0:
+            out.replica_mismatches = sorted({n for names in every for n in names})
+    t3 = _sync_clock(device)
+    out.weights = gather_weights(state, job)
+    out.time_s = {
+        "forward_backward": t1 - t0,
+        "optimizer": t2 - t1,
+        "sync": _sync_clock(device) - t3,
+    }
+    if device == "cuda":  # the rollout shares the GPU: the step's freed activations go back
+        torch.cuda.empty_cache()
+    return out
+
+
+@dataclass
+class _MicrobatchResult:
+    """A microbatch's part of the step, on the last stage: each sequence's logprobs (TP-0, CP-0
+    rank only, else None), the four summed statistics and the ratio's deviation (CP-merged)."""
+
+    logprobs: list[torch.Tensor] | None
+    sums: torch.Tensor
+    dev: torch.Tensor
+
+
+def _report(out: TrainStepResult, scored: list, n: int, dp: int) -> None:
+    """Fill ``out`` on the last stage: microbatches summed in order, then DP ranks in rank order
+    (a fixed order: no all-reduce), logprobs put back in sequence order on DP rank 0."""
+    sums = scored[0][1].sums.clone()
+    dev = scored[0][1].dev.clone()
+    for _, res in scored[1:]:
+        sums, dev = sums + res.sums, torch.maximum(dev, res.dev)
+    mine = {i: lp for indices, res in scored if res.logprobs is not None
+            for i, lp in zip(indices, res.logprobs, strict=True)}  # fmt: skip
+    if dp > 1:
+        group = ps.get_data_parallel_group()
+        parts = [torch.empty_like(sums) for _ in range(dp)]
+        dist.all_gather(parts, sums, group=group)
+        sums = parts[0]
+        for part in parts[1:]:
+            sums = sums + part
+        dist.all_reduce(dev, op=dist.ReduceOp.MAX, group=group)
+        every: list[Any] = [None] * dp
+        dist.all_gather_object(every, mine, group=group)
+        mine = {i: lp for part in every for i, lp in part.items()}
+    if ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0:
+        if ps.get_data_parallel_rank() == 0:
+            out.logprobs = [mine[i] for i in range(n)]
+            out.loss, out.kl, out.loss_if_ratio_one, out.advantage_logprob = (
+                float(v) for v in sums
+            )
+            out.ratio_max_abs_dev = float(dev[0])
+
+
+def _microbatch(
+    state: TrainState, job: Any, batch: TrainBatch, total: int
+) -> _MicrobatchResult | None:
+    """Forward, loss and backward of one microbatch (``batch``), its loss a share of the step's
+    ``total`` response tokens; gradients finalised over CP/TP/tied embedding (DP is the
+    ``GradBuffer``'s, or ``finalize_grads``' without one). ``None`` off the last stage."""
     model, config, device = state.model, state.config, job.device
     policy = policy_for(config)
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
@@ -261,7 +403,6 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
     lo = cp_rank * local
     owned = (scored.rows >= lo) & (scored.rows < lo + local)
     mine = owned.nonzero()[:, 0]  # host tensors: no device sync
-    total = scored.rows.numel()
     # The step's inputs go to the device before the forward is queued: a copy from pageable
     # memory waits for the stream, so the loss's, made inside ``loss_fn``, waited for the whole
     # forward (four waits between forward and backward; now none until the step's result).
@@ -313,8 +454,6 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
         )
         return loss, (lp.detach(), stats)
 
-    state.optimizer.zero_grad()
-    t0 = _sync_clock(device)
     result = pipeline_forward_backward(
         model,
         loss_fn,
@@ -323,55 +462,34 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
         attention_mask=None,
         packed_seq_params=params,
     )
-    t1 = _sync_clock(device)
+    buffered = state.grads is not None
     finalize_grads(
         model,
         policy,
-        group=ps.get_data_parallel_group(with_context_parallel=True),
-        dp=ps.get_data_parallel_world_size(),
+        group=cp_group if buffered else ps.get_data_parallel_group(with_context_parallel=True),
+        dp=1 if buffered else ps.get_data_parallel_world_size(),
         cp=cp,
         tp_group=tp_group,
         embedding_group=tied_embedding_group(job),
     )
-    for p in model.parameters():  # fp32 parameters: megatron's optimizer reads main_grad (DDP's)
-        if p.dtype == torch.float32 and p.grad is not None:
-            p.main_grad = p.grad
-    state.optimizer.step()
-    t2 = _sync_clock(device)
-    out = TrainStepResult()
-    if result is not None:
-        lp_local, stats = result
-        values = torch.zeros(total, dtype=lp_local.dtype, device=lp_local.device)
-        values[mine.to(values.device)] = lp_local
-        logprobs = _merge_cp(values, owned.to(values.device), cp_group).cpu()
-        sums = stats[:4].clone()  # loss, kl, loss at ratio 1, A·logp: each rank's share
-        dev = stats[4:].clone()
-        if cp > 1:  # summed in rank order, the same for all four (no all-reduce order)
-            parts = [torch.empty_like(sums) for _ in range(cp)]
-            dist.all_gather(parts, sums, group=cp_group)
-            sums = parts[0]
-            for part in parts[1:]:
-                sums = sums + part
-            dist.all_reduce(dev, op=dist.ReduceOp.MAX, group=cp_group)
-        if ps.get_tensor_model_parallel_rank() == 0 and cp_rank == 0:
-            out.logprobs = list(torch.split(logprobs, scored.counts))
-            out.loss, out.kl, out.ratio_max_abs_dev = (
-                float(sums[0]),
-                float(sums[1]),
-                float(dev[0]),
-            )
-            out.loss_if_ratio_one = float(sums[2])
-            out.advantage_logprob = float(sums[3])
-    t3 = _sync_clock(device)
-    out.weights = gather_weights(state, job)
-    out.time_s = {
-        "forward_backward": t1 - t0,
-        "optimizer": t2 - t1,
-        "sync": _sync_clock(device) - t3,
-    }
-    if device == "cuda":  # the rollout shares the GPU: the step's freed activations go back
-        torch.cuda.empty_cache()
-    return out
+    if result is None:
+        return None
+    lp_local, stats = result
+    values = torch.zeros(scored.rows.numel(), dtype=lp_local.dtype, device=lp_local.device)
+    values[mine.to(values.device)] = lp_local
+    logprobs = _merge_cp(values, owned.to(values.device), cp_group).cpu()
+    sums = stats[:4].clone()  # loss, kl, loss at ratio 1, A·logp: each rank's share
+    dev = stats[4:].clone()
+    if cp > 1:  # summed in rank order, the same for all four (no all-reduce order)
+        parts = [torch.empty_like(sums) for _ in range(cp)]
+        dist.all_gather(parts, sums, group=cp_group)
+        sums = parts[0]
+        for part in parts[1:]:
+            sums = sums + part
+        dist.all_reduce(dev, op=dist.ReduceOp.MAX, group=cp_group)
+    first = ps.get_tensor_model_parallel_rank() == 0 and cp_rank == 0
+    per_seq = list(torch.split(logprobs, scored.counts)) if first else None
+    return _MicrobatchResult(per_seq, sums, dev)
 
 
 def tied_embedding_group(job: Any) -> Any:

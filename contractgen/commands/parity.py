@@ -165,6 +165,18 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "logprobs and loss are of the same temperature-scaled distribution.",
 )  # fmt: skip
 @click.option(
+    "--train-microbatches", type=click.IntRange(min=1), default=None,
+    help="With --train-steps: microbatches per step on each data-parallel rank (gradient "
+    "accumulation in fp32; default 1). DP layouts (dp2, tp2dp2) split the step's sequences "
+    "over their DP ranks first.",
+)  # fmt: skip
+@click.option(
+    "--train-distributed-optimizer", is_flag=True,
+    help="With --train-steps: shard the optimizer state over the data-parallel ranks "
+    "(reduce-scatter of the gradient, AdamW on each rank's fp32 shard, all-gather), as "
+    "megatron-core's distributed optimizer does, with fixed-order collectives.",
+)  # fmt: skip
+@click.option(
     "--no-grad-check", is_flag=True,
     help="With --train-steps: skip the step-0 gradient check (each layout's float32 gradient "
     "on the step's samples vs float64 autograd through transformers, as --grads).",
@@ -200,6 +212,7 @@ def command(
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
     train_temperature: float | None = None, trainers: str | None = None, lora: str | None = None,
+    train_microbatches: int | None = None, train_distributed_optimizer: bool = False,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
 
@@ -291,10 +304,11 @@ def command(
         ]  # fmt: skip
         if given:
             fail(f"error: {given[0]} cannot be combined with --train-steps (use --train-fault)")
-    elif train_fault is not None or train_lr is not None or no_grad_check or train_temperature:
+    elif (train_fault is not None or train_lr is not None or no_grad_check or train_temperature
+          or train_microbatches is not None or train_distributed_optimizer):  # fmt: skip
         fail(
-            "error: --train-fault, --train-lr, --train-temperature and --no-grad-check need "
-            "--train-steps N (N >= 1)"
+            "error: --train-fault, --train-lr, --train-temperature, --train-microbatches, "
+            "--train-distributed-optimizer and --no-grad-check need --train-steps N (N >= 1)"
         )
     preset = WORKLOADS[workload]
     sizes = (requests or preset[0], prompt_tokens or preset[1], new_tokens or preset[2])
@@ -357,6 +371,23 @@ def command(
         training = dataclasses.replace(config.training, grad_check=not no_grad_check)
         if train_temperature is not None:
             training = dataclasses.replace(training, temperature=train_temperature)
+        if train_microbatches is not None:
+            training = dataclasses.replace(training, microbatches=train_microbatches)
+        if train_distributed_optimizer:
+            training = dataclasses.replace(training, distributed_optimizer=True)
+        from ..parity.training import DP_DESYNC
+
+        if train_fault == DP_DESYNC and all(lay.dp == 1 for lay in config.layouts):
+            fail(f"error: --train-fault {DP_DESYNC} needs a data-parallel layout (dp2, tp2dp2)")
+        per_step = training.prompts * training.group_size
+        for lay in config.layouts:  # the smallest DP share must fill every microbatch
+            if per_step // lay.dp < training.microbatches:
+                fail(
+                    f"error: --train-microbatches {training.microbatches}: layout {lay.name} "
+                    f"gives each of its {lay.dp} data-parallel ranks {per_step // lay.dp} of the "
+                    f"step's {per_step} sequences; give at most that many microbatches or more "
+                    "--requests"
+                )
         config = dataclasses.replace(config, training=training)
     from ..parity.reference import ReferenceUnavailable
 

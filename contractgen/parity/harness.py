@@ -375,7 +375,7 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
     for layout in run.config.layouts:
         t0 = time.perf_counter()
         if run.config.progress:
-            ep = f" EP={layout.ep}" if layout.ep > 1 else ""
+            ep = "".join(f" {k}={v}" for k, v in (("DP", layout.dp), ("EP", layout.ep)) if v > 1)
             _say(
                 f"layout {run.layout_key(layout)}: trainer TP={layout.tp} PP={layout.pp} CP={layout.cp}{ep}"
             )

@@ -21,15 +21,17 @@ __all__ = [
 
 def layout_problems(contract_id: str, layout: Layout, model: str) -> list[str]:
     """Why the contract's model cannot run ``layout`` (the launcher's own layout rules: the
-    gate runs the rollout at the layout's TP and the trainer at its TP, PP, CP and EP, with the
-    attention DP that EP needs: ``Layout.ep_dp``)."""
+    gate runs the rollout at the layout's TP and the trainer at its TP, PP, CP, DP and EP, with
+    the attention DP that EP needs: ``Layout.ep_dp``)."""
     from ..codegen.targets import by_role
 
     validate_layout = by_role("launcher").runtime().validate_layout
 
     def check(lay: Layout) -> tuple:
         try:
-            validate_layout(contract_id, replace(lay, rollout_tp=lay.tp, dp=lay.ep_dp), model)
+            validate_layout(
+                contract_id, replace(lay, rollout_tp=lay.tp, dp=lay.dp * lay.ep_dp), model
+            )
         except LayoutError as exc:
             return exc.violations
         return ()

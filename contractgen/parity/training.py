@@ -29,7 +29,16 @@ for the push's digest, hashed in a thread while the rollout runs), ``rollout`` (
 
 Training faults (``--train-fault``): any ``--inject-faults`` name flips that field on one side
 for the whole run (the ratio moves off 1 at step 0); ``sync.stale_shard`` makes the last rollout
-rank keep its old copy of one tensor from the first update on (step 1 differs).
+rank keep its old copy of one tensor from the first update on (step 1 differs);
+``dp.desync_rank`` makes the last data-parallel rank skip the gradient reduction (its replica's
+weights differ after step 0: ``dp_replicas_identical`` fails, and from step 1 its sequences'
+ratios leave 1).
+
+Data parallelism (``dp2``, ``tp2dp2``): each DP rank takes every ``dp``-th sequence of the step,
+in ``microbatches`` consecutive microbatches; the gradient is accumulated in fp32 and summed over
+DP in a fixed tree order (``adapters.megatron.data_parallel``; with ``distributed_optimizer``
+reduce-scattered to optimizer shards and the shards all-gathered), and after every step the ranks
+compare every parameter and fp32 main copy of their replicas by sha256 (``replica_mismatches``).
 """
 
 from __future__ import annotations
@@ -52,6 +61,9 @@ from .sampling_check import step_three_way, steps_three_way, three_way_failures
 from .workload import PromptSpec, sample_seed
 
 STALE_SHARD = "sync.stale_shard"
+DP_DESYNC = "dp.desync_rank"
+"""The last data-parallel rank of every DP group skips the gradient reduction (it still joins
+the collective) and steps on its own gradient: its replica drifts from step 0's update on."""
 
 TASK = (
     "reward = share of response tokens whose id is below vocab_size / 8 (a verifiable toy task: "
@@ -75,6 +87,10 @@ class TrainingConfig:
     """The rollout's sampling temperature; the trainer scores the same processed distribution."""
     grad_check: bool = True
     """Check each layout's step-0 gradient against float64 autograd (``_GradCheck``)."""
+    microbatches: int = 1
+    """Microbatches per step on each data-parallel rank (gradient accumulation)."""
+    distributed_optimizer: bool = False
+    """Shard the optimizer state over the DP ranks (the trainer's ``ShardedAdamW``)."""
 
 
 GRAD_CHECK_LOSS = "minus the sum of the step's response-token logprobs (the --grads loss)"
@@ -184,7 +200,7 @@ def training_faults(run: GateRun) -> list[str]:
     from .harness import _policies_at
 
     first = run.config.layouts[0]
-    return [STALE_SHARD, *(f.name for f in catalogue(*_policies_at(run, first)))]
+    return [STALE_SHARD, DP_DESYNC, *(f.name for f in catalogue(*_policies_at(run, first)))]
 
 
 def _one_side_fault(run: GateRun, name: str | None, layout: Layout):
@@ -193,7 +209,7 @@ def _one_side_fault(run: GateRun, name: str | None, layout: Layout):
     from .faults import catalogue
     from .harness import _policies_at
 
-    if name is None or name == STALE_SHARD:
+    if name is None or name in (STALE_SHARD, DP_DESYNC):
         return {}, None
     fault = next(f for f in catalogue(*_policies_at(run, layout)) if f.name == name)
     change = fault_change(run, fault, layout)
@@ -228,6 +244,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
                 "loss": statistics.fmean(e["loss"] for e in entries),
                 "reward_mean": statistics.fmean(e["reward_mean"] for e in entries),
                 "weights_synced": all(e["weights_synced"] for e in entries),
+                "dp_replicas_identical": all(e["dp_replicas_identical"] for e in entries),
                 "rollout_tokens_identical": all(e["rollout_tokens_identical"] for e in entries),
                 "three_way": steps_three_way(entries),
                 "grads": grads.report(entries) if grads is not None and step == 0 else None,
@@ -245,9 +262,23 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
             "prompt_tokens": cfg.prompt_tokens,
             "new_tokens": cfg.new_tokens,
             "temperature": cfg.temperature,
+            "microbatches": cfg.microbatches,
+            "data_parallel": "each DP rank every dp-th sequence, in microbatches; fp32 gradient "
+            "accumulation, fixed-tree sum over DP (not megatron-core's DDP, which needs CUDA); "
+            + (
+                "optimizer state sharded over the DP ranks"
+                if cfg.distributed_optimizer
+                else "every optimizer state on every DP rank (no distributed optimizer)"
+            ),
             "loss": f"PPO clip (eps {cfg.clip_eps}), token mean over the step's response tokens",
-            "optimizer": f"megatron-core mixed-precision optimizer (fp32 main params), AdamW "
-            f"lr {cfg.lr}, no weight decay, no grad clipping",
+            "optimizer": (
+                f"AdamW on fp32 shards over the DP ranks (reduce-scatter, all-gather; fixed "
+                f"order), lr {cfg.lr}, no weight decay, no grad clipping"
+                if cfg.distributed_optimizer
+                else f"megatron-core mixed-precision optimizer (fp32 main params), AdamW "
+                f"lr {cfg.lr}, no weight decay, no grad clipping"
+            ),
+            "distributed_optimizer": cfg.distributed_optimizer,
             "fault": cfg.fault,
             "stale_tensor": stale_tensor(arch) if cfg.fault == STALE_SHARD else None,
             "grad_check": cfg.grad_check,
@@ -321,6 +352,9 @@ def _run_layout(
                 OptimizerSettings(lr=cfg.lr),
                 fault=trainer_fault,
                 planted_bugs=config.planted_bugs,
+                microbatches=cfg.microbatches,
+                distributed_optimizer=cfg.distributed_optimizer,
+                desync_dp=cfg.fault == DP_DESYNC,
             )
         ).weights
         for step in range(cfg.steps):
@@ -419,6 +453,8 @@ def _run_layout(
                 "rewards": rewards,
                 "advantages": advantages,
                 "weights_synced": all(s["synced"] for s in syncs.values()),
+                "dp_replicas_identical": not result.replica_mismatches,
+                "dp_mismatched": result.replica_mismatches,
                 "stale": {
                     f"tp{tp}": s["mismatched"] + s["problems"]
                     for tp, s in syncs.items()
@@ -440,7 +476,7 @@ def _run_layout(
                     f"train {layout.name} step {step}: {'exact' if exact else 'DIFFERS'}, ratio "
                     f"dev {entry['ratio_max_abs_dev']:.3g}, loss {entry['loss']:.4f}, reward "
                     f"{entry['reward_mean']:.3f}, weights "
-                    f"{'synced' if entry['weights_synced'] else 'NOT synced'} "
+                    f"{'synced' if _synced(entry) else 'NOT synced'} "
                     f"({time.perf_counter() - t0:.1f} s)"
                 )
             yield entry, step_pairs, step
@@ -448,6 +484,11 @@ def _run_layout(
     finally:
         digests.shutdown(wait=True)
         trainer.close()
+
+
+def _synced(entry: dict) -> bool:
+    """The rollout holds the pushed weights, and every DP replica the same ones."""
+    return entry["weights_synced"] and entry.get("dp_replicas_identical", True)
 
 
 def advantage_logprob(old: list[torch.Tensor], advantages: list[float]) -> tuple[float, float]:
@@ -507,6 +548,13 @@ def failures(report: dict) -> list[str]:
             for e in s["per_layout"]
             if not e["weights_synced"]
         ]
+        out += [
+            f"step {s['step']}: {e['name']}: data-parallel replicas differ after the step: "
+            + ", ".join(e["dp_mismatched"][:3])
+            + (f" (+{len(e['dp_mismatched']) - 3} more)" if len(e["dp_mismatched"]) > 3 else "")
+            for e in s["per_layout"]
+            if not e.get("dp_replicas_identical", True)
+        ]
     return out
 
 
@@ -515,7 +563,12 @@ def table(report: dict) -> list[str]:
     t = report["training"]
     lines = [
         f"training  {t['steps']} steps; {t['prompts_per_step']} prompts x {t['group_size']} "
-        f"samples, {t['new_tokens']} new tokens each",
+        f"samples, {t['new_tokens']} new tokens each"
+        + (
+            f", {t['microbatches']} microbatches per DP rank"
+            if t.get("microbatches", 1) > 1
+            else ""
+        ),
         f"          {t['task']}",
         f"          {t['loss']}; {t['optimizer']}",
     ]
@@ -534,7 +587,7 @@ def table(report: dict) -> list[str]:
             f"{s['step']:<6}{exact:>12}  {s['ratio_max_abs_dev']:>12.3g}  "
             f"{s['kl']:>9.3g}  {s['loss']:>9.4f}  {s['reward_mean']:>7.3f}  "
             f"{s['three_way']['mismatch_count']:>5}  "
-            f"{'synced' if s['weights_synced'] else 'NOT synced'}"
+            f"{'synced' if _synced(s) else 'NOT synced'}"
         )
     lines += _grads_lines(report)
     return lines

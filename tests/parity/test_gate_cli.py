@@ -42,7 +42,7 @@ def test_default_gate_is_exact_at_every_default_layout(tmp_path):
     assert report["rollout_tps"] == [1, 2, 4] and report["rollout_tokens_identical"] is True
     assert len(report["pairs"]) == 3 * len(report["layouts"])
     for pair in report["pairs"]:
-        assert PAIR_KEYS <= set(pair) and set(pair["trainer"]) == {"tp", "pp", "cp", "ep"}
+        assert PAIR_KEYS <= set(pair) and set(pair["trainer"]) == {"tp", "pp", "cp", "dp", "ep"}
         assert pair["exact"] and pair["max_abs_diff"] == 0 and pair["tokens_compared"] == 40
     assert "rollout tp4 \u00d7 trainer tp1pp2cp1" in {p["name"] for p in report["pairs"]}
     ref = report["reference"]

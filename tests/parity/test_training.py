@@ -163,6 +163,16 @@ def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
         (["--train-steps", "1", "--grads"], "--grads cannot be combined"),
         (["--train-steps", "1", "--train-fault", "nope"], "--train-fault 'nope': unknown"),
         (["--no-grad-check"], "need --train-steps"),
+        (["--train-microbatches", "2"], "need --train-steps"),
+        (["--train-distributed-optimizer"], "need --train-steps"),
+        (
+            ["--train-steps", "1", "--layouts", "tp1", "--train-fault", "dp.desync_rank"],
+            "dp.desync_rank needs a data-parallel layout",
+        ),
+        (
+            ["--train-steps", "1", "--layouts", "dp2", "--train-microbatches", "5"],
+            "layout dp2 gives each of its 2 data-parallel ranks 4 of the step's 8 sequences",
+        ),
         (["--plant-bug", "attention_dk_scale_dropped"], "a gradient-only bug"),
         (
             ["--train-steps", "1", "--no-grad-check", "--plant-bug", "attention_dk_scale_dropped"],
