@@ -64,9 +64,11 @@ class LoraBranch(torch.nn.Module):
     def __init__(
         self, roles: tuple[str, ...], pairs: list[tuple[torch.Tensor, torch.Tensor]],
         split: str, fuse: Callable, groups: int, alpha: float, kp: Any, tp_group: Any,
+        names: list[tuple[str, str]] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.roles, self.split, self.fuse, self.groups = roles, split, fuse, groups
+        self.names = names or []  # per role, the HF names of its (A, B) (``gather_adapter``)
         self.kp, self.tp_group, self.alpha = kp, tp_group, alpha
         self.a = torch.nn.ParameterList([torch.nn.Parameter(a.float().clone()) for a, _ in pairs])
         self.b = torch.nn.ParameterList([torch.nn.Parameter(b.float().clone()) for _, b in pairs])
@@ -159,7 +161,7 @@ def attach_lora(
                 for a, b in names
             ]  # fmt: skip
             module = layer.get_submodule(path)
-            branch = LoraBranch(roles, pairs, split, fuse, groups, alpha, kp, tp_group)
+            branch = LoraBranch(roles, pairs, split, fuse, groups, alpha, kp, tp_group, names)
             branch.to(module.weight.device)
             SERVING[kp.lora_serving](module, branch)
             branches.append(branch)
@@ -180,6 +182,32 @@ SERVING: dict[str, Callable[[torch.nn.Module, LoraBranch], None]] = {
     "unmerged": _serve_unmerged,
     "merged": _serve_merged,
 }
+
+
+def gather_adapter(branches: list[LoraBranch], tp_group: Any) -> dict[str, torch.Tensor]:
+    """The adapter as the rollout serves it, under HF adapter names: each A and B rounded to
+    ``kp.lora_adapter_dtype`` (the bits the forward uses; the trainer's fp32 masters stay here),
+    this rank's TP shards concatenated (a column linear's B by output rows, a row linear's A by
+    input columns), plus ``LORA_ALPHA_KEY``. Collective over ``tp_group``; empty without
+    branches."""
+    n = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
+
+    def whole(t: torch.Tensor, dim: int) -> torch.Tensor:
+        if n == 1:
+            return t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(n)]
+        torch.distributed.all_gather(parts, t.contiguous(), group=tp_group)
+        return torch.cat(parts, dim=dim)
+
+    out: dict[str, torch.Tensor] = {}
+    for branch in branches:
+        a_dim, b_dim = (None, 0) if branch.split == "column" else (1, None)
+        for (a_name, b_name), (a, b) in zip(branch.names, branch._rounded(), strict=True):
+            out[a_name] = a.contiguous() if a_dim is None else whole(a, a_dim)
+            out[b_name] = b.contiguous() if b_dim is None else whole(b, b_dim)
+    if branches:
+        out[LORA_ALPHA_KEY] = torch.tensor(branches[0].alpha, dtype=torch.float64)
+    return out
 
 
 def lora_parameters(branches: list[LoraBranch]) -> Iterator[torch.nn.Parameter]:

@@ -375,10 +375,14 @@ def command(
             training = dataclasses.replace(training, microbatches=train_microbatches)
         if train_distributed_optimizer:
             training = dataclasses.replace(training, distributed_optimizer=True)
-        from ..parity.training import DP_DESYNC
+        from ..parity.training import ADAPTER_FAULTS, DP_DESYNC
 
         if train_fault == DP_DESYNC and all(lay.dp == 1 for lay in config.layouts):
             fail(f"error: --train-fault {DP_DESYNC} needs a data-parallel layout (dp2, tp2dp2)")
+        if train_fault in ADAPTER_FAULTS and lora is None:
+            fail(
+                f"error: --train-fault {train_fault} needs a LoRA adapter to push: add --lora RANK"
+            )
         per_step = training.prompts * training.group_size
         for lay in config.layouts:  # the smallest DP share must fill every microbatch
             if per_step // lay.dp < training.microbatches:
