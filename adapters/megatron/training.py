@@ -175,6 +175,15 @@ def init_state(job: Any, init: TrainInit) -> TrainState:
     )  # fmt: skip
 
 
+def trained_counts(state: TrainState) -> dict[str, int]:
+    """``TrainStepResult.trained``: this stage's trainable and frozen parameter elements."""
+    every = [*state.model.parameters(), *(state.lora.parameters() if state.lora else ())]
+    return {
+        "trainable": sum(p.numel() for p in every if p.requires_grad),
+        "frozen": sum(p.numel() for p in every if not p.requires_grad),
+    }
+
+
 def _gather_tp(param: torch.Tensor, t: torch.Tensor, group: Any) -> torch.Tensor:
     """``t`` (``param``'s value or gradient) concatenated over the TP group along ``param``'s
     partition dim when ``param`` is TP-sharded."""

@@ -410,7 +410,7 @@ def _run_layout(
     )  # fmt: skip
     trainer.start()
     try:
-        weights = trainer.train(
+        init = trainer.train(
             TrainInit(
                 OptimizerSettings(lr=cfg.lr),
                 fault=trainer_fault,
@@ -419,7 +419,8 @@ def _run_layout(
                 distributed_optimizer=cfg.distributed_optimizer,
                 desync_dp=cfg.fault == DP_DESYNC,
             )
-        ).weights
+        )
+        weights, trained = init.weights, init.trained
         for step in range(cfg.steps):
             clock = step_start = time.perf_counter()
             workload = step_workload(step, cfg, arch.vocab_size)
@@ -547,6 +548,7 @@ def _run_layout(
                 "rollouts_reused": reused,
                 "push": push,
                 "adapter": adapter,
+                "trained": trained,
                 "three_way": step_three_way(
                     run.logprob_contract, base, result.logprobs, digest, syncs, step
                 ),
