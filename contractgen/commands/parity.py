@@ -153,7 +153,9 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "--train-fault", default=None, metavar="NAME",
     help="With --train-steps: a fault for the whole run, which must make it FAIL: any "
     "--inject-faults name (one side only; the ratio leaves 1 at step 0) or sync.stale_shard "
-    "(one rollout rank keeps an old shard; step 1 differs).",
+    "(one rollout rank keeps an old shard; step 1 differs); with --lora, sync.stale_adapter "
+    "(the rollout keeps step 0's adapter) or sync.no_adapter (it serves none): the adapter "
+    "digest it reports differs from the pushed one.",
 )  # fmt: skip
 @click.option(
     "--train-lr", type=click.FloatRange(min=0, min_open=True), default=None,
