@@ -362,6 +362,60 @@ class KernelPolicy(_Model):
         ),
     )
 
+    # LoRA (unmerged low-rank adapters): set exactly when the contract has a ``lora`` section
+    # (absent from every other contract's canonical data, so their fingerprints do not move).
+    # The adapter path of a target linear, on both sides: ``t = x·Aᵀ`` (rank r) then ``d = t·Bᵀ``,
+    # scaled by alpha/r, added to the base linear's output (for a row-parallel linear: after
+    # its all-reduce), then rounded to dense_math_dtype.
+    lora_adapter_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype A and B are pre-rounded to before either side's forward (the trainer's "
+            "master copies may be wider; what both engines multiply with is this)."
+        ),
+    )
+    lora_low_rank_dtype: Dtype | None = Field(
+        default=None,
+        description="dtype of the rank-r intermediate t = x·Aᵀ (the matmul's output dtype).",
+    )
+    lora_matmul: Literal["invariant", "stock"] | None = Field(
+        default=None,
+        description=(
+            "Kernel of both low-rank matmuls: 'invariant' (the contract's batch-invariant "
+            "matmul, its K tiles and tile order; a row-parallel layer's x·Aᵀ finishes its tree "
+            "with the contract's all-reduce) or 'stock' (torch.matmul in the operand dtype)."
+        ),
+    )
+    lora_scale_at: Literal["delta_output", "low_rank_output"] | None = Field(
+        default=None,
+        description=(
+            "Where alpha/r multiplies: 'delta_output' (d = t·Bᵀ, before the add) or "
+            "'low_rank_output' (t, before ·Bᵀ)."
+        ),
+    )
+    lora_scale_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype the scale alpha/r is held and multiplied in (the product is rounded back to "
+            "the dtype of what it scales)."
+        ),
+    )
+    lora_add_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype d = t·Bᵀ is produced in and added to the base output in; the sum is rounded "
+            "once to dense_math_dtype."
+        ),
+    )
+    lora_serving: Literal["unmerged"] | None = Field(
+        default=None,
+        description=(
+            "'unmerged': both sides run the adapter path beside the base weight. Serving merged "
+            "weights (W + s·B·A rounded to the dense dtype) is other numerics, so another "
+            "contract id: a rollout that merges is refused under this one."
+        ),
+    )
+
     @model_serializer(mode="wrap")
     def _omit_unset_optional(self, handler: SerializerFunctionWrapHandler) -> dict:
         # A contract's kernel policy serialises as before its unset optional fields existed.
@@ -375,7 +429,8 @@ class KernelPolicy(_Model):
 MOE_KERNEL_FIELDS = tuple(f for f in KernelPolicy.model_fields if f.startswith("moe_"))
 # Kernel-policy fields absent from a contract's canonical data when unset, so the fingerprints
 # of contracts written before they existed do not move.
-OPTIONAL_KERNEL_FIELDS = ("matmul_k_runs", *MOE_KERNEL_FIELDS)
+LORA_KERNEL_FIELDS = tuple(f for f in KernelPolicy.model_fields if f.startswith("lora_"))
+OPTIONAL_KERNEL_FIELDS = ("matmul_k_runs", *MOE_KERNEL_FIELDS, *LORA_KERNEL_FIELDS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -570,6 +625,39 @@ class RuntimePolicies(_Model):
 
 
 # ---------------------------------------------------------------------------------------------
+# LoRA: which adapters a contract admits (their numerics are the kernel policy's lora_* fields).
+
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraSupport(_Model):
+    """The adapters a LoRA contract admits. Dense linears only: MoE experts' LoRA is not part of
+    any contract yet (a LoRA section on an MoE family is refused)."""
+
+    target_modules: tuple[LoraTarget, ...] = Field(
+        min_length=1,
+        description=(
+            "Linears that carry an adapter, by their Hugging Face / PEFT module name; each must "
+            "be a column- or row-parallel linear of the family. Column-parallel (q/k/v, "
+            "gate/up): A replicated on every TP rank, B split by output rows. Row-parallel "
+            "(o, down): A split by input columns (x·Aᵀ's partial sums finished by the "
+            "contract's all-reduce), B replicated."
+        ),
+    )
+    max_rank: PositiveInt = Field(
+        description="Largest adapter rank r (1 <= r <= max_rank); the trainer's --lora-rank bound."
+    )
+    max_alpha: Annotated[float, Field(gt=0, le=MAX_SIZE)] = Field(
+        description="Largest lora_alpha (0 < alpha <= max_alpha); the scale is alpha / r."
+    )
+    dropout: Annotated[float, Field(ge=0, le=0)] = Field(
+        description=(
+            "LoRA dropout: 0 (a dropout mask is a second random draw the rollout cannot make)."
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # The contract.
 
 
@@ -588,6 +676,13 @@ class Contract(_Model):
     parallel: ParallelSupport
     kernel_policy: KernelPolicy
     runtime_policy: RuntimePolicies
+    lora: LoraSupport | None = Field(
+        default=None,
+        description=(
+            "LoRA adapters under this contract (numerics: kernel_policy.lora_*); absent: the "
+            "contract serves and trains base weights only."
+        ),
+    )
     unobservable: dict[
         Annotated[str, Field(pattern=r"^(kernel_policy|runtime_policy\.[a-z]+)\.[a-z0-9_]+$")],
         Annotated[str, Field(min_length=1)],
@@ -600,6 +695,14 @@ class Contract(_Model):
             "explained instead of undetected, and fails if one of them is detected after all."
         ),
     )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_lora(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # A contract without adapters serialises as before the lora section existed.
+        data = handler(self)
+        if data.get("lora", ...) is None:
+            del data["lora"]
+        return data
 
 
 TARGET_POLICY_MODELS: dict[str, type[_Model]] = {

@@ -153,7 +153,9 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "--train-fault", default=None, metavar="NAME",
     help="With --train-steps: a fault for the whole run, which must make it FAIL: any "
     "--inject-faults name (one side only; the ratio leaves 1 at step 0) or sync.stale_shard "
-    "(one rollout rank keeps an old shard; step 1 differs).",
+    "(one rollout rank keeps an old shard; step 1 differs); with --lora, sync.stale_adapter "
+    "(the rollout keeps step 0's adapter) or sync.no_adapter (it serves none): the adapter "
+    "digest it reports differs from the pushed one.",
 )  # fmt: skip
 @click.option(
     "--train-lr", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -194,6 +196,13 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "Default: every trainer target of the registry (codegen/targets.py and contractgen.toml "
     "plugins) whose generated policy has the contract.",
 )  # fmt: skip
+@click.option(
+    "--lora", "lora", default=None, metavar="RANK[,ALPHA]",
+    help="A LoRA contract only: add a seeded random adapter (B != 0) of this rank on the "
+    "contract's lora.target_modules, served unmerged on both sides; the transformers check "
+    "runs through peft. ALPHA defaults to 1.5 x RANK (a scale that is not a power of two, so "
+    "where and in which dtype it is applied shows in the bits).",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.pass_context
 @handle_errors
@@ -204,7 +213,7 @@ def command(
     requests: int | None, prompt_tokens: int | None, new_tokens: int | None, grads: bool,
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
-    train_temperature: float | None = None, trainers: str | None = None,
+    train_temperature: float | None = None, trainers: str | None = None, lora: str | None = None,
     train_microbatches: int | None = None, train_distributed_optimizer: bool = False,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
@@ -277,6 +286,8 @@ def command(
     else:
         _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
         weights = str(checkpoint)
+    if lora is not None:
+        weights = _with_lora(contract_id, schema, weights, lora)
     from ..adapters.kernels.planted import BACKWARD_BUGS, BUGS
 
     if unknown := sorted(set(plant_bugs) - set(BUGS) - set(BACKWARD_BUGS)):
@@ -369,10 +380,14 @@ def command(
             training = dataclasses.replace(training, microbatches=train_microbatches)
         if train_distributed_optimizer:
             training = dataclasses.replace(training, distributed_optimizer=True)
-        from ..parity.training import DP_DESYNC
+        from ..parity.training import ADAPTER_FAULTS, DP_DESYNC
 
         if train_fault == DP_DESYNC and all(lay.dp == 1 for lay in config.layouts):
             fail(f"error: --train-fault {DP_DESYNC} needs a data-parallel layout (dp2, tp2dp2)")
+        if train_fault in ADAPTER_FAULTS and lora is None:
+            fail(
+                f"error: --train-fault {train_fault} needs a LoRA adapter to push: add --lora RANK"
+            )
         per_step = training.prompts * training.group_size
         for lay in config.layouts:  # the smallest DP share must fill every microbatch
             if per_step // lay.dp < training.microbatches:
@@ -398,6 +413,52 @@ def command(
         else:
             json_path.write_text(text + "\n")
     sys.exit(EXIT_OK if passed(report) else EXIT_DRIFT)
+
+
+def parse_lora(text: str) -> tuple[int, float]:
+    """``RANK[,ALPHA]`` -> ``(rank, alpha)``; ALPHA defaults to 1.5 x RANK. ``ValueError`` with
+    the one-line reason otherwise."""
+    rank_text, _, alpha_text = text.partition(",")
+    try:
+        rank = int(rank_text)
+        alpha = float(alpha_text) if alpha_text else 1.5 * rank
+    except ValueError:
+        raise ValueError(f"--lora {text!r}: expected RANK[,ALPHA], e.g. 8 or 8,16") from None
+    if rank < 1:
+        raise ValueError(f"--lora {text!r}: rank must be at least 1 (got {rank})")
+    if not alpha > 0:
+        raise ValueError(f"--lora {text!r}: alpha must be greater than 0 (got {alpha:g})")
+    return rank, alpha
+
+
+def _with_lora(contract_id: str, schema, weights: object, text: str) -> dict:
+    """The gate's weights plus a seeded random adapter within the contract's lora limits (exit
+    2 with one line when the contract has none or the rank / alpha is outside them)."""
+    try:
+        rank, alpha = parse_lora(text)
+    except ValueError as exc:
+        fail(f"error: {exc}")
+    section = schema.CONTRACT_DATA[contract_id].get("lora")
+    if section is None:
+        with_lora = [c for c in schema.CONTRACT_IDS if schema.CONTRACT_DATA[c].get("lora")]
+        fail(
+            f"error: --lora: {contract_id} has no lora section (LoRA contracts: "
+            f"{', '.join(with_lora) or 'none'})"
+        )
+    if rank > section["max_rank"]:
+        fail(f"error: --lora {text!r}: rank {rank} exceeds {contract_id}'s lora.max_rank "
+             f"{section['max_rank']}")  # fmt: skip
+    if alpha > section["max_alpha"]:
+        fail(f"error: --lora {text!r}: alpha {alpha:g} exceeds {contract_id}'s lora.max_alpha "
+             f"{section['max_alpha']:g}")  # fmt: skip
+    if not isinstance(weights, dict):
+        fail("error: --lora runs on the contract's reference model (random weights); "
+             "--checkpoint / --model with --lora is not supported yet")  # fmt: skip
+    from ..adapters.lora import random_adapter
+    from ..parity.targets import rollout_adapter
+
+    arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
+    return {**weights, **random_adapter(arch, tuple(section["target_modules"]), rank, alpha)}
 
 
 def _training_config(config, steps: int, fault: str | None, lr: float | None,

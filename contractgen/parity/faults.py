@@ -34,6 +34,10 @@ KERNEL_ALTERNATIVES: dict[str, dict[Any, Any]] = {
     "moe_token_order": {"token_index": "unordered", "unordered": "token_index"},
     "moe_combine_order": {"expert_id": "topk_rank", "topk_rank": "expert_id"},
     "moe_ep_combine": {"gather_slots": "sum_partials", "sum_partials": "gather_slots"},
+    # LoRA: the stock matmul, the scale on the other product, merged serving (W + s·B·A)
+    "lora_matmul": {"invariant": "stock", "stock": "invariant"},
+    "lora_scale_at": {"delta_output": "low_rank_output", "low_rank_output": "delta_output"},
+    "lora_serving": {"unmerged": "merged"},
 }
 
 # kernel-policy fields that act only across the ranks of one layout axis (``Layout`` field): a

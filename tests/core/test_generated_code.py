@@ -138,8 +138,10 @@ def test_import_with_python_dash_S(target: str, tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert report["file"].startswith(str(base)), report
     assert report["ids"] == [
+        "llama3_dense_lora_true_on_policy_v1",
         "llama3_dense_true_on_policy_v1",
         "llama3_dense_true_on_policy_v2",
+        "qwen3_dense_lora_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v3",
@@ -148,7 +150,7 @@ def test_import_with_python_dash_S(target: str, tmp_path: Path) -> None:
         "qwen3_moe_true_on_policy_v3",
     ]
     assert report["bad"] == []
-    assert report["policy"] == "llama3_dense_true_on_policy_v1"
+    assert report["policy"] == "llama3_dense_lora_true_on_policy_v1"
     assert report["third_party"] == []
 
 
@@ -279,7 +281,10 @@ def test_verify_fingerprints_detects_edited_contract_data(tmp_path: Path) -> Non
     done = _verify(folder, "schema.py")
     assert done.returncode == 1
     # the first contract in CONTRACT_DATA (sorted by id) is the one edited
-    assert done.stderr == "hand-edited or not generated: contract llama3_dense_true_on_policy_v1\n"
+    assert (
+        done.stderr
+        == "hand-edited or not generated: contract llama3_dense_lora_true_on_policy_v1\n"
+    )
 
 
 def test_verify_functions_in_process() -> None:

@@ -405,8 +405,10 @@ def test_check_json_shape(project: Path, repos) -> None:
     assert set(report) == {"ok", "contracts", "implemented", "files", "drift", "not_generated"}
     assert report["ok"] is False
     assert report["contracts"] == [
+        "llama3_dense_lora_true_on_policy_v1",
         "llama3_dense_true_on_policy_v1",
         "llama3_dense_true_on_policy_v2",
+        "qwen3_dense_lora_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v3",
@@ -430,8 +432,10 @@ def test_list_json_shape() -> None:
     assert result.exit_code == 0
     rows = json.loads(result.output)
     assert [r["id"] for r in rows] == [
+        "llama3_dense_lora_true_on_policy_v1",
         "llama3_dense_true_on_policy_v1",
         "llama3_dense_true_on_policy_v2",
+        "qwen3_dense_lora_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v3",
