@@ -28,6 +28,24 @@ TRAINING_DESCRIPTION = {
     "no weight decay, no grad clipping; a full state dict pushed in param_dtype",
 }
 
+# Runtime-policy fields of this target no forward logprob can show under any contract (the gate's
+# --inject-faults lists them as explained, and fails if one is detected after all). Kept here,
+# not in each contract's ``unobservable`` notes, because they follow from how this target runs
+# (the notes are in the numerics fingerprint: adding a target must not move shipped ones).
+UNOBSERVABLE = {
+    "reduce_dtype": (
+        "The dtype FSDP reduce-scatters gradients in (MixedPrecisionPolicy.reduce_dtype): "
+        "backward only. The forward all-gathers parameters (nothing summed) and scores each "
+        "sequence on one rank, so no logprob can show it; it changes the gradients AdamW is given."
+    ),
+    "keep_fp32_master": (
+        "Whether the sharded parameters AdamW updates are float32 or param_dtype. Every forward "
+        "gathers them in param_dtype either way, and float32 weights rounded to param_dtype at "
+        "the gather have the bits of the same weights rounded at load, so no forward logprob can "
+        "show it; it decides how much of a small update an optimizer step keeps."
+    ),
+}
+
 # What ``contractgen parity --trainers …,fsdp`` runs when no ``--layouts`` is given.
 DEFAULT_LAYOUTS = "fsdp1,fsdp2"
 
@@ -37,6 +55,7 @@ __all__ = [
     "LAYOUT_AXES",
     "MLP_BLOCKS",
     "TRAINING_DESCRIPTION",
+    "UNOBSERVABLE",
     "OptimizerSettings",
     "TrainBatch",
     "TrainInit",

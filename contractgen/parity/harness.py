@@ -514,13 +514,18 @@ def _try_fault(
     return "detected", f"{where}: max |diff| {cmp.max_abs_diff:.3g}"
 
 
-def unobservable_notes(contract_id: str) -> dict[str, str]:
-    """The contract's notes on fields the gate cannot observe (from the generated schema)."""
+def unobservable_notes(contract_id: str, run: GateRun | None = None) -> dict[str, str]:
+    """The notes on fields the gate cannot observe: the contract's (from the generated schema),
+    plus those ``run``'s trainer target declares for its own runtime policy (its adapter's
+    ``UNOBSERVABLE``, true under every contract); a contract's own note wins."""
     from ..codegen.vendored import load_target
 
-    return dict(
-        load_target(rollout_target()).schema.CONTRACT_DATA[contract_id].get("unobservable", {})
-    )
+    notes = {}
+    if run is not None:
+        own = getattr(run.trainer_adapter, "UNOBSERVABLE", {})
+        notes = {f"runtime_policy.{run.trainer_target}.{k}": v for k, v in own.items()}
+    data = load_target(rollout_target()).schema.CONTRACT_DATA[contract_id]
+    return notes | dict(data.get("unobservable", {}))
 
 
 def _try_shared(run: GateRun, bug: SharedBug, ref, layout: Layout) -> tuple[str, str]:
@@ -574,7 +579,7 @@ def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
         faults = [f for f in faults if f.side == "trainer"]
     left_out = _left_out(run, layouts, faults)
     faults = [f for f in faults if f.name not in left_out]
-    notes = unobservable_notes(run.config.contract_id)
+    notes = unobservable_notes(run.config.contract_id, run)
     outcomes: dict[str, tuple[str, str]] = {f.name: ("undetected", "") for f in faults}
     faulted_rollouts: dict = {}  # (fault, rollout TP) -> its rollout, shared by layouts of one TP
     for layout in layouts:

@@ -165,3 +165,23 @@ def test_fsdp2_trains_a_step_at_ratio_one_and_pushes_the_updated_weights(referen
     assert {t.dtype for t in after.values()} == {torch.bfloat16}
     moved = [k for k in after if not torch.equal(after[k], before[k])]
     assert len(moved) > len(after) // 2, f"AdamW moved only {moved}"
+
+
+def test_fsdp_backward_only_fields_are_explained_by_the_target_not_the_contracts() -> None:
+    """The fsdp fields no forward can show are the target's notes (every contract), so adding the
+    target left the shipped contracts' numerics fingerprints where they were."""
+    from types import SimpleNamespace
+
+    import contractgen.adapters.fsdp as fsdp
+    from contractgen.codegen.vendored import load_target
+    from contractgen.parity.harness import unobservable_notes
+
+    contract = "qwen3_dense_true_on_policy_v1"
+    data = load_target("fsdp").schema.CONTRACT_DATA[contract]
+    assert not [k for k in data.get("unobservable", {}) if k.startswith("runtime_policy.fsdp.")]
+    run = SimpleNamespace(trainer_adapter=fsdp, trainer_target="fsdp")
+    notes = unobservable_notes(contract, run)
+    assert set(fsdp.UNOBSERVABLE) == {"reduce_dtype", "keep_fp32_master"}
+    for field in fsdp.UNOBSERVABLE:
+        assert notes[f"runtime_policy.fsdp.{field}"] == fsdp.UNOBSERVABLE[field]
+    assert "runtime_policy.fsdp.reduce_dtype" not in unobservable_notes(contract)
