@@ -16,9 +16,8 @@ MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
 LAYOUT_AXES = frozenset({"fsdp"})
 
 # Whether ``TrainerSession.logprobs`` takes ``TrainerRun(grads=True)`` (the gradient check
-# against float64 autograd): not yet here; ``--train-steps`` reports its step-0 check as not
-# supported for this target.
-GRADIENT_RUN = False
+# against float64 autograd, ``runtime.backward_grads``): yes.
+GRADIENT_RUN = True
 
 # How ``--train-steps`` trains here (``adapters/fsdp/training.py``), in the report's words.
 TRAINING_DESCRIPTION = {
@@ -27,6 +26,10 @@ TRAINING_DESCRIPTION = {
     "optimizer": "torch.optim.AdamW on the FSDP-sharded parameters (master_dtype), lr {lr}, "
     "no weight decay, no grad clipping; a full state dict pushed in param_dtype",
 }
+
+# Whether this trainer runs a contract's LoRA adapters (``parity --lora``): not yet; the gate
+# refuses ``--lora`` with it, naming the trainers that do.
+LORA = False
 
 # Runtime-policy fields of this target no forward logprob can show under any contract (the gate's
 # --inject-faults lists them as explained, and fails if one is detected after all). Kept here,
@@ -53,6 +56,7 @@ __all__ = [
     "DEFAULT_LAYOUTS",
     "GRADIENT_RUN",
     "LAYOUT_AXES",
+    "LORA",
     "MLP_BLOCKS",
     "TRAINING_DESCRIPTION",
     "UNOBSERVABLE",

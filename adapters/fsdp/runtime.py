@@ -145,3 +145,36 @@ def forward_logprobs(job: Any, run: Any, me: Rank) -> tuple[TrainerResult | None
     if whole and me.rank != 0:
         return None, None
     return TrainerResult(logprobs=logprobs), per_seq
+
+
+def backward_grads(job: Any, run: Any, me: Rank) -> TrainerResult | None:
+    """One backward (``TrainerRun.grads``): the loss is minus the sum of each rank's response
+    tokens' logprobs (``run.prompt_lens``; every token after the first without them), through
+    the same contract ops as the forward, on the rank's ``dp_share`` of the sequences. FSDP
+    reduce-scatters and averages the gradients, so the backward runs on loss x world (their sum);
+    each full gradient is all-gathered (``DTensor.full_tensor``, every rank in one order) and
+    rank 0 answers with them under checkpoint names (``hf_grads``)."""
+    from ..kernels.logsoftmax import vocab_parallel_token_logprobs
+
+    model, policy = build_model(job, run, me)
+    model.train()
+    n = len(job.sequences)
+    share = dp_share(n, me.world, me.rank)
+    mine = [job.sequences[i] for i in share] or [[0]]  # a stand-in keeps the collectives paired
+    pack = Pack.of(mine)
+    starts = run.prompt_lens or (1,) * n
+    logits = model(**pack.kwargs(me.device)).logits[0]  # [T, V]
+    loss = logits.sum() * 0.0  # a rank with no sequence still runs the backward's collectives
+    for k, i in enumerate(share):
+        lo, hi = int(pack.cu[k]), int(pack.cu[k + 1])
+        x, targets = logits[lo : hi - 1], pack.token_ids[lo + 1 : hi].to(me.device)
+        lp = vocab_parallel_token_logprobs(x, targets, 0, job.arch.vocab_size, policy.kp, me.alone)
+        loss = loss - lp[starts[i] - 1 :].float().sum()
+    (loss * me.world).backward()
+    full = {}
+    for name, p in model.named_parameters():
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        full[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().cpu()
+    if me.rank != 0:
+        return None
+    return TrainerResult(logprobs=[], hf_grads=fsdp_model.to_checkpoint_layout(model, full))

@@ -114,12 +114,13 @@ class TrainerSession:
         self._pool.start()
 
     def logprobs(self, sequences: Sequence[Sequence[int]], run: TrainerRun | None = None):
-        """One forward of ``sequences`` (each rank scores its share; merged here)."""
+        """One forward of ``sequences`` (each rank scores its share; merged here), or with
+        ``run.grads`` one backward (``runtime.backward_grads``: rank 0's full gradients)."""
         run = run or TrainerRun()
-        if run.grads:
-            raise NotImplementedError("the fsdp trainer has no gradient run (TrainerRun.grads)")
         seqs = [[int(t) for t in seq] for seq in sequences]
         replies = self._pool.send((seqs, run), "fsdp trainer forward")
+        if run.grads:  # rank 0 answers with every full gradient (runtime.backward_grads)
+            return replies[0][1]
         results = [p[1] for _, p in sorted(replies.items()) if p[1] is not None]
         merged = TrainerResult(
             logprobs=[
@@ -180,9 +181,11 @@ def _session_worker(rank: int, commands: Any, results: Any, job: _Job) -> None:
                     continue
                 sequences, run = command
                 with planted(run.planted_bugs), maybe_recording(run.kernel_audit) as calls:
-                    result, dumps = runtime.forward_logprobs(
-                        dataclasses.replace(job, sequences=sequences), run, me
-                    )
+                    here = dataclasses.replace(job, sequences=sequences)
+                    if run.grads:
+                        result, dumps = runtime.backward_grads(here, run, me), None
+                    else:
+                        result, dumps = runtime.forward_logprobs(here, run, me)
                 results.put((rank, "ok", result, dumps, calls))
             except Exception:
                 results.put((rank, "err", traceback.format_exc(), None, None))

@@ -20,8 +20,12 @@ MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
 # data parallelism (``dp``: DDP replicas), not fsdpN.
 LAYOUT_AXES = frozenset({"tp", "pp", "cp", "dp", "ep"})
 
+# Whether this trainer runs a contract's LoRA adapters (``parity --lora``; ``lora.py``).
+LORA = True
+
 __all__ = [
     "LAYOUT_AXES",
+    "LORA",
     "MLP_BLOCKS",
     "Layout",
     "OptimizerSettings",

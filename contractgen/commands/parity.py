@@ -268,6 +268,8 @@ def command(
             f"{','.join(chosen_trainers)}); give --trainers NAME"
         )
     _check_blocks(contract_id, schema.model_profile_for(contract_id), chosen_trainers)
+    if lora is not None:
+        _check_lora_trainers(chosen_trainers)
     if device == "cuda":
         import torch
 
@@ -498,6 +500,21 @@ def _check_blocks(contract_id: str, profile, trainers: list[str]) -> None:
                 f"error: {contract_id}: the {role} side ({target}) is not implemented yet for "
                 f"the {', '.join(missing)} block of {family.name} models (it implements: "
                 f"{', '.join(sorted(have))}); parity needs both sides"
+            )
+
+
+def _check_lora_trainers(trainers: list[str]) -> None:
+    """Every trainer target in ``trainers`` runs LoRA adapters (its adapter's ``LORA``), else
+    one line, exit 2 (before any worker starts)."""
+    from ..codegen.targets import targets_for_role
+    from ..parity.targets import adapter
+
+    able = [t.name for t in targets_for_role("trainer") if getattr(t.runtime(), "LORA", False)]
+    for name in trainers:
+        if not getattr(adapter(name), "LORA", False):
+            fail(
+                f"error: --lora: the {name} trainer does not run LoRA adapters yet (trainers "
+                f"that do: {', '.join(able) or 'none'}); give --trainers {','.join(able[:1])}"
             )
 
 

@@ -4,6 +4,7 @@ flipped FSDP runtime-policy field breaks that; layouts go to the trainer whose a
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from pathlib import Path
 
@@ -46,6 +47,20 @@ def test_a_named_trainer_with_none_of_its_layouts_is_refused(tmp_path: Path) -> 
     assert (
         "error: --trainers fsdp: none of the layouts ['tp1'] is one it runs (its axes: fsdp); "
         "add such layouts to --layouts"
+    ) in out
+
+
+def test_lora_on_the_fsdp_trainer_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The fsdp trainer runs no LoRA adapters yet: ``--lora`` with it exits 2 before any worker
+    starts, naming the trainers that do (it used to start and hang)."""
+    code, report, out = run_parity_in_process(
+        "--contract", "qwen3_dense_lora_true_on_policy_v1", "--lora", "8", "--trainers", "fsdp",
+        "--layouts", "fsdp1", tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 2 and report is None
+    assert (
+        "error: --lora: the fsdp trainer does not run LoRA adapters yet (trainers that do: "
+        "megatron); give --trainers megatron"
     ) in out
 
 
@@ -185,3 +200,38 @@ def test_fsdp_backward_only_fields_are_explained_by_the_target_not_the_contracts
     for field in fsdp.UNOBSERVABLE:
         assert notes[f"runtime_policy.fsdp.{field}"] == fsdp.UNOBSERVABLE[field]
     assert "runtime_policy.fsdp.reduce_dtype" not in unobservable_notes(contract)
+
+
+@pytest.mark.slow
+def test_fsdp_gradients_match_float64_autograd_and_a_planted_dk_bug_fails_them(reference_weights):
+    """The step-0 gradient check on the FSDP trainer (``TrainerRun.grads``: full gradients
+    gathered from the fsdp2 shards) is within tolerance of float64 transformers autograd, twice
+    with the same bits, and the attention backward without the softmax scale in dK (a bug no
+    logprob shows) puts it far outside."""
+    from types import SimpleNamespace
+
+    from contractgen.adapters.fsdp import TrainerRun, TrainerSession
+    from contractgen.parity.correctness import GRAD_TOLERANCE, compare_grads, grad_reference_of
+
+    arch, weights = reference_weights
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (30, 21, 17)]
+    prompt_lens = [20, 12, 10]
+    ref = grad_reference_of(SimpleNamespace(weights=weights, contract_id=V1), seqs, prompt_lens)
+    layout = parse_layout("fsdp2")
+    run = TrainerRun(dtype_override="float32", grads=True, prompt_lens=tuple(prompt_lens))
+    with TrainerSession(V1, weights, layout, arch=arch) as s:
+        honest = s.logprobs(seqs, run).hf_grads
+        again = s.logprobs(seqs, run).hf_grads
+        planted = s.logprobs(seqs, dataclasses.replace(run, planted_bugs=(DK_BUG,)))
+    assert set(honest) == set(ref.grads)
+    assert all(torch.equal(honest[k], again[k]) for k in honest)  # deterministic, bitwise
+    good = compare_grads(ref, layout, honest)
+    assert good["within_tolerance"], good
+    assert good["parameters_compared"] == len(ref.grads)
+    bad = compare_grads(ref, layout, planted.hf_grads)
+    assert not bad["within_tolerance"] and bad["max_rel_diff"] > 100 * GRAD_TOLERANCE, bad
+    assert ".self_attn.k_proj." in bad["worst_parameter"] or "k_norm" in bad["worst_parameter"]
+
+
+DK_BUG = "attention_dk_scale_dropped"
