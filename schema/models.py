@@ -362,6 +362,60 @@ class KernelPolicy(_Model):
         ),
     )
 
+    # LoRA (unmerged low-rank adapters): set exactly when the contract has a ``lora`` section
+    # (absent from every other contract's canonical data, so their fingerprints do not move).
+    # The adapter path of a target linear, on both sides: ``t = x·Aᵀ`` (rank r) then ``d = t·Bᵀ``,
+    # scaled by alpha/r, added to the base linear's output (for a row-parallel linear: after
+    # its all-reduce), then rounded to dense_math_dtype.
+    lora_adapter_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype A and B are pre-rounded to before either side's forward (the trainer's "
+            "master copies may be wider; what both engines multiply with is this)."
+        ),
+    )
+    lora_low_rank_dtype: Dtype | None = Field(
+        default=None,
+        description="dtype of the rank-r intermediate t = x·Aᵀ (the matmul's output dtype).",
+    )
+    lora_matmul: Literal["invariant", "stock"] | None = Field(
+        default=None,
+        description=(
+            "Kernel of both low-rank matmuls: 'invariant' (the contract's batch-invariant "
+            "matmul, its K tiles and tile order; a row-parallel layer's x·Aᵀ finishes its tree "
+            "with the contract's all-reduce) or 'stock' (torch.matmul in the operand dtype)."
+        ),
+    )
+    lora_scale_at: Literal["delta_output", "low_rank_output"] | None = Field(
+        default=None,
+        description=(
+            "Where alpha/r multiplies: 'delta_output' (d = t·Bᵀ, before the add) or "
+            "'low_rank_output' (t, before ·Bᵀ)."
+        ),
+    )
+    lora_scale_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype the scale alpha/r is held and multiplied in (the product is rounded back to "
+            "the dtype of what it scales)."
+        ),
+    )
+    lora_add_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype d = t·Bᵀ is produced in and added to the base output in; the sum is rounded "
+            "once to dense_math_dtype."
+        ),
+    )
+    lora_serving: Literal["unmerged"] | None = Field(
+        default=None,
+        description=(
+            "'unmerged': both sides run the adapter path beside the base weight. Serving merged "
+            "weights (W + s·B·A rounded to the dense dtype) is other numerics, so another "
+            "contract id: a rollout that merges is refused under this one."
+        ),
+    )
+
     @model_serializer(mode="wrap")
     def _omit_unset_optional(self, handler: SerializerFunctionWrapHandler) -> dict:
         # A contract's kernel policy serialises as before its unset optional fields existed.
@@ -375,7 +429,8 @@ class KernelPolicy(_Model):
 MOE_KERNEL_FIELDS = tuple(f for f in KernelPolicy.model_fields if f.startswith("moe_"))
 # Kernel-policy fields absent from a contract's canonical data when unset, so the fingerprints
 # of contracts written before they existed do not move.
-OPTIONAL_KERNEL_FIELDS = ("matmul_k_runs", *MOE_KERNEL_FIELDS)
+LORA_KERNEL_FIELDS = tuple(f for f in KernelPolicy.model_fields if f.startswith("lora_"))
+OPTIONAL_KERNEL_FIELDS = ("matmul_k_runs", *MOE_KERNEL_FIELDS, *LORA_KERNEL_FIELDS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,10 +572,89 @@ class LauncherRuntimePolicy(_Model):
     )
 
 
+class FsdpRuntimePolicy(_Model):
+    """FSDP-trainer switches: what miles' FSDP backend (``miles/backends/fsdp_utils``: its
+    ``FSDPArgs``, ``PrecisionPolicy`` and actor) reads under a contract, under the same names."""
+
+    enabled: bool = Field(
+        description="The contract is active on the FSDP trainer (miles --true-on-policy-mode)."
+    )
+    attn_implementation: Identifier = Field(
+        description=(
+            "transformers attention implementation (miles --attn-implementation, from the "
+            "identity's fsdp_attention_implementation): the name the contract's attention is "
+            "registered under in transformers' AttentionInterface."
+        )
+    )
+    batch_invariant_mode: bool = Field(
+        description=(
+            "Linear, norm, activation and LM head by the contract kernels (miles enables "
+            "batch-invariant ops in true-on-policy mode); off: transformers' stock modules."
+        )
+    )
+    param_dtype: Dtype = Field(
+        description="FSDP MixedPrecisionPolicy param_dtype: the dtype parameters are gathered in."
+    )
+    reduce_dtype: Dtype = Field(
+        description="FSDP MixedPrecisionPolicy reduce_dtype: the dtype gradients are reduced in."
+    )
+    keep_fp32_master: bool = Field(
+        description="Sharded master parameters (and the optimizer's view of them) in float32."
+    )
+
+
 class RuntimePolicies(_Model):
     sglang: SGLangRuntimePolicy
     megatron: MegatronRuntimePolicy
     launcher: LauncherRuntimePolicy
+    fsdp: FsdpRuntimePolicy | None = Field(
+        default=None,
+        description=(
+            "The FSDP trainer's section; a contract without it is off on that target (every "
+            "field its off value)."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_targets(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # a contract written before a target existed serialises as before (same canonical data)
+        data = handler(self)
+        if data.get("fsdp") is None:
+            data.pop("fsdp", None)
+        return data
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA: which adapters a contract admits (their numerics are the kernel policy's lora_* fields).
+
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraSupport(_Model):
+    """The adapters a LoRA contract admits. Dense linears only: MoE experts' LoRA is not part of
+    any contract yet (a LoRA section on an MoE family is refused)."""
+
+    target_modules: tuple[LoraTarget, ...] = Field(
+        min_length=1,
+        description=(
+            "Linears that carry an adapter, by their Hugging Face / PEFT module name; each must "
+            "be a column- or row-parallel linear of the family. Column-parallel (q/k/v, "
+            "gate/up): A replicated on every TP rank, B split by output rows. Row-parallel "
+            "(o, down): A split by input columns (x·Aᵀ's partial sums finished by the "
+            "contract's all-reduce), B replicated."
+        ),
+    )
+    max_rank: PositiveInt = Field(
+        description="Largest adapter rank r (1 <= r <= max_rank); the trainer's --lora-rank bound."
+    )
+    max_alpha: Annotated[float, Field(gt=0, le=MAX_SIZE)] = Field(
+        description="Largest lora_alpha (0 < alpha <= max_alpha); the scale is alpha / r."
+    )
+    dropout: Annotated[float, Field(ge=0, le=0)] = Field(
+        description=(
+            "LoRA dropout: 0 (a dropout mask is a second random draw the rollout cannot make)."
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,6 +676,13 @@ class Contract(_Model):
     parallel: ParallelSupport
     kernel_policy: KernelPolicy
     runtime_policy: RuntimePolicies
+    lora: LoraSupport | None = Field(
+        default=None,
+        description=(
+            "LoRA adapters under this contract (numerics: kernel_policy.lora_*); absent: the "
+            "contract serves and trains base weights only."
+        ),
+    )
     unobservable: dict[
         Annotated[str, Field(pattern=r"^(kernel_policy|runtime_policy\.[a-z]+)\.[a-z0-9_]+$")],
         Annotated[str, Field(min_length=1)],
@@ -555,9 +696,18 @@ class Contract(_Model):
         ),
     )
 
+    @model_serializer(mode="wrap")
+    def _omit_absent_lora(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # A contract without adapters serialises as before the lora section existed.
+        data = handler(self)
+        if data.get("lora", ...) is None:
+            del data["lora"]
+        return data
+
 
 TARGET_POLICY_MODELS: dict[str, type[_Model]] = {
     "sglang": SGLangRuntimePolicy,
     "megatron": MegatronRuntimePolicy,
     "launcher": LauncherRuntimePolicy,
+    "fsdp": FsdpRuntimePolicy,
 }

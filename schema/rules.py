@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterator
 
 from ..adapters.families import FAMILIES, Family
 from ..adapters.tile_order import split_problem
-from .models import MOE_DIMS_FIELDS, MOE_KERNEL_FIELDS, Contract, ModelDims, When
+from .models import (
+    LORA_KERNEL_FIELDS,
+    MOE_DIMS_FIELDS,
+    MOE_KERNEL_FIELDS,
+    Contract,
+    ModelDims,
+    When,
+)
 
 Finding = tuple[str, str]
 
@@ -410,6 +417,48 @@ def check_policy_consistency(c: Contract) -> Iterator[Finding]:
         )
 
 
+def check_lora(c: Contract) -> Iterator[Finding]:
+    """A ``lora`` section comes with every ``kernel_policy.lora_*`` field (and they without it);
+    its targets are dense linears of the family; adapters are pre-rounded to the forward dtype."""
+    kp, lora = c.kernel_policy, c.lora
+    for field in LORA_KERNEL_FIELDS:
+        if (getattr(kp, field) is None) == (lora is not None):
+            yield (
+                f"kernel_policy.{field}",
+                "required: the contract has a lora section"
+                if lora is not None
+                else "must be absent: the contract has no lora section (add one, or drop the "
+                "lora_* fields)",
+            )
+    family = FAMILIES.get(c.family)
+    if lora is None or family is None:
+        return
+    if family.moe is not None:
+        yield (
+            "lora",
+            f"must be absent: LoRA on {family.name}'s experts is not part of any contract yet "
+            "(dense families only)",
+        )
+        return
+    known = family.lora_modules()
+    seen: set[str] = set()
+    for i, name in enumerate(lora.target_modules):
+        if name not in known:
+            yield (
+                f"lora.target_modules.{i}",
+                f"{family.name} has no linear {name!r}; known: {', '.join(sorted(known))}",
+            )
+        if name in seen:
+            yield f"lora.target_modules.{i}", f"{name!r} is listed twice"
+        seen.add(name)
+    if kp.lora_adapter_dtype is not None and kp.lora_adapter_dtype != kp.dense_math_dtype:
+        yield (
+            "kernel_policy.lora_adapter_dtype",
+            f"must equal dense_math_dtype ({kp.dense_math_dtype}): adapters are pre-rounded to "
+            f"the forward dtype (got {kp.lora_adapter_dtype})",
+        )
+
+
 def check_unobservable_paths(c: Contract) -> Iterator[Finding]:
     """Every ``unobservable`` key names a real kernel- or runtime-policy field."""
     for path in c.unobservable:
@@ -433,6 +482,7 @@ RULES: tuple[Callable[[Contract], Iterator[Finding]], ...] = (
     check_vocab_block,
     check_layers_vs_pp,
     check_policy_consistency,
+    check_lora,
     check_unobservable_paths,
 )
 

@@ -69,6 +69,15 @@ class Family:
     # a config whose model_type names another family is another model whatever its architecture
     hf_model_types: tuple[str, ...] = ()
 
+    def lora_modules(self) -> dict[str, str]:
+        """PEFT module name (``q_proj``) -> layer-weight role, for every dense linear of a decoder
+        layer (column- or row-parallel, in every layer, not per expert): what LoRA may target."""
+        return {
+            w.hf_name.split(".")[-2]: role
+            for role, w in self.layer_weights.items()
+            if w.shard in ("column", "row") and not w.per_expert and w.block is None
+        }
+
     def blocks(self, *, qk_norm: bool, tied: bool) -> frozenset[str]:
         """The optional blocks present in one model."""
         return frozenset(b for b, on in (("qk_norm", qk_norm), ("untied_head", not tied)) if on)

@@ -71,14 +71,17 @@ def reduce_scatter_all_gather(t: torch.Tensor, group=None) -> torch.Tensor:
 
 
 def fused_all_reduce_residual(
-    partial: torch.Tensor, residual: torch.Tensor, kp, group=None, all_reduce=None
+    partial: torch.Tensor, residual: torch.Tensor, kp, group=None, all_reduce=None, delta=None
 ) -> torch.Tensor:
-    """All-reduce fused with the residual add: rank partials and residual summed in float32,
-    rounded once to the residual dtype (no rounding of the reduced value first)."""
+    """All-reduce fused with the residual add: rank partials (and a LoRA ``delta``, if any) and
+    residual summed in float32, rounded once to the residual dtype (no rounding of the reduced
+    value first)."""
     parts = all_gather_exact(partial, group) if world_size(group) > 1 else [partial]
     acc = residual.float()
     for p in parts:
         acc = acc + p.float()
+    if delta is not None:
+        acc = acc + delta.float()
     return acc.to(dtype_of(kp.residual_dtype))
 
 

@@ -118,6 +118,9 @@ class SGLangColumnParallelLinear(ColumnParallelLinear):
     ``linear_with_grad_accumulation_and_async_allreduce`` (dgrad all-reduce over TP).
     """
 
+    lora_branch: Any = None
+    """``megatron.lora.LoraBranch`` when the linear carries an unmerged adapter."""
+
     def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
         super().__init__(*args, config=config, **kwargs)
         self.runtime_policy = policy_for(config)
@@ -147,7 +150,10 @@ class SGLangColumnParallelLinear(ColumnParallelLinear):
 
         # megatron-core's own forward (its TP region mappings, its arguments to the linear),
         # whose GEMM call lands in ``_forward_impl`` below: the kernel's value there.
-        return ColumnParallelLinear.forward(self, input_, weight, runtime_gather_output=False)
+        out, bias = ColumnParallelLinear.forward(self, input_, weight, runtime_gather_output=False)
+        if self.lora_branch is not None:  # an unmerged LoRA adapter (``megatron.lora``)
+            out = self.lora_branch(input_, out)
+        return out, bias
 
     def _forward_impl(self, input, weight, *args: Any, **kwargs: Any) -> torch.Tensor:
         return kernel_value_linear(
@@ -185,6 +191,10 @@ class SGLangRowParallelLinear(RowParallelLinear):
     per layer in training: the kernel's tree all-reduce).
     """
 
+    lora_branch: Any = None
+    """``megatron.lora.LoraBranch`` when the linear carries an unmerged adapter (its delta is
+    added after the all-reduce, as the rollout adds it before the residual add)."""
+
     def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
         super().__init__(*args, config=config, **kwargs)
         if self.sequence_parallel:
@@ -216,6 +226,8 @@ class SGLangRowParallelLinear(RowParallelLinear):
             kernel_value, input_, w, None, self.gradient_accumulation_fusion,
             allreduce_dgrad=False, sequence_parallel=False, tp_group=self.tp_group,
         )  # fmt: skip
+        if self.lora_branch is not None:
+            out = self.lora_branch(input_, out)
         if self.skip_bias_add:
             return out, self.bias
         return (out + self.bias if self.bias is not None else out), None

@@ -161,6 +161,10 @@ class TrainStepResult:
     weights: Any = None
     """HF-named weights after the step, from every TP/PP shard (storage dtype), as one
     ``shared_tensors.SharedTensors`` buffer (``.tensors()`` gives the state dict)."""
+    trained: dict[str, int] | None = None
+    """Global rank 0's stage, for a ``TrainInit``: elements of the parameters the optimizer
+    holds (``trainable``: the LoRA A and B alone when the weights carry an adapter) and of the
+    frozen ones (``frozen``: ``requires_grad`` off, no gradient, no optimizer state)."""
     time_s: dict[str, float] | None = None
     """Global rank 0's wall seconds: ``forward_backward`` (the pipeline's forward, loss and
     backward), ``optimizer`` (gradient finalisation and the optimizer step), ``sync`` (the

@@ -24,6 +24,7 @@ from ..layout import Layout
 from .checkpoint import load_into
 from .data_parallel import dp_share
 from .kernels import kernel_module
+from .lora import attach_lora
 from .model import build_model, make_config, padded_vocab_size
 from .packing import pack_sequences
 from .policy import float32_kernel_policy, generated, policy_for
@@ -105,6 +106,11 @@ def build_stage(job: Any, run: Any) -> tuple[Any, Any, int]:
         padded_vocab_size=padded,
         ep=(ps.get_expert_model_parallel_rank(), job.layout.ep),
     )
+    model.lora_branches = attach_lora(
+        model, job.weights, job.arch, kp,
+        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=job.layout.tp,
+        tp_group=ps.get_tensor_model_parallel_group(),
+    )  # fmt: skip
     model.eval()
     return model, config, padded
 

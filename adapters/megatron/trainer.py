@@ -255,7 +255,10 @@ def _session_worker(rank: int, commands: Any, results: Any, job: _Job) -> None:
 
                     if isinstance(command, TrainInit):
                         state = training.init_state(job, command)
-                        result = TrainStepResult(weights=training.gather_weights(state, job))
+                        result = TrainStepResult(
+                            weights=training.gather_weights(state, job),
+                            trained=training.trained_counts(state),
+                        )
                     elif state is None:
                         raise RuntimeError("TrainBatch before TrainInit")
                     else:

@@ -35,9 +35,11 @@ from .data_parallel import GradBuffer, replica_mismatches, replica_tensors, spli
 from .distributed_optimizer import ShardedAdamW
 from .grads import finalize_grads
 from .kernels import kernel_module
+from .lora import gather_adapter
 from .packing import pack_sequences
 from .pipeline import pipeline_forward_backward
 from .policy import policy_for
+from .ppo import ppo_clip
 from .run_types import OptimizerSettings, TrainBatch, TrainerRun, TrainInit, TrainStepResult
 from .runtime import LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT, build_stage
 
@@ -129,6 +131,16 @@ class TrainState:
     distributed optimizer its own parameters (a fault)."""
     distributed: bool = False
     """``TrainInit.distributed_optimizer``: ``optimizer`` is a ``ShardedAdamW``."""
+    lora: torch.nn.ModuleList | None = None
+    """The stage's LoRA branches when the weights carry an adapter: then they are all that
+    trains (the base is frozen: ``requires_grad`` off, no gradient, no optimizer state) and all
+    that a step pushes (``gather_push``). None: the whole model trains."""
+
+    @property
+    def trainable(self) -> torch.nn.Module:
+        """The module whose parameters the optimizer, the gradient buffer and the DP replica
+        check hold: the LoRA branches, or the model."""
+        return self.model if self.lora is None else self.lora
 
 
 def init_state(job: Any, init: TrainInit) -> TrainState:
@@ -140,18 +152,37 @@ def init_state(job: Any, init: TrainInit) -> TrainState:
         )
     model, config, padded = build_stage(job, TrainerRun(fault=init.fault))
     model.train()
+    lora = None
+    if model.lora_branches:  # LoRA: only A and B train; the base is frozen
+        for p in model.parameters():
+            p.requires_grad_(False)
+        lora = torch.nn.ModuleList(model.lora_branches)
+    trainable = model if lora is None else lora
     dp = ps.get_data_parallel_world_size()
     grads = (
-        GradBuffer(model) if dp > 1 or init.microbatches > 1 or init.distributed_optimizer else None
+        GradBuffer(trainable)
+        if dp > 1 or init.microbatches > 1 or init.distributed_optimizer
+        else None
     )
     if init.distributed_optimizer:
-        optimizer: Any = ShardedAdamW(model, grads, init.optimizer, ps.get_data_parallel_group())
+        optimizer: Any = ShardedAdamW(
+            trainable, grads, init.optimizer, ps.get_data_parallel_group()
+        )
     else:
-        optimizer = make_optimizer(model, init.optimizer, job.device)
+        optimizer = make_optimizer(trainable, init.optimizer, job.device)
     return TrainState(
         model, config, padded, optimizer, tuple(init.planted_bugs), init.microbatches,
-        grads, init.desync_dp, init.distributed_optimizer,
+        grads, init.desync_dp, init.distributed_optimizer, lora,
     )  # fmt: skip
+
+
+def trained_counts(state: TrainState) -> dict[str, int]:
+    """``TrainStepResult.trained``: this stage's trainable and frozen parameter elements."""
+    every = [*state.model.parameters(), *(state.lora.parameters() if state.lora else ())]
+    return {
+        "trainable": sum(p.numel() for p in every if p.requires_grad),
+        "frozen": sum(p.numel() for p in every if not p.requires_grad),
+    }
 
 
 def _gather_tp(param: torch.Tensor, t: torch.Tensor, group: Any) -> torch.Tensor:
@@ -165,24 +196,34 @@ def _gather_tp(param: torch.Tensor, t: torch.Tensor, group: Any) -> torch.Tensor
     return torch.cat(parts, dim=param.partition_dim)
 
 
-def gather_weights(state: TrainState, job: Any) -> SharedTensors | None:
+def gather_weights(state: TrainState, job: Any, adapter_only: bool = False) -> SharedTensors | None:
     """This rank's part of the HF-named weights, in one shared-memory buffer: its stage's, every
     TP shard concatenated, on the stage's TP-0, CP-0, DP-0 rank (``None`` on the others;
-    collective within the TP group). The parent takes the parts from the ranks' replies and
+    collective within the TP group), with the LoRA adapter as the forward uses it when the stage
+    has one (``lora.gather_adapter``). The parent takes the parts from the ranks' replies and
     merges them in rank order (``TrainerSession.train``): no pickled state dict, no gather to
-    rank 0, and each tensor copied once, from the device into the buffer the rollout reads."""
+    rank 0, and each tensor copied once, from the device into the buffer the rollout reads.
+    ``adapter_only``: the adapter alone (a LoRA step's push; the base is frozen)."""
     tp_group = ps.get_tensor_model_parallel_group()
     model = state.model
-    full = {n: _gather_tp(p, p.detach(), tp_group) for n, p in model.named_parameters()}
+    adapter = gather_adapter(list(state.lora or ()), tp_group)
+    full = (
+        {}
+        if adapter_only
+        else {n: _gather_tp(p, p.detach(), tp_group) for n, p in model.named_parameters()}
+    )
     if (
         ps.get_tensor_model_parallel_rank() != 0
         or ps.get_context_parallel_rank() != 0
         or ps.get_data_parallel_rank() != 0
     ):
         return None
+    if adapter_only:
+        return SharedTensors.pack(adapter)
     layers = getattr(model.decoder, "layers", [])
     numbers = {local: layer.layer_number - 1 for local, layer in enumerate(layers)}
-    return SharedTensors.pack(hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp))
+    base = hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp)
+    return SharedTensors.pack({**base, **adapter})
 
 
 def gather_hf(
@@ -300,7 +341,7 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
     microbatch's is added into the fp32 ``GradBuffer`` and summed over DP in the fixed tree
     order after the last. Then the optimizer step, the DP replicas' bits compared, and the
     weights gathered for the push."""
-    model, device = state.model, job.device
+    device = job.device
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     parts = split_batch(len(batch.sequences), dp, dp_rank, state.microbatches)
     total = sum(len(s) - p for s, p in zip(batch.sequences, batch.prompt_lens, strict=True))
@@ -322,7 +363,7 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
         if state.grads is not None:
             state.grads.reduce(ps.get_data_parallel_group(), skip=fault)
         else:
-            for p in model.parameters():  # fp32 parameters: megatron's optimizer reads main_grad
+            for p in state.trainable.parameters():  # fp32: megatron's optimizer reads main_grad
                 if p.dtype == torch.float32 and p.grad is not None:
                     p.main_grad = p.grad
         state.optimizer.step()
@@ -331,13 +372,15 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResu
     if scored[0][1] is not None:  # the last pipeline stage
         _report(out, scored, len(batch.sequences), dp)
     if dp > 1:  # every replica's parameters and fp32 main copies, bit for bit, every step
-        mismatched = replica_mismatches(replica_tensors(model), ps.get_data_parallel_group())
+        mismatched = replica_mismatches(
+            replica_tensors(state.trainable), ps.get_data_parallel_group()
+        )
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mismatched)
         if dist.get_rank() == 0:
             out.replica_mismatches = sorted({n for names in every for n in names})
     t3 = _sync_clock(device)
-    out.weights = gather_weights(state, job)
+    out.weights = gather_weights(state, job, adapter_only=state.lora is not None)
     out.time_s = {
         "forward_backward": t1 - t0,
         "optimizer": t2 - t1,
@@ -431,27 +474,7 @@ def _microbatch(
         lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
             x, targets_d, vocab_start, vocab, kp_head, tp_group
         )
-        new = lp.float()
-        old, adv = old_d, adv_d
-        ratio = torch.exp(new - old)
-        eps = batch.clip_eps
-        surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
-        loss = -surrogate.sum() / total
-        # the loss at a ratio of exactly 1: min(1 * A, clip(1) * A) is A bit for bit, so this
-        # equals ``loss`` bitwise exactly when every ratio is 1 (``loss_if_ratio_one``)
-        loss_if_ratio_one = -adv.sum() / total
-        # the policy-gradient objective's value, for the parent to recompute from what it sent
-        advantage_logprob = (adv * new.detach()).sum() / total
-        d = (old - new).detach()
-        stats = torch.stack(
-            [
-                loss.detach(),
-                (torch.exp(d) - d - 1).sum() / total,
-                loss_if_ratio_one,
-                advantage_logprob,
-                (ratio.detach() - 1).abs().max() if mine.numel() else ratio.new_zeros(()),
-            ]
-        )
+        loss, stats = ppo_clip(lp.float(), old_d, adv_d, batch.clip_eps, total)
         return loss, (lp.detach(), stats)
 
     result = pipeline_forward_backward(
@@ -464,7 +487,7 @@ def _microbatch(
     )
     buffered = state.grads is not None
     finalize_grads(
-        model,
+        state.trainable,
         policy,
         group=cp_group if buffered else ps.get_data_parallel_group(with_context_parallel=True),
         dp=1 if buffered else ps.get_data_parallel_world_size(),

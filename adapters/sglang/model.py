@@ -14,6 +14,11 @@ One layer, with the casts the trainer must reproduce (h is the residual stream, 
 ``down_proj`` the same way → ``h = residual_add(mlp, h)`` (in a layer the family makes MoE,
 ``kernels.moe.moe_block`` with the same linears, then the residual add). Final:
 ``rms_norm(h, norm)`` → ``.to(lm_head_input_dtype)`` → LM head (``invariant_matmul``) → logits.
+
+With a LoRA adapter in the weights (``contractgen.adapters.lora`` names, a LoRA contract's
+``kernel_policy.lora_*``), every adapted linear's output is ``kernels.lora.lora_add(base,
+lora_delta(x, A, B))``: a column linear's right after its matmul, a row linear's after its
+all-reduce and before the residual add. Column shards split B's rows, row shards A's columns.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import torch
 import torch.distributed as dist
 
 from ..families import LAYER_PREFIX, Family, family_for
+from ..kernels.lora import lora_add, lora_delta, lora_scale, merged_weight
 from ..kernels.moe import moe_block
+from ..lora import LORA_ALPHA_KEY, adapter_names, split_adapter
 from .kernels._dtypes import dtype_of
 from .kernels.all_reduce import all_gather_exact, world_size
 from .kernels.attention import chunked_attention
@@ -430,6 +437,72 @@ class ReferenceModel:
             names["embed"] if arch.tie_word_embeddings else names["lm_head"], lm_rows
         )
         self.hl, self.kvl = hl, kvl
+        self.lora: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.lora_alpha: torch.Tensor | None = None
+        if split_adapter(weights)[1]:
+            self._place_adapter(weights, place, local)
+
+    def _place_adapter(self, weights, place: Callable, local: dict[str, int]) -> None:
+        """Hold each adapted linear's A and B (pre-rounded to ``lora_adapter_dtype``; a column
+        linear's B rows and a row linear's A columns of this rank), then serve them as
+        ``kp.lora_serving`` says (``SERVING``)."""
+        kp, r, spec = self.kp, self.rank, self.arch.spec
+        if kp.lora_adapter_dtype is None:
+            raise ValueError(
+                "the weights carry a LoRA adapter but the contract has no LoRA numerics "
+                "(kernel_policy.lora_*): use a LoRA contract"
+            )
+        ad = dtype_of(kp.lora_adapter_dtype)
+
+        def whole(t: torch.Tensor) -> torch.Tensor:
+            return t.to(ad).contiguous()
+
+        def row_block(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
+            return lambda t: t[r * n : (r + 1) * n].to(ad).contiguous()
+
+        def col_block(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
+            return lambda t: t[:, r * n : (r + 1) * n].to(ad).contiguous()
+
+        self.lora_alpha = place(LORA_ALPHA_KEY, lambda t: t.to(torch.float64).clone())
+        for i in range(self.arch.num_layers):
+            for role in spec.lora_modules().values():
+                w = spec.layer_weights[role]
+                a_name, b_name = adapter_names(LAYER_PREFIX.format(i=i) + w.hf_name)
+                if a_name not in weights:
+                    continue
+                if w.shard == "column":  # A whole, B's output rows split
+                    a, b = place(a_name, whole), place(b_name, row_block(local[role]))
+                else:  # row: A's input columns split, B whole
+                    a, b = place(a_name, col_block(local[role])), place(b_name, whole)
+                self.lora[(i, role)] = (a, b)
+        SERVING[kp.lora_serving](self)
+
+    def _merge_adapters(self) -> None:
+        """Merged serving (``W + s·B·A`` into the base weight; no adapter path): other numerics
+        than any LoRA contract's, reachable only by fault injection, to show the gate sees it."""
+        for (i, role), (a, b) in self.lora.items():
+            held = getattr(self.layers[i], role)
+            held.copy_(merged_weight(held, a, b, self._scale(a), self.kp))
+        self.lora = {}
+
+    def _scale(self, a: torch.Tensor) -> torch.Tensor:
+        return lora_scale(float(self.lora_alpha), a.shape[0], self.kp)
+
+    def _column(self, i: int, role: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """A column-parallel linear, with its adapter when it has one."""
+        y = self.ops.column_linear(x, w, self.kp)
+        ab = self.lora.get((i, role))
+        if ab is None:
+            return y
+        d = lora_delta(x, *ab, self._scale(ab[0]), self.kp, split="column", group=self.group)
+        return lora_add(y, d, self.kp)
+
+    def _row_delta(self, i: int, role: str, x: torch.Tensor) -> torch.Tensor | None:
+        """A row-parallel linear's adapter output (added after its all-reduce), or None."""
+        ab = self.lora.get((i, role))
+        if ab is None:
+            return None
+        return lora_delta(x, *ab, self._scale(ab[0]), self.kp, split="row", group=self.group)
 
     @torch.no_grad()
     def load_weights_(self, weights: dict[str, torch.Tensor]) -> None:
@@ -453,13 +526,16 @@ class ReferenceModel:
                 held.copy_(new)
 
     # -- forward -----------------------------------------------------------------------------
-    def _dense_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """gate/up → activation → down partial → all-reduce → residual add."""
+    def _dense_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor, i: int) -> torch.Tensor:
+        """gate/up → activation → down partial → all-reduce (→ adapter) → residual add."""
         ops, kp = self.ops, self.kp
-        act = self.act(ops.column_linear(x, L.gate, kp), ops.column_linear(x, L.up, kp), kp)
-        return ops.mlp_reduce_residual(ops.row_partial(act, L.down, kp), h, kp, self.group)
+        act = self.act(self._column(i, "gate", x, L.gate), self._column(i, "up", x, L.up), kp)
+        return ops.mlp_reduce_residual(
+            ops.row_partial(act, L.down, kp), h, kp, self.group,
+            delta=self._row_delta(i, "down", act),
+        )  # fmt: skip
 
-    def _moe_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def _moe_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor, i: int) -> torch.Tensor:
         """The MoE block (``kernels.moe``) with the dense MLP's linears, then the residual add."""
         ops, a = self.ops, self.arch
         y = moe_block(
@@ -576,13 +652,15 @@ class ReferenceModel:
         T, D = h.shape[0], a.head_dim
         for i, L in enumerate(self.layers):
             x = rms_norm(h, L.input_norm, eps, kp).to(dense)
-            q = self._qk(ops.column_linear(x, L.q, kp).view(T, self.hl, D), L.q_norm, cos, sin)
-            k = self._qk(ops.column_linear(x, L.k, kp).view(T, self.kvl, D), L.k_norm, cos, sin)
-            v = ops.column_linear(x, L.v, kp).view(T, self.kvl, D)
+            q = self._qk(self._column(i, "q", x, L.q).view(T, self.hl, D), L.q_norm, cos, sin)
+            k = self._qk(self._column(i, "k", x, L.k).view(T, self.kvl, D), L.k_norm, cos, sin)
+            v = self._column(i, "v", x, L.v).view(T, self.kvl, D)
             o = attend(i, q, k, v).reshape(T, self.hl * D).to(dense)
-            h = ops.attn_reduce_residual(ops.row_partial(o, L.o, kp), h, kp, self.group)
+            h = ops.attn_reduce_residual(
+                ops.row_partial(o, L.o, kp), h, kp, self.group, delta=self._row_delta(i, "o", o)
+            )
             x = rms_norm(h, L.post_norm, eps, kp).to(dense)
-            h = self.mlps[i](L, x, h)
+            h = self.mlps[i](L, x, h, i)
             if layer_outputs is not None:
                 layer_outputs.append(h)
         return h
@@ -634,9 +712,24 @@ class ReferenceModel:
         names = {role: w.hf_name for role, w in spec.model_weights.items()}
         out[names["embed"]] = gather(self.embed, "replicated", names["embed"])
         out[names["final_norm"]] = gather(self.final_norm, "replicated", names["final_norm"])
+        for (i, role), (a, b) in self.lora.items():  # A splits like its input, B its output
+            w = spec.layer_weights[role]
+            a_name, b_name = adapter_names(LAYER_PREFIX.format(i=i) + w.hf_name)
+            column = w.shard == "column"
+            out[a_name] = gather(a, "replicated" if column else "row", a_name)
+            out[b_name] = gather(b, "column" if column else "replicated", b_name)
+        if self.lora_alpha is not None:
+            out[LORA_ALPHA_KEY] = gather(self.lora_alpha, "replicated", LORA_ALPHA_KEY)
         head = gather(self.lm_head, "column", names["lm_head"])[: arch.vocab_size]
         if not arch.tie_word_embeddings:
             out[names["lm_head"]] = head
         elif not _same_values(head, out[names["embed"]]):
             problems.append(f"{names['lm_head']} (tied) differs from {names['embed']}")
         return out, problems
+
+
+# kernel_policy.lora_serving -> what the model does with its adapters once placed
+SERVING: dict[str, Callable[[ReferenceModel], None]] = {
+    "unmerged": lambda model: None,
+    "merged": ReferenceModel._merge_adapters,
+}

@@ -19,6 +19,7 @@ from functools import partial
 
 import torch
 
+from ..kernels.lora import lora_add
 from .kernels import stock
 from .kernels._dtypes import dtype_of
 from .kernels.all_reduce import all_reduce_for
@@ -56,10 +57,13 @@ def _stock_column_linear(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
 
 
 def _reduce_then_residual(
-    partial_: torch.Tensor, residual: torch.Tensor, kp, group=None, all_reduce=None
+    partial_: torch.Tensor, residual: torch.Tensor, kp, group=None, all_reduce=None, delta=None
 ) -> torch.Tensor:
-    """All-reduce (fixed tree), round to the dense dtype, then the residual add (two roundings)."""
+    """All-reduce (fixed tree), round to the dense dtype, add a LoRA ``delta`` if any
+    (``kernels.lora.lora_add``), then the residual add."""
     reduced = all_reduce(partial_, group).to(dtype_of(kp.dense_math_dtype))
+    if delta is not None:
+        reduced = lora_add(reduced, delta, kp)
     return residual_add(reduced, residual, kp)
 
 

@@ -153,7 +153,9 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "--train-fault", default=None, metavar="NAME",
     help="With --train-steps: a fault for the whole run, which must make it FAIL: any "
     "--inject-faults name (one side only; the ratio leaves 1 at step 0) or sync.stale_shard "
-    "(one rollout rank keeps an old shard; step 1 differs).",
+    "(one rollout rank keeps an old shard; step 1 differs); with --lora, sync.stale_adapter "
+    "(the rollout keeps step 0's adapter) or sync.no_adapter (it serves none): the adapter "
+    "digest it reports differs from the pushed one.",
 )  # fmt: skip
 @click.option(
     "--train-lr", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -194,6 +196,13 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "Default: every trainer target of the registry (codegen/targets.py and contractgen.toml "
     "plugins) whose generated policy has the contract.",
 )  # fmt: skip
+@click.option(
+    "--lora", "lora", default=None, metavar="RANK[,ALPHA]",
+    help="A LoRA contract only: add a seeded random adapter (B != 0) of this rank on the "
+    "contract's lora.target_modules, served unmerged on both sides; the transformers check "
+    "runs through peft. ALPHA defaults to 1.5 x RANK (a scale that is not a power of two, so "
+    "where and in which dtype it is applied shows in the bits).",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.pass_context
 @handle_errors
@@ -204,7 +213,7 @@ def command(
     requests: int | None, prompt_tokens: int | None, new_tokens: int | None, grads: bool,
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
-    train_temperature: float | None = None, trainers: str | None = None,
+    train_temperature: float | None = None, trainers: str | None = None, lora: str | None = None,
     train_microbatches: int | None = None, train_distributed_optimizer: bool = False,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
@@ -240,7 +249,7 @@ def command(
         rollout_tp_problems,
     )
     from ..parity.rollout import arch_of
-    from ..parity.targets import parse_trainers, rollout_target, trainer_targets
+    from ..parity.targets import parse_trainers, rollout_target
     from ..parity.workload import make_workload
 
     use_project_from(ctx)
@@ -250,7 +259,7 @@ def command(
         chosen_trainers = parse_trainers(trainers) if trainers is not None else []
     except UnknownTargetError as exc:
         fail(f"error: --trainers: {exc}")
-    chosen_trainers = chosen_trainers or trainer_targets(contract_id)
+    chosen_trainers = chosen_trainers or _default_trainers(contract_id, layouts)
     if not chosen_trainers:
         fail(f"error: {contract_id}: no trainer target's generated policy has this contract")
     if len(chosen_trainers) > 1 and train_steps:
@@ -259,6 +268,8 @@ def command(
             f"{','.join(chosen_trainers)}); give --trainers NAME"
         )
     _check_blocks(contract_id, schema.model_profile_for(contract_id), chosen_trainers)
+    if lora is not None:
+        _check_lora_trainers(chosen_trainers)
     if device == "cuda":
         import torch
 
@@ -277,6 +288,8 @@ def command(
     else:
         _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
         weights = str(checkpoint)
+    if lora is not None:
+        weights = _with_lora(contract_id, schema, weights, lora)
     from ..adapters.kernels.planted import BACKWARD_BUGS, BUGS
 
     if unknown := sorted(set(plant_bugs) - set(BUGS) - set(BACKWARD_BUGS)):
@@ -327,6 +340,9 @@ def command(
                     f"--layouts {', '.join(ep)}: expert parallelism runs the forward only (the "
                     "token exchange has no backward yet); --train-steps needs EP 1 layouts"
                 )
+        chosen, chosen_trainers = _layouts_per_trainer(
+            chosen, chosen_trainers, layouts is None, explicit=trainers is not None
+        )
         gpus = _cuda_device_count() if device == "cuda" else None
         if gpus is not None:
             chosen = _fit_gpus(chosen, gpus, given=layouts is not None)
@@ -366,10 +382,14 @@ def command(
             training = dataclasses.replace(training, microbatches=train_microbatches)
         if train_distributed_optimizer:
             training = dataclasses.replace(training, distributed_optimizer=True)
-        from ..parity.training import DP_DESYNC
+        from ..parity.training import ADAPTER_FAULTS, DP_DESYNC
 
         if train_fault == DP_DESYNC and all(lay.dp == 1 for lay in config.layouts):
             fail(f"error: --train-fault {DP_DESYNC} needs a data-parallel layout (dp2, tp2dp2)")
+        if train_fault in ADAPTER_FAULTS and lora is None:
+            fail(
+                f"error: --train-fault {train_fault} needs a LoRA adapter to push: add --lora RANK"
+            )
         per_step = training.prompts * training.group_size
         for lay in config.layouts:  # the smallest DP share must fill every microbatch
             if per_step // lay.dp < training.microbatches:
@@ -395,6 +415,52 @@ def command(
         else:
             json_path.write_text(text + "\n")
     sys.exit(EXIT_OK if passed(report) else EXIT_DRIFT)
+
+
+def parse_lora(text: str) -> tuple[int, float]:
+    """``RANK[,ALPHA]`` -> ``(rank, alpha)``; ALPHA defaults to 1.5 x RANK. ``ValueError`` with
+    the one-line reason otherwise."""
+    rank_text, _, alpha_text = text.partition(",")
+    try:
+        rank = int(rank_text)
+        alpha = float(alpha_text) if alpha_text else 1.5 * rank
+    except ValueError:
+        raise ValueError(f"--lora {text!r}: expected RANK[,ALPHA], e.g. 8 or 8,16") from None
+    if rank < 1:
+        raise ValueError(f"--lora {text!r}: rank must be at least 1 (got {rank})")
+    if not alpha > 0:
+        raise ValueError(f"--lora {text!r}: alpha must be greater than 0 (got {alpha:g})")
+    return rank, alpha
+
+
+def _with_lora(contract_id: str, schema, weights: object, text: str) -> dict:
+    """The gate's weights plus a seeded random adapter within the contract's lora limits (exit
+    2 with one line when the contract has none or the rank / alpha is outside them)."""
+    try:
+        rank, alpha = parse_lora(text)
+    except ValueError as exc:
+        fail(f"error: {exc}")
+    section = schema.CONTRACT_DATA[contract_id].get("lora")
+    if section is None:
+        with_lora = [c for c in schema.CONTRACT_IDS if schema.CONTRACT_DATA[c].get("lora")]
+        fail(
+            f"error: --lora: {contract_id} has no lora section (LoRA contracts: "
+            f"{', '.join(with_lora) or 'none'})"
+        )
+    if rank > section["max_rank"]:
+        fail(f"error: --lora {text!r}: rank {rank} exceeds {contract_id}'s lora.max_rank "
+             f"{section['max_rank']}")  # fmt: skip
+    if alpha > section["max_alpha"]:
+        fail(f"error: --lora {text!r}: alpha {alpha:g} exceeds {contract_id}'s lora.max_alpha "
+             f"{section['max_alpha']:g}")  # fmt: skip
+    if not isinstance(weights, dict):
+        fail("error: --lora runs on the contract's reference model (random weights); "
+             "--checkpoint / --model with --lora is not supported yet")  # fmt: skip
+    from ..adapters.lora import random_adapter
+    from ..parity.targets import rollout_adapter
+
+    arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
+    return {**weights, **random_adapter(arch, tuple(section["target_modules"]), rank, alpha)}
 
 
 def _training_config(config, steps: int, fault: str | None, lr: float | None,
@@ -435,6 +501,64 @@ def _check_blocks(contract_id: str, profile, trainers: list[str]) -> None:
                 f"the {', '.join(missing)} block of {family.name} models (it implements: "
                 f"{', '.join(sorted(have))}); parity needs both sides"
             )
+
+
+def _check_lora_trainers(trainers: list[str]) -> None:
+    """Every trainer target in ``trainers`` runs LoRA adapters (its adapter's ``LORA``), else
+    one line, exit 2 (before any worker starts)."""
+    from ..codegen.targets import targets_for_role
+    from ..parity.targets import adapter
+
+    able = [t.name for t in targets_for_role("trainer") if getattr(t.runtime(), "LORA", False)]
+    for name in trainers:
+        if not getattr(adapter(name), "LORA", False):
+            fail(
+                f"error: --lora: the {name} trainer does not run LoRA adapters yet (trainers "
+                f"that do: {', '.join(able) or 'none'}); give --trainers {','.join(able[:1])}"
+            )
+
+
+def _default_trainers(contract_id: str, layouts: str | None) -> list[str]:
+    """Without ``--trainers``: every trainer target with the contract that runs one of the
+    layouts (``--layouts``, else the defaults): the model-parallel trainer for ``tp1,…``, the
+    FSDP trainer for ``fsdpN``."""
+    from ..parity.layouts import LayoutError, parse_layouts
+    from ..parity.targets import runs_layout, trainer_targets
+
+    try:
+        wanted = parse_layouts(layouts or DEFAULT_LAYOUTS)
+    except LayoutError:
+        wanted = []  # reported where the layouts are checked
+    found = trainer_targets(contract_id)
+    return [t for t in found if any(runs_layout(t, lay) for lay in wanted)] or found[:1]
+
+
+def _layouts_per_trainer(
+    chosen: list, trainers: list[str], defaults: bool, explicit: bool
+) -> tuple[list, list[str]]:
+    """Each trainer target runs the layouts of its axes (``targets.runs_layout``): with no
+    ``--layouts``, a target's own ``DEFAULT_LAYOUTS`` (where its adapter has them) join the
+    defaults; a default trainer that runs none of the layouts is left out, one named in
+    ``--trainers`` that runs none is refused."""
+    from ..parity.layouts import LayoutError, parse_layouts
+    from ..parity.targets import adapter, runs_layout
+
+    if defaults and explicit:
+        for name in trainers:
+            extra = getattr(adapter(name), "DEFAULT_LAYOUTS", None)
+            if extra:
+                chosen = chosen + [
+                    lay for lay in parse_layouts(extra) if lay.name not in {c.name for c in chosen}
+                ]
+        chosen = [lay for lay in chosen if any(runs_layout(t, lay) for t in trainers)]
+    idle = [t for t in trainers if not any(runs_layout(t, lay) for lay in chosen)]
+    if idle and explicit:
+        axes = ", ".join(sorted(adapter(idle[0]).LAYOUT_AXES))
+        raise LayoutError(
+            f"--trainers {idle[0]}: none of the layouts {[lay.name for lay in chosen]} is one it "
+            f"runs (its axes: {axes}); add such layouts to --layouts"
+        )
+    return chosen, [t for t in trainers if t not in idle]
 
 
 def _fit_gpus(layouts: list, gpus: int, given: bool) -> list:

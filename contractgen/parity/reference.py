@@ -148,6 +148,9 @@ def hf_model(weights: Any, profile: Any, dtype: torch.dtype, dims: Any = None):
                 f"comparison ({type(exc).__name__}: {exc}); --no-reference skips that comparison"
             ) from exc
         return model.eval()
+    from ..adapters.lora import split_adapter
+
+    weights, adapter = split_adapter(weights)
     cls = getattr(transformers, profile.hf_architecture)
     model = cls(reference_config(profile, dims)).to(dtype)
     has_qk_norm = any(n.endswith(".q_norm") for n, _ in model.named_modules())
@@ -167,7 +170,38 @@ def hf_model(weights: Any, profile: Any, dtype: torch.dtype, dims: Any = None):
         raise RuntimeError(
             f"state dict does not fit {profile.hf_architecture}: {missing=} {unexpected=}"
         )
+    if adapter:
+        return peft_model(model, adapter, dtype).eval()
     return model.eval()
+
+
+def peft_model(model, adapter: dict[str, torch.Tensor], dtype: torch.dtype):
+    """``model`` wrapped by ``peft`` with the adapter loaded (unmerged, dropout 0): the LoRA
+    reference, PEFT's own forward (``base(x) + lora_B(lora_A(x)) * alpha / r``)."""
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    from ..adapters.lora import (
+        adapter_alpha,
+        adapter_rank,
+        peft_state_dict,
+        peft_target_modules,
+    )
+
+    config = LoraConfig(
+        r=adapter_rank(adapter),
+        lora_alpha=adapter_alpha(adapter),
+        target_modules=peft_target_modules(adapter),
+        lora_dropout=0.0,
+        bias="none",
+    )
+    wrapped = get_peft_model(model, config)
+    state = {k: v.to(dtype) for k, v in peft_state_dict(adapter).items()}
+    result = set_peft_model_state_dict(wrapped, state)
+    if result.unexpected_keys:
+        raise RuntimeError(
+            f"peft did not take the adapter: unexpected {result.unexpected_keys[:3]}"
+        )
+    return wrapped
 
 
 def _to_model_layout(model, weights: dict[str, torch.Tensor]) -> dict:

@@ -84,6 +84,10 @@ class WeightSync:
     """``weights_digest`` of the pushed weights, when the sender has it (or ``AS_PUSHED``, when
     the sender is still hashing them and fills it in): a rank whose gathered weights equal the
     push bit for bit reports it instead of hashing the same bytes again."""
+    skip_adapter: bool = False
+    """Fault injection: every rank ignores the update's LoRA adapter tensors (keeps the adapter
+    it holds, or none if it never took one), as a rollout whose adapter path was not forwarded
+    does (``--train-fault sync.stale_adapter`` / ``sync.no_adapter``)."""
 
 
 AS_PUSHED = "as-pushed"
@@ -99,8 +103,13 @@ def pushed_weights(weights: Any) -> dict[str, torch.Tensor]:
 
 
 def _update(job: RolloutJob, rank: int, tp: int) -> dict[str, torch.Tensor]:
-    """The part of ``job.weights`` this rank loads (all of it but the stale-shard fault's)."""
+    """The part of ``job.weights`` this rank loads (all of it but the stale-shard and the
+    adapter faults')."""
     sync, pushed = job.weight_sync, pushed_weights(job.weights)
+    if sync.skip_adapter:
+        from ..adapters.lora import split_adapter
+
+        pushed = split_adapter(pushed)[0]
     if sync.stale is not None and not sync.reset and rank == tp - 1:
         return {name: value for name, value in pushed.items() if name != sync.stale}
     return pushed
@@ -127,7 +136,11 @@ def _held_engine(job: RolloutJob, kp, rp, arch, group, device, update: dict):
         engine.model.load_weights_(update)
         return engine
     _ENGINE.clear()  # the old model's memory goes before the new one's is taken
-    if not job.weight_sync.reset and len(update) < len(pushed_weights(job.weights)):
+    if (
+        not job.weight_sync.reset
+        and not job.weight_sync.skip_adapter
+        and len(update) < len(pushed_weights(job.weights))
+    ):
         update = pushed_weights(job.weights)  # nothing held to keep stale: a full load
     model = ReferenceModel(arch, update, kp, rp, group=group, device=device, own=True)
     engine = RolloutEngine(model, progress=False)
@@ -165,8 +178,15 @@ def sync_report(model, pushed: dict[str, torch.Tensor], digest: str | None = Non
     rollout may hold a tensor in a wider dtype than it was sent in: ``_same_bits``). ``digest``:
     the ``weights_digest`` of what the rollout holds, each tensor in the dtype it was pushed in:
     the pushed weights' (``digest``, when given) when every tensor arrived bit for bit, else
-    hashed from the gathered tensors."""
+    hashed from the gathered tensors. ``adapter_digest``: the ``weights_digest`` of the LoRA
+    adapter the rollout serves (its gathered A, B and alpha, in the dtypes it holds them in),
+    always hashed here from what it holds, never taken from the push (None: it serves none):
+    the handshake the trainer checks against the adapter it pushed."""
+    from ..adapters.lora import split_adapter
+
     gathered, problems = model.gathered_weights()
+    served = split_adapter(gathered)[1]
+    adapter_digest = weights_digest(served) if served else None
     mismatched = sorted(  # compared where the rollout holds them (the push copied there)
         name
         for name, value in pushed.items()
@@ -180,7 +200,13 @@ def sync_report(model, pushed: dict[str, torch.Tensor], digest: str | None = Non
             for name, value in pushed.items()
         }
         digest = weights_digest(held)
-    return {"synced": synced, "mismatched": mismatched, "problems": problems, "digest": digest}
+    return {
+        "synced": synced,
+        "mismatched": mismatched,
+        "problems": problems,
+        "digest": digest,
+        "adapter_digest": adapter_digest,
+    }
 
 
 def policies(

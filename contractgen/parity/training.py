@@ -34,6 +34,15 @@ rank keep its old copy of one tensor from the first update on (step 1 differs);
 weights differ after step 0: ``dp_replicas_identical`` fails, and from step 1 its sequences'
 ratios leave 1).
 
+LoRA (weights that carry an adapter, ``parity --lora``): the trainer trains A and B only (the
+base frozen) and, after step 0's full push, pushes the adapter alone (``push``: bytes pushed vs
+the full weights' bytes). Every step is an adapter handshake: each rollout TP reports the
+sha256 of the adapter it serves, hashed from what its ranks hold (``sync_report``'s
+``adapter_digest``), and it must equal the digest of the adapter the trainer pushed
+(``adapter``). ``sync.stale_adapter`` makes the rollout ignore every adapter push after step 0
+(it serves step 0's adapter from step 1 on), ``sync.no_adapter`` every adapter push (it serves
+the base alone): both must fail on the digests.
+
 Data parallelism (``dp2``, ``tp2dp2``): each DP rank takes every ``dp``-th sequence of the step,
 in ``microbatches`` consecutive microbatches; the gradient is accumulated in fp32 and summed over
 DP in a fixed tree order (``adapters.megatron.data_parallel``; with ``distributed_optimizer``
@@ -54,6 +63,7 @@ from typing import Any
 import torch
 
 from ..adapters.families import LAYER_PREFIX
+from ..adapters.lora import split_adapter
 from .harness import GateRun, compare, fault_change, pair_name, same_tokens
 from .layouts import Layout
 from .rollout import weights_digest
@@ -64,6 +74,12 @@ STALE_SHARD = "sync.stale_shard"
 DP_DESYNC = "dp.desync_rank"
 """The last data-parallel rank of every DP group skips the gradient reduction (it still joins
 the collective) and steps on its own gradient: its replica drifts from step 0's update on."""
+STALE_ADAPTER = "sync.stale_adapter"
+"""The rollout ignores every LoRA adapter push after step 0: it serves step 0's adapter."""
+NO_ADAPTER = "sync.no_adapter"
+"""The rollout ignores every LoRA adapter push: it serves the base weights alone."""
+ADAPTER_FAULTS = (STALE_ADAPTER, NO_ADAPTER)
+SYNC_FAULTS = (STALE_SHARD, DP_DESYNC, *ADAPTER_FAULTS)
 
 TASK = (
     "reward = share of response tokens whose id is below vocab_size / 8 (a verifiable toy task: "
@@ -114,6 +130,10 @@ class _GradCheck:
 
         if self.note is not None:
             return None
+        if not getattr(self.run.trainer_adapter, "GRADIENT_RUN", True):
+            return {"name": layout.name, **layout.sizes, "supported": False,
+                    "note": f"not supported: the {self.run.trainer_target} trainer has no "
+                    "gradient run (TrainerRun.grads) yet"}  # fmt: skip
         key = tuple(tuple(s) for s in base.sequences)
         if key not in self.refs:
             seqs = [list(s) for s in base.sequences]
@@ -136,10 +156,21 @@ class _GradCheck:
         }
 
 
+LORA_GRAD_CHECK_NOTE = (
+    "not run under --lora: the check compares base-weight gradients, and a LoRA run trains "
+    "only A and B (their gradients vs float64 peft autograd are not wired yet)"
+)
+
+
 def _grad_check(run: GateRun, cfg: TrainingConfig) -> _GradCheck | None:
     from .reference import transformers_reason
 
-    return _GradCheck(run, transformers_reason()) if cfg.grad_check else None
+    if not cfg.grad_check:
+        return None
+    weights = run.config.weights
+    if isinstance(weights, dict) and split_adapter(weights)[1]:
+        return _GradCheck(run, LORA_GRAD_CHECK_NOTE)
+    return _GradCheck(run, transformers_reason())
 
 
 def _say(message: str) -> None:
@@ -199,8 +230,8 @@ def training_faults(run: GateRun) -> list[str]:
     from .faults import catalogue
     from .harness import _policies_at
 
-    first = run.config.layouts[0]
-    return [STALE_SHARD, DP_DESYNC, *(f.name for f in catalogue(*_policies_at(run, first)))]
+    first = run.layouts[0]
+    return [*SYNC_FAULTS, *(f.name for f in catalogue(*_policies_at(run, first)))]
 
 
 def _one_side_fault(run: GateRun, name: str | None, layout: Layout):
@@ -209,7 +240,7 @@ def _one_side_fault(run: GateRun, name: str | None, layout: Layout):
     from .faults import catalogue
     from .harness import _policies_at
 
-    if name is None or name in (STALE_SHARD, DP_DESYNC):
+    if name is None or name in SYNC_FAULTS:
         return {}, None
     fault = next(f for f in catalogue(*_policies_at(run, layout)) if f.name == name)
     change = fault_change(run, fault, layout)
@@ -227,7 +258,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
     pairs: list[list[dict]] = [[] for _ in range(cfg.steps)]
     cache: dict = {}
     grads = _grad_check(run, cfg)
-    for layout in run.config.layouts:
+    for layout in run.layouts:
         for entry, step_pairs, step in _run_layout(run, cfg, layout, arch, cache, grads):
             per_step[step].append(entry)
             pairs[step].extend(step_pairs)
@@ -246,6 +277,8 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
                 "weights_synced": all(e["weights_synced"] for e in entries),
                 "dp_replicas_identical": all(e["dp_replicas_identical"] for e in entries),
                 "rollout_tokens_identical": all(e["rollout_tokens_identical"] for e in entries),
+                "adapter_synced": all(e["adapter"]["synced"] for e in entries if e["adapter"]),
+                "push": _step_push(entries),
                 "three_way": steps_three_way(entries),
                 "grads": grads.report(entries) if grads is not None and step == 0 else None,
                 "time_s": _summed_times(entries),
@@ -278,6 +311,11 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
                 else f"megatron-core mixed-precision optimizer (fp32 main params), AdamW "
                 f"lr {cfg.lr}, no weight decay, no grad clipping"
             ),
+            # a trainer target that trains otherwise says how (``TRAINING_DESCRIPTION``)
+            **{
+                k: v.format(lr=cfg.lr)
+                for k, v in getattr(run.trainer_adapter, "TRAINING_DESCRIPTION", {}).items()
+            },  # fmt: skip
             "distributed_optimizer": cfg.distributed_optimizer,
             "fault": cfg.fault,
             "stale_tensor": stale_tensor(arch) if cfg.fault == STALE_SHARD else None,
@@ -288,6 +326,38 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
         },
         "steps": steps,
     }
+
+
+def _step_push(entries: list[dict]) -> dict:
+    """A step's ``push``: the largest push of any layout (they push the same tensors) and its
+    share of the full weights' bytes."""
+    worst = max(entries, key=lambda e: e["push"]["bytes"])["push"]
+    return {**worst, "fraction": round(worst["bytes"] / worst["full_bytes"], 6)}
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def adapter_check(
+    pushed: str | None, served: dict[str, str | None], history: list[str | None]
+) -> dict | None:
+    """The step's adapter handshake: ``pushed``, the digest of the adapter the trainer pushed
+    (None: the weights carry none, nothing to check); ``served``, each rollout TP's digest of the
+    adapter it serves; ``history``, the digests pushed at earlier steps (to name a stale one)."""
+    if pushed is None:
+        return None
+    notes = {}
+    for tp, got in served.items():
+        if got == pushed:
+            continue
+        if got is None:
+            notes[tp] = "the rollout ran on the base weights alone"
+        elif got in history:
+            notes[tp] = f"step {history.index(got)}'s adapter: stale"
+        else:
+            notes[tp] = "an adapter the trainer never pushed"
+    return {"pushed": pushed, "served": served, "synced": not notes, "mismatch": notes}
 
 
 def _worst(values) -> float:
@@ -339,6 +409,8 @@ def _run_layout(
     config = run.config
     rollout_changes, trainer_fault = _one_side_fault(run, cfg.fault, layout)
     stale = stale_tensor(arch) if cfg.fault == STALE_SHARD else None
+    pushed_adapters: list[str | None] = []  # the adapter digest pushed at each step
+    base_bytes = 0  # the frozen base's bytes (a LoRA run pushes it once, at step 0)
     t0 = time.perf_counter()
     digests = ThreadPoolExecutor(1, thread_name_prefix="weights-digest")
     trainer = TrainerSession(
@@ -347,7 +419,7 @@ def _run_layout(
     )  # fmt: skip
     trainer.start()
     try:
-        weights = trainer.train(
+        init = trainer.train(
             TrainInit(
                 OptimizerSettings(lr=cfg.lr),
                 fault=trainer_fault,
@@ -356,7 +428,8 @@ def _run_layout(
                 distributed_optimizer=cfg.distributed_optimizer,
                 desync_dp=cfg.fault == DP_DESYNC,
             )
-        ).weights
+        )
+        weights, trained = init.weights, init.trained
         for step in range(cfg.steps):
             clock = step_start = time.perf_counter()
             workload = step_workload(step, cfg, arch.vocab_size)
@@ -364,20 +437,34 @@ def _run_layout(
             # run that may reuse another layout's rollouts needs it first, for the cache key
             hashing = digests.submit(weights_digest, weights.tensors())
             digest = hashing.result() if len(config.layouts) > 1 else None
+            base_part, adapter_part = split_adapter(weights.tensors())
+            if step == 0:
+                base_bytes = _nbytes(base_part)
+            push = {
+                "bytes": _nbytes(weights.tensors()),
+                "full_bytes": base_bytes + _nbytes(adapter_part),
+                "tensors": len(weights.tensors()),
+                "adapter_only": bool(adapter_part) and not base_part,
+            }
+            adapter_digest = weights_digest(adapter_part) if adapter_part else None
+            skip_adapter = cfg.fault == NO_ADAPTER or (cfg.fault == STALE_ADAPTER and step > 0)
             rollouts, reused = {}, []
             times = {"digest": _lap(clock)}
             for tp in sorted({1, *config.rollout_tps}):  # TP=1 first: the reference
                 sync = WeightSync(
-                    reset=step == 0, stale=stale if step > 0 else None, digest=digest or AS_PUSHED
-                )
+                    reset=step == 0, stale=stale if step > 0 else None,
+                    digest=digest or AS_PUSHED, skip_adapter=skip_adapter,
+                )  # fmt: skip
                 job = RolloutJob(
                     config.contract_id, weights, tp, workload=workload, device=config.device,
                     arch=arch, weight_sync=sync, planted_bugs=config.planted_bugs,
                     **rollout_changes,
                 )  # fmt: skip
                 # A full push replaces everything the ranks held, so the run is a function of the
-                # pushed weights: another layout that pushed the same bits reuses it.
-                key = None if sync.stale or digest is None else (tp, digest, workload, repr(rollout_changes))  # fmt: skip
+                # pushed weights: another layout that pushed the same bits reuses it (a LoRA
+                # adapter push too: the base under it is the same frozen step-0 push).
+                faulted = sync.stale or sync.skip_adapter
+                key = None if faulted or digest is None else (tp, digest, workload, repr(rollout_changes))  # fmt: skip
                 if key is not None and key in cache:
                     reused.append(tp)
                     rollouts[tp] = cache[key]
@@ -430,6 +517,12 @@ def _run_layout(
                     }
                 )
             syncs = {tp: r.extra["weight_sync"] for tp, r in rollouts.items()}
+            adapter = adapter_check(
+                adapter_digest,
+                {f"tp{tp}": s.get("adapter_digest") for tp, s in syncs.items()},
+                pushed_adapters,
+            )
+            pushed_adapters.append(adapter_digest)
             times["compare"] = _lap(clock)
             clock = time.perf_counter()
             checked = None
@@ -462,6 +555,9 @@ def _run_layout(
                 },
                 "rollout_tokens_identical": all(same_tokens(r, base) for r in rollouts.values()),
                 "rollouts_reused": reused,
+                "push": push,
+                "adapter": adapter,
+                "trained": trained,
                 "three_way": step_three_way(
                     run.logprob_contract, base, result.logprobs, digest, syncs, step
                 ),
@@ -487,8 +583,11 @@ def _run_layout(
 
 
 def _synced(entry: dict) -> bool:
-    """The rollout holds the pushed weights, and every DP replica the same ones."""
-    return entry["weights_synced"] and entry.get("dp_replicas_identical", True)
+    """The rollout holds the pushed weights (and serves the pushed adapter), and every DP
+    replica the same ones."""
+    adapter = entry.get("adapter")
+    adapter_ok = entry.get("adapter_synced", True) if adapter is None else adapter["synced"]
+    return entry["weights_synced"] and entry.get("dp_replicas_identical", True) and adapter_ok
 
 
 def advantage_logprob(old: list[torch.Tensor], advantages: list[float]) -> tuple[float, float]:
@@ -540,13 +639,21 @@ def failures(report: dict) -> list[str]:
                 f"step {s['step']}: gradients at {g['name']} off float64 "
                 f"({g['max_rel_diff']:.3g} > {grads['tolerance']})"
                 for g in grads["per_layout"]
-                if not g["within_tolerance"]
+                if g.get("supported", True) and not g["within_tolerance"]
             ]
         out += [
             f"step {s['step']}: {e['name']}: rollout weights differ from the trainer's: "
             + "; ".join(f"{tp} {', '.join(names[:3])}" for tp, names in e["stale"].items())
             for e in s["per_layout"]
             if not e["weights_synced"]
+        ]
+        out += [
+            f"step {s['step']}: {e['name']}: adapter digest mismatch: rollout {tp} serves "
+            f"{_short(e['adapter']['served'][tp])}, the trainer pushed "
+            f"{_short(e['adapter']['pushed'])} ({why})"
+            for e in s["per_layout"]
+            if e.get("adapter") and not e["adapter"]["synced"]
+            for tp, why in e["adapter"]["mismatch"].items()
         ]
         out += [
             f"step {s['step']}: {e['name']}: data-parallel replicas differ after the step: "
@@ -556,6 +663,10 @@ def failures(report: dict) -> list[str]:
             if not e.get("dp_replicas_identical", True)
         ]
     return out
+
+
+def _short(digest: str | None) -> str:
+    return "no adapter" if digest is None else f"sha256:{digest[:12]}"
 
 
 def table(report: dict) -> list[str]:
@@ -589,8 +700,28 @@ def table(report: dict) -> list[str]:
             f"{s['three_way']['mismatch_count']:>5}  "
             f"{'synced' if _synced(s) else 'NOT synced'}"
         )
+    lines += _push_lines(report)
     lines += _grads_lines(report)
     return lines
+
+
+def _push_lines(report: dict) -> list[str]:
+    """Under LoRA: what each step's push carried, and the adapter handshake."""
+    steps = report["steps"]
+    if not any(e.get("adapter") for s in steps for e in s["per_layout"]):
+        return []
+    out = ["", "push      (bytes per push; full = base + adapter; adapter sha256 pushed / served)"]
+    for s in steps:
+        p = s["push"]
+        what = "adapter only" if p["adapter_only"] else "base + adapter"
+        digests = {e["adapter"]["pushed"] for e in s["per_layout"]}
+        verdict = "served" if s["adapter_synced"] else "MISMATCH"
+        digest = _short(next(iter(digests))) if len(digests) == 1 else f"{len(digests)} adapters"
+        out.append(
+            f"step {s['step']:<3}{what:<15}{p['bytes']:>10} of {p['full_bytes']:>10} bytes "
+            f"({p['fraction']:.2%})  {digest} {verdict}"
+        )
+    return out
 
 
 def _grads_lines(report: dict) -> list[str]:
@@ -605,6 +736,9 @@ def _grads_lines(report: dict) -> list[str]:
         if grads["note"]:
             out.append(f"          none: {grads['note']}")
         for g in grads["per_layout"]:
+            if not g.get("supported", True):
+                out.append(f"          {g['name']:<10} {g['note']}")
+                continue
             verdict = "ok" if g["within_tolerance"] else "OFF"
             out.append(f"          {g['name']:<10} max rel {g['max_rel_diff']:.3g}  {verdict}")
     return out

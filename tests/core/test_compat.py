@@ -149,7 +149,8 @@ def test_schema_unknown_id_lists_known(sglang, lookup: str) -> None:
         getattr(schema, lookup)("qwen3_dense_true_on_policy_v9")
     assert str(info.value) == (
         "unknown true-on-policy contract 'qwen3_dense_true_on_policy_v9'; known: "
-        "llama3_dense_true_on_policy_v1, llama3_dense_true_on_policy_v2, "
+        "llama3_dense_lora_true_on_policy_v1, llama3_dense_true_on_policy_v1, "
+        "llama3_dense_true_on_policy_v2, qwen3_dense_lora_true_on_policy_v1, "
         "qwen3_dense_true_on_policy_v1, qwen3_dense_true_on_policy_v2, qwen3_dense_true_on_policy_v3, "
         "qwen3_moe_true_on_policy_v1, qwen3_moe_true_on_policy_v2, qwen3_moe_true_on_policy_v3"
     )
@@ -338,6 +339,7 @@ PUBLIC_UNSUPPORTED = {
     "sglang": "Unsupported SGLang true-on-policy contract",
     "megatron": "Unsupported Megatron true-on-policy contract",
     "launcher": "Unsupported true-on-policy contract",
+    "fsdp": "Unsupported FSDP true-on-policy contract",  # miles' FSDP path has no module of its own
 }
 
 

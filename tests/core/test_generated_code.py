@@ -15,7 +15,14 @@ import pytest
 
 from contractgen.codegen.fingerprint import canonical_source
 
-from .helpers import PACKAGES, ROOT, cli_process, files_under, load_rendered_package
+from .helpers import (
+    PACKAGES,
+    ROOT,
+    builtin_targets,
+    cli_process,
+    files_under,
+    load_rendered_package,
+)
 
 GENERATED = ROOT / "generated"
 RUFF = Path(sys.executable).with_name("ruff")
@@ -138,8 +145,10 @@ def test_import_with_python_dash_S(target: str, tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert report["file"].startswith(str(base)), report
     assert report["ids"] == [
+        "llama3_dense_lora_true_on_policy_v1",
         "llama3_dense_true_on_policy_v1",
         "llama3_dense_true_on_policy_v2",
+        "qwen3_dense_lora_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v3",
@@ -148,7 +157,7 @@ def test_import_with_python_dash_S(target: str, tmp_path: Path) -> None:
         "qwen3_moe_true_on_policy_v3",
     ]
     assert report["bad"] == []
-    assert report["policy"] == "llama3_dense_true_on_policy_v1"
+    assert report["policy"] == "llama3_dense_lora_true_on_policy_v1"
     assert report["third_party"] == []
 
 
@@ -279,7 +288,10 @@ def test_verify_fingerprints_detects_edited_contract_data(tmp_path: Path) -> Non
     done = _verify(folder, "schema.py")
     assert done.returncode == 1
     # the first contract in CONTRACT_DATA (sorted by id) is the one edited
-    assert done.stderr == "hand-edited or not generated: contract llama3_dense_true_on_policy_v1\n"
+    assert (
+        done.stderr
+        == "hand-edited or not generated: contract llama3_dense_lora_true_on_policy_v1\n"
+    )
 
 
 def test_verify_functions_in_process() -> None:
@@ -317,7 +329,7 @@ def test_numerics_and_target_policy_fingerprints_are_separate() -> None:
     base, per_target = contract_fingerprint(data), policy_fingerprints(data)
     assert per_target == schema.POLICY_FINGERPRINTS["qwen3_dense_true_on_policy_v1"]
     assert schema.compute_policy_fingerprints(data) == per_target
-    assert set(per_target) == {"sglang", "megatron", "launcher"}
+    assert set(per_target) == set(builtin_targets())  # every target has a policy section
     with_target = {**data, "runtime_policy": {**data["runtime_policy"], "vllm": {"enabled": True}}}
     assert contract_fingerprint(with_target) == base == schema.compute_fingerprint(with_target)
     assert {k: v for k, v in policy_fingerprints(with_target).items() if k != "vllm"} == per_target

@@ -73,12 +73,12 @@ def test_rollout_gathers_back_what_it_loaded(reference_weights):
     assert all(torch.equal(gathered[k].double(), pushed[k].double()) for k in pushed)
     report = sync_report(model, pushed)  # the digest of what it holds: the pushed weights'
     assert report == {"synced": True, "mismatched": [], "problems": [],
-                      "digest": weights_digest(pushed)}  # fmt: skip
+                      "digest": weights_digest(pushed), "adapter_digest": None}  # fmt: skip
     name = stale_tensor(arch)
     newer = dict(pushed, **{name: pushed[name] + 1})
     report = sync_report(model, newer)  # it still holds (and digests) the older tensor
     assert report == {"synced": False, "mismatched": [name], "problems": [],
-                      "digest": weights_digest(pushed)}  # fmt: skip
+                      "digest": weights_digest(pushed), "adapter_digest": None}  # fmt: skip
 
 
 def test_rollout_gathers_back_every_expert_of_an_moe_model():
@@ -93,7 +93,7 @@ def test_rollout_gathers_back_every_expert_of_an_moe_model():
     _, kp, rp = policies(moe, 1, None, {}, {})
     report = sync_report(ReferenceModel(arch, pushed, kp, rp), pushed)
     assert report == {"synced": True, "mismatched": [], "problems": [],
-                      "digest": weights_digest(pushed)}  # fmt: skip
+                      "digest": weights_digest(pushed), "adapter_digest": None}  # fmt: skip
 
 
 def test_the_advantage_weighted_logprob_is_recomputed_from_what_the_step_sent():

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# canonical-sha256: 31c9dc6cfe44b1b77b53363ac11cd7a81b6270d2ffe09dd11ed687d14262ff88
+# canonical-sha256: bea21114fdaa806c3ba5eb34e53b92304028b8346b1c07c01010701ca360ffee
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -131,6 +131,20 @@ class KernelPolicy:
     moe_ep_combine: str | None = None
     # dtype each expert output (reduced over TP, in dense_math_dtype) is weighted and summed in; the sum is rounded once to dense_math_dtype.
     moe_combine_dtype: str | None = None
+    # dtype A and B are pre-rounded to before either side's forward (the trainer's master copies may be wider; what both engines multiply with is this).
+    lora_adapter_dtype: str | None = None
+    # dtype of the rank-r intermediate t = x·Aᵀ (the matmul's output dtype).
+    lora_low_rank_dtype: str | None = None
+    # Kernel of both low-rank matmuls: 'invariant' (the contract's batch-invariant matmul, its K tiles and tile order; a row-parallel layer's x·Aᵀ finishes its tree with the contract's all-reduce) or 'stock' (torch.matmul in the operand dtype).
+    lora_matmul: str | None = None
+    # Where alpha/r multiplies: 'delta_output' (d = t·Bᵀ, before the add) or 'low_rank_output' (t, before ·Bᵀ).
+    lora_scale_at: str | None = None
+    # dtype the scale alpha/r is held and multiplied in (the product is rounded back to the dtype of what it scales).
+    lora_scale_dtype: str | None = None
+    # dtype d = t·Bᵀ is produced in and added to the base output in; the sum is rounded once to dense_math_dtype.
+    lora_add_dtype: str | None = None
+    # 'unmerged': both sides run the adapter path beside the base weight. Serving merged weights (W + s·B·A rounded to the dense dtype) is other numerics, so another contract id: a rollout that merges is refused under this one.
+    lora_serving: str | None = None
 
 
 @dataclass(frozen=True)

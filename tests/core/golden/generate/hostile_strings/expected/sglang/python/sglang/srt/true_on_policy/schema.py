@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
-# canonical-sha256: e01c287d6cd849bb5bac9d8b3df75a4ee75eb2513fde40fba943dc512670ff56
+# canonical-sha256: 66f0431b0958bbb62fd1ac0c99dd174a83b5b03ffef52eebe8feb4c6d4001078
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -131,6 +131,20 @@ class KernelPolicy:
     moe_ep_combine: str | None = None
     # dtype each expert output (reduced over TP, in dense_math_dtype) is weighted and summed in; the sum is rounded once to dense_math_dtype.
     moe_combine_dtype: str | None = None
+    # dtype A and B are pre-rounded to before either side's forward (the trainer's master copies may be wider; what both engines multiply with is this).
+    lora_adapter_dtype: str | None = None
+    # dtype of the rank-r intermediate t = x·Aᵀ (the matmul's output dtype).
+    lora_low_rank_dtype: str | None = None
+    # Kernel of both low-rank matmuls: 'invariant' (the contract's batch-invariant matmul, its K tiles and tile order; a row-parallel layer's x·Aᵀ finishes its tree with the contract's all-reduce) or 'stock' (torch.matmul in the operand dtype).
+    lora_matmul: str | None = None
+    # Where alpha/r multiplies: 'delta_output' (d = t·Bᵀ, before the add) or 'low_rank_output' (t, before ·Bᵀ).
+    lora_scale_at: str | None = None
+    # dtype the scale alpha/r is held and multiplied in (the product is rounded back to the dtype of what it scales).
+    lora_scale_dtype: str | None = None
+    # dtype d = t·Bᵀ is produced in and added to the base output in; the sum is rounded once to dense_math_dtype.
+    lora_add_dtype: str | None = None
+    # 'unmerged': both sides run the adapter path beside the base weight. Serving merged weights (W + s·B·A rounded to the dense dtype) is other numerics, so another contract id: a rollout that merges is refused under this one.
+    lora_serving: str | None = None
 
 
 @dataclass(frozen=True)
