@@ -203,6 +203,13 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "runs through peft. ALPHA defaults to 1.5 x RANK (a scale that is not a power of two, so "
     "where and in which dtype it is applied shows in the bits).",
 )  # fmt: skip
+@click.option(
+    "--lora-adapter", "lora_adapter", default=None, metavar="DIR",
+    type=click.Path(path_type=Path),
+    help="A LoRA contract only, instead of --lora: serve this PEFT adapter folder "
+    "(adapter_config.json + adapter_model.safetensors, e.g. from export_peft) on the reference "
+    "model; checked as `plan --lora-adapter` checks it (exit 2 naming the bad field or tensor).",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.pass_context
 @handle_errors
@@ -214,6 +221,7 @@ def command(
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
     train_temperature: float | None = None, trainers: str | None = None, lora: str | None = None,
+    lora_adapter: Path | None = None,
     train_microbatches: int | None = None, train_distributed_optimizer: bool = False,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
@@ -286,8 +294,13 @@ def command(
     else:
         _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
         weights = str(checkpoint)
+    if lora is not None and lora_adapter is not None:
+        fail("error: --lora and --lora-adapter both give an adapter; pass one of them")
     if lora is not None:
         weights = _with_lora(contract_id, schema, weights, lora)
+    if lora_adapter is not None:
+        weights = _with_adapter_dir(contract_id, schema, weights, lora_adapter)
+        lora = "adapter"  # an adapter is served from here on, as with --lora
     from ..adapters.kernels.planted import BACKWARD_BUGS, BUGS
 
     if unknown := sorted(set(plant_bugs) - set(BUGS) - set(BACKWARD_BUGS)):
@@ -456,6 +469,46 @@ def _with_lora(contract_id: str, schema, weights: object, text: str) -> dict:
 
     arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
     return {**weights, **random_adapter(arch, tuple(section["target_modules"]), rank, alpha)}
+
+
+def _with_adapter_dir(contract_id: str, schema, weights: object, folder: Path) -> dict:
+    """The gate's weights plus the PEFT adapter in ``folder`` (float32), after the checks `plan
+    --lora-adapter` runs against the reference model (exit 2 with their one line)."""
+    from ..adapters.families import family_for
+    from ..adapters.launcher.layout import select_checkpoint
+    from ..adapters.launcher.lora_adapter import (
+        PEFT_PREFIX,
+        WEIGHTS_FILE,
+        AdapterError,
+        check_adapter_dir,
+    )
+
+    if not isinstance(weights, dict):
+        fail("error: --lora-adapter runs on the contract's reference model (random weights); "
+             "--checkpoint with --lora-adapter is not supported yet")  # fmt: skip
+    profile = schema.model_profile_for(contract_id)
+    try:
+        serving = check_adapter_dir(
+            folder, contract_id, select_checkpoint(contract_id, "reference"),
+            family_for(profile.family),
+        )  # fmt: skip
+    except AdapterError as exc:
+        fail(f"error: {exc}")
+    modules = tuple(sorted(schema.CONTRACT_DATA[contract_id]["lora"]["target_modules"]))
+    if serving.target_modules != modules:
+        fail(f"error: --lora-adapter {folder}: the gate serves adapters on every "
+             f"lora.target_modules ({', '.join(modules)}); this one adapts "
+             f"{', '.join(serving.target_modules)}")  # fmt: skip
+    import torch
+    from safetensors.torch import load_file
+
+    from ..adapters.lora import LORA_ALPHA_KEY
+
+    adapter = {
+        k.removeprefix(PEFT_PREFIX): v.float() for k, v in load_file(folder / WEIGHTS_FILE).items()
+    }
+    adapter[LORA_ALPHA_KEY] = torch.tensor(serving.alpha, dtype=torch.float64)
+    return {**weights, **adapter}
 
 
 def _training_config(config, steps: int, fault: str | None, lr: float | None,
