@@ -117,7 +117,8 @@ class _GradCheck:
     """Step 0's gradient check, ``--grads``'s on the step's samples: each layout's trainer, in
     the processes it trains in, takes a float32 backward of ``GRAD_CHECK_LOSS`` at the step-0
     weights (a stage built for it; the training stage is untouched), compared parameter by
-    parameter with float64 autograd through transformers. The reference is computed once per set
+    parameter with float64 autograd through transformers (under LoRA the adapter's A and B,
+    against peft's float64 autograd with the base frozen). The reference is computed once per set
     of samples (every layout samples the same at step 0 unless a fault moves them)."""
 
     run: GateRun
@@ -152,20 +153,11 @@ class _GradCheck:
         }
 
 
-LORA_GRAD_CHECK_NOTE = (
-    "not run under --lora: the check compares base-weight gradients, and a LoRA run trains "
-    "only A and B (their gradients vs float64 peft autograd are not wired yet)"
-)
-
-
 def _grad_check(run: GateRun, cfg: TrainingConfig) -> _GradCheck | None:
     from .reference import transformers_reason
 
     if not cfg.grad_check:
         return None
-    weights = run.config.weights
-    if isinstance(weights, dict) and split_adapter(weights)[1]:
-        return _GradCheck(run, LORA_GRAD_CHECK_NOTE)
     return _GradCheck(run, transformers_reason())
 
 
