@@ -297,7 +297,7 @@ def command(
     if lora is not None and lora_adapter is not None:
         fail("error: --lora and --lora-adapter both give an adapter; pass one of them")
     if lora is not None:
-        weights = _with_lora(contract_id, schema, weights, lora)
+        weights = _with_lora(contract_id, schema, weights, lora, scratch)
     if lora_adapter is not None:
         weights = _with_adapter_dir(contract_id, schema, weights, lora_adapter)
         lora = "adapter"  # an adapter is served from here on, as with --lora
@@ -441,9 +441,10 @@ def parse_lora(text: str) -> tuple[int, float]:
     return rank, alpha
 
 
-def _with_lora(contract_id: str, schema, weights: object, text: str) -> dict:
+def _with_lora(contract_id: str, schema, weights: object, text: str, scratch: object = None):
     """The gate's weights plus a seeded random adapter within the contract's lora limits (exit
-    2 with one line when the contract has none or the rank / alpha is outside them)."""
+    2 with one line when the contract has none or the rank / alpha is outside them). A --model
+    checkpoint (``scratch``: built here) gets it as ``CHECKPOINT_ADAPTER_FILE`` in its folder."""
     try:
         rank, alpha = parse_lora(text)
     except ValueError as exc:
@@ -461,14 +462,26 @@ def _with_lora(contract_id: str, schema, weights: object, text: str) -> dict:
     if alpha > section["max_alpha"]:
         fail(f"error: --lora {text!r}: alpha {alpha:g} exceeds {contract_id}'s lora.max_alpha "
              f"{section['max_alpha']:g}")  # fmt: skip
-    if not isinstance(weights, dict):
-        fail("error: --lora runs on the contract's reference model (random weights); "
-             "--checkpoint / --model with --lora is not supported yet")  # fmt: skip
-    from ..adapters.lora import random_adapter
+    from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, random_adapter
     from ..parity.targets import rollout_adapter
 
-    arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
-    return {**weights, **random_adapter(arch, tuple(section["target_modules"]), rank, alpha)}
+    modules = tuple(section["target_modules"])
+    if isinstance(weights, dict):
+        arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
+        return {**weights, **random_adapter(arch, modules, rank, alpha)}
+    if scratch is None:
+        fail("error: --lora runs on the reference model or a --model NAME checkpoint (built "
+             "here); a --checkpoint folder is not written into: export the adapter beside it "
+             "and pass --lora-adapter on the reference model instead")  # fmt: skip
+    from safetensors.torch import save_file
+
+    arch = rollout_adapter().ModelArch.from_profile(
+        schema.model_profile_for(contract_id),
+        rollout_adapter().check_checkpoint(weights, schema.model_profile_for(contract_id)),
+    )
+    adapter = random_adapter(arch, modules, rank, alpha)
+    save_file(adapter, str(Path(weights) / CHECKPOINT_ADAPTER_FILE))  # the scratch checkpoint
+    return weights
 
 
 def _with_adapter_dir(contract_id: str, schema, weights: object, folder: Path) -> dict:

@@ -147,6 +147,13 @@ def hf_model(weights: Any, profile: Any, dtype: torch.dtype, dims: Any = None):
                 f"transformers {transformers.__version__} cannot load {weights} for the reference "
                 f"comparison ({type(exc).__name__}: {exc}); --no-reference skips that comparison"
             ) from exc
+        from safetensors.torch import load_file
+
+        from ..adapters.lora import CHECKPOINT_ADAPTER_FILE
+
+        carried = Path(weights) / CHECKPOINT_ADAPTER_FILE
+        if carried.is_file():  # the checkpoint carries an adapter: peft serves it unmerged
+            return peft_model(model, load_file(str(carried)), dtype).eval()
         return model.eval()
     from ..adapters.lora import split_adapter
 

@@ -62,3 +62,37 @@ def test_parity_refuses_a_bad_adapter_folder_in_one_line(adapter_and_folder, tmp
     assert both.output.strip() == (
         "error: --lora and --lora-adapter both give an adapter; pass one of them"
     )
+
+
+def test_a_model_checkpoint_carries_the_random_adapter_to_every_reader(tmp_path) -> None:
+    """``--model NAME --lora R``: the scratch checkpoint gets ``lora_adapter.safetensors``; the
+    engines' reader loads it with the base weights (the weight-file check admits it) and the
+    transformers reference wraps the model with peft for it. A --checkpoint folder of the user's
+    is never written into (exit 2)."""
+    from peft import PeftModel
+
+    from contractgen.adapters.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
+    from contractgen.adapters.sglang.checkpoint import check_weight_files
+    from contractgen.codegen.vendored import load_target
+    from contractgen.commands.parity import _with_lora
+    from contractgen.parity.random_model import write_random_checkpoint
+    from contractgen.parity.reference import hf_model
+    from contractgen.parity.rollout import model_arch
+
+    schema = load_target("sglang").schema
+    path, _ = write_random_checkpoint(QWEN, "reference", tmp_path / "ckpt")
+    before = sorted(p.name for p in path.iterdir())
+    assert _with_lora(QWEN, schema, str(path), "8,12", scratch=object()) == str(path)
+    assert sorted(p.name for p in path.iterdir()) == sorted([*before, CHECKPOINT_ADAPTER_FILE])
+    arch, weights = model_arch(QWEN, str(path))
+    check_weight_files(path, arch)
+    base, adapter = split_adapter(weights)
+    assert len(adapter) == 4 * 7 * 2 + 1 and float(adapter["lora.alpha"]) == 12.0
+    assert isinstance(hf_model(str(path), schema.model_profile_for(QWEN), torch.float32), PeftModel)
+    user = tmp_path / "user"
+    write_random_checkpoint(QWEN, "reference", user)
+    result = CliRunner().invoke(
+        main, ["parity", "--contract", QWEN, "--checkpoint", str(user), "--lora", "8"]
+    )
+    assert result.exit_code == 2 and "is not written into" in result.output
+    assert not (user / CHECKPOINT_ADAPTER_FILE).exists()
