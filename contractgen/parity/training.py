@@ -58,12 +58,13 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..adapters.families import LAYER_PREFIX
-from ..adapters.lora import split_adapter
+from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
 from .harness import GateRun, compare, fault_change, pair_name, same_tokens
 from .layouts import Layout
 from .rollout import weights_digest
@@ -126,6 +127,14 @@ class _GradCheck:
     """Why no layout is checked (transformers unavailable), else None."""
     refs: dict = field(default_factory=dict)
 
+    @property
+    def lora(self) -> bool:
+        """The gate serves an adapter: the check compares A's and B's gradients only."""
+        weights = getattr(self.run.config, "weights", None)
+        if isinstance(weights, (str, Path)):
+            return (Path(weights) / CHECKPOINT_ADAPTER_FILE).is_file()
+        return isinstance(weights, dict) and bool(split_adapter(weights)[1])
+
     def layout(self, trainer: Any, layout: Layout, base: Any, fault: Any) -> dict | None:
         from .correctness import compare_grads, grad_reference_of, grads_run
 
@@ -144,7 +153,8 @@ class _GradCheck:
         from .correctness import GRAD_TOLERANCE
 
         return {
-            "dtype": "float32 trainer vs float64 transformers autograd",
+            "dtype": "float32 trainer vs float64 transformers autograd"
+            + (" (peft: the adapter's A and B; the base is frozen)" if self.lora else ""),
             "loss": GRAD_CHECK_LOSS,
             "tolerance": GRAD_TOLERANCE,
             "tolerance_meaning": "max |grad - float64 grad| / max |float64 grad|, per parameter",

@@ -96,3 +96,21 @@ def test_a_model_checkpoint_carries_the_random_adapter_to_every_reader(tmp_path)
     )
     assert result.exit_code == 2 and "is not written into" in result.output
     assert not (user / CHECKPOINT_ADAPTER_FILE).exists()
+
+
+def test_the_grad_check_report_says_it_compares_the_adapter(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from contractgen.adapters.lora import CHECKPOINT_ADAPTER_FILE, LORA_ALPHA_KEY
+    from contractgen.parity.training import _GradCheck
+
+    def dtype(weights) -> str:
+        run = SimpleNamespace(config=SimpleNamespace(weights=weights))
+        return _GradCheck(run, note=None).report([])["dtype"]
+
+    with_adapter = {"w": torch.ones(1), LORA_ALPHA_KEY: torch.tensor(1.0, dtype=torch.float64)}
+    assert dtype({"w": torch.ones(1)}) == "float32 trainer vs float64 transformers autograd"
+    assert dtype(with_adapter).endswith("(peft: the adapter's A and B; the base is frozen)")
+    assert "peft" not in dtype(str(tmp_path))
+    (tmp_path / CHECKPOINT_ADAPTER_FILE).write_bytes(b"")
+    assert "peft" in dtype(str(tmp_path))
