@@ -237,17 +237,22 @@ def gather_hf(
     full = {n: _gather_tp(p, value(p), tp_group) for n, p in model.named_parameters()}
     layers = getattr(model.decoder, "layers", [])
     numbers = {local: layer.layer_number - 1 for local, layer in enumerate(layers)}
+    return gather_stages(hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp))
+
+
+def gather_stages(stage: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """Each stage's HF-named tensors ``stage`` (whole over TP) merged on global rank 0 (``None``
+    on the others), taken from each stage's TP-0, CP-0 ranks. Collective: every rank calls it."""
     mine = None
     if ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0:
-        stage = hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp)
         mine = {k: v.cpu() for k, v in stage.items()}
     stages: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, stages, dst=0)
     if stages is None:
         return None
     out: dict[str, torch.Tensor] = {}
-    for stage in stages:
-        for name, value in (stage or {}).items():
+    for part in stages:
+        for name, value in (part or {}).items():
             out.setdefault(name, value)
     return out
 

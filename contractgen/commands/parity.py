@@ -203,6 +203,13 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "runs through peft. ALPHA defaults to 1.5 x RANK (a scale that is not a power of two, so "
     "where and in which dtype it is applied shows in the bits).",
 )  # fmt: skip
+@click.option(
+    "--lora-adapter", "lora_adapter", default=None, metavar="DIR",
+    type=click.Path(path_type=Path),
+    help="A LoRA contract only, instead of --lora: serve this PEFT adapter folder "
+    "(adapter_config.json + adapter_model.safetensors, e.g. from export_peft) on the reference "
+    "model; checked as `plan --lora-adapter` checks it (exit 2 naming the bad field or tensor).",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.pass_context
 @handle_errors
@@ -214,6 +221,7 @@ def command(
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
     train_temperature: float | None = None, trainers: str | None = None, lora: str | None = None,
+    lora_adapter: Path | None = None,
     train_microbatches: int | None = None, train_distributed_optimizer: bool = False,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
@@ -288,8 +296,13 @@ def command(
     else:
         _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
         weights = str(checkpoint)
+    if lora is not None and lora_adapter is not None:
+        fail("error: --lora and --lora-adapter both give an adapter; pass one of them")
     if lora is not None:
-        weights = _with_lora(contract_id, schema, weights, lora)
+        weights = _with_lora(contract_id, schema, weights, lora, scratch)
+    if lora_adapter is not None:
+        weights = _with_adapter_dir(contract_id, schema, weights, lora_adapter)
+        lora = "adapter"  # an adapter is served from here on, as with --lora
     from ..adapters.kernels.planted import BACKWARD_BUGS, BUGS
 
     if unknown := sorted(set(plant_bugs) - set(BUGS) - set(BACKWARD_BUGS)):
@@ -433,9 +446,10 @@ def parse_lora(text: str) -> tuple[int, float]:
     return rank, alpha
 
 
-def _with_lora(contract_id: str, schema, weights: object, text: str) -> dict:
+def _with_lora(contract_id: str, schema, weights: object, text: str, scratch: object = None):
     """The gate's weights plus a seeded random adapter within the contract's lora limits (exit
-    2 with one line when the contract has none or the rank / alpha is outside them)."""
+    2 with one line when the contract has none or the rank / alpha is outside them). A --model
+    checkpoint (``scratch``: built here) gets it as ``CHECKPOINT_ADAPTER_FILE`` in its folder."""
     try:
         rank, alpha = parse_lora(text)
     except ValueError as exc:
@@ -453,14 +467,66 @@ def _with_lora(contract_id: str, schema, weights: object, text: str) -> dict:
     if alpha > section["max_alpha"]:
         fail(f"error: --lora {text!r}: alpha {alpha:g} exceeds {contract_id}'s lora.max_alpha "
              f"{section['max_alpha']:g}")  # fmt: skip
-    if not isinstance(weights, dict):
-        fail("error: --lora runs on the contract's reference model (random weights); "
-             "--checkpoint / --model with --lora is not supported yet")  # fmt: skip
-    from ..adapters.lora import random_adapter
+    from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, random_adapter
     from ..parity.targets import rollout_adapter
 
-    arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
-    return {**weights, **random_adapter(arch, tuple(section["target_modules"]), rank, alpha)}
+    modules = tuple(section["target_modules"])
+    if isinstance(weights, dict):
+        arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
+        return {**weights, **random_adapter(arch, modules, rank, alpha)}
+    if scratch is None:
+        fail("error: --lora runs on the reference model or a --model NAME checkpoint (built "
+             "here); a --checkpoint folder is not written into: export the adapter beside it "
+             "and pass --lora-adapter on the reference model instead")  # fmt: skip
+    from safetensors.torch import save_file
+
+    arch = rollout_adapter().ModelArch.from_profile(
+        schema.model_profile_for(contract_id),
+        rollout_adapter().check_checkpoint(weights, schema.model_profile_for(contract_id)),
+    )
+    adapter = random_adapter(arch, modules, rank, alpha)
+    save_file(adapter, str(Path(weights) / CHECKPOINT_ADAPTER_FILE))  # the scratch checkpoint
+    return weights
+
+
+def _with_adapter_dir(contract_id: str, schema, weights: object, folder: Path) -> dict:
+    """The gate's weights plus the PEFT adapter in ``folder`` (float32), after the checks `plan
+    --lora-adapter` runs against the reference model (exit 2 with their one line)."""
+    from ..adapters.families import family_for
+    from ..adapters.launcher.layout import select_checkpoint
+    from ..adapters.launcher.lora_adapter import (
+        PEFT_PREFIX,
+        WEIGHTS_FILE,
+        AdapterError,
+        check_adapter_dir,
+    )
+
+    if not isinstance(weights, dict):
+        fail("error: --lora-adapter runs on the contract's reference model (random weights); "
+             "--checkpoint with --lora-adapter is not supported yet")  # fmt: skip
+    profile = schema.model_profile_for(contract_id)
+    try:
+        serving = check_adapter_dir(
+            folder, contract_id, select_checkpoint(contract_id, "reference"),
+            family_for(profile.family),
+        )  # fmt: skip
+    except AdapterError as exc:
+        fail(f"error: {exc}")
+    modules = tuple(sorted(schema.CONTRACT_DATA[contract_id]["lora"]["target_modules"]))
+    if serving.target_modules != modules:
+        fail(f"error: --lora-adapter {folder}: the gate serves adapters on every "
+             f"lora.target_modules ({', '.join(modules)}); this one adapts "
+             f"{', '.join(serving.target_modules)}")  # fmt: skip
+    import torch
+    from safetensors.torch import load_file
+
+    from ..adapters.lora import LORA_ALPHA_KEY
+
+    adapter = {
+        k.removeprefix(PEFT_PREFIX): v.float() for k, v in load_file(folder / WEIGHTS_FILE).items()
+    }
+    adapter[LORA_ALPHA_KEY] = torch.tensor(serving.alpha, dtype=torch.float64)
+    return {**weights, **adapter}
 
 
 def _training_config(config, steps: int, fault: str | None, lr: float | None,

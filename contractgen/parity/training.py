@@ -58,12 +58,13 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..adapters.families import LAYER_PREFIX
-from ..adapters.lora import split_adapter
+from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
 from .harness import GateRun, compare, fault_change, pair_name, same_tokens
 from .layouts import Layout
 from .rollout import weights_digest
@@ -117,13 +118,22 @@ class _GradCheck:
     """Step 0's gradient check, ``--grads``'s on the step's samples: each layout's trainer, in
     the processes it trains in, takes a float32 backward of ``GRAD_CHECK_LOSS`` at the step-0
     weights (a stage built for it; the training stage is untouched), compared parameter by
-    parameter with float64 autograd through transformers. The reference is computed once per set
+    parameter with float64 autograd through transformers (under LoRA the adapter's A and B,
+    against peft's float64 autograd with the base frozen). The reference is computed once per set
     of samples (every layout samples the same at step 0 unless a fault moves them)."""
 
     run: GateRun
     note: str | None
     """Why no layout is checked (transformers unavailable), else None."""
     refs: dict = field(default_factory=dict)
+
+    @property
+    def lora(self) -> bool:
+        """The gate serves an adapter: the check compares A's and B's gradients only."""
+        weights = getattr(self.run.config, "weights", None)
+        if isinstance(weights, (str, Path)):
+            return (Path(weights) / CHECKPOINT_ADAPTER_FILE).is_file()
+        return isinstance(weights, dict) and bool(split_adapter(weights)[1])
 
     def layout(self, trainer: Any, layout: Layout, base: Any, fault: Any) -> dict | None:
         from .correctness import compare_grads, grad_reference_of, grads_run
@@ -147,7 +157,8 @@ class _GradCheck:
         from .correctness import GRAD_TOLERANCE
 
         return {
-            "dtype": "float32 trainer vs float64 transformers autograd",
+            "dtype": "float32 trainer vs float64 transformers autograd"
+            + (" (peft: the adapter's A and B; the base is frozen)" if self.lora else ""),
             "loss": GRAD_CHECK_LOSS,
             "tolerance": GRAD_TOLERANCE,
             "tolerance_meaning": "max |grad - float64 grad| / max |float64 grad|, per parameter",
@@ -156,20 +167,11 @@ class _GradCheck:
         }
 
 
-LORA_GRAD_CHECK_NOTE = (
-    "not run under --lora: the check compares base-weight gradients, and a LoRA run trains "
-    "only A and B (their gradients vs float64 peft autograd are not wired yet)"
-)
-
-
 def _grad_check(run: GateRun, cfg: TrainingConfig) -> _GradCheck | None:
     from .reference import transformers_reason
 
     if not cfg.grad_check:
         return None
-    weights = run.config.weights
-    if isinstance(weights, dict) and split_adapter(weights)[1]:
-        return _GradCheck(run, LORA_GRAD_CHECK_NOTE)
     return _GradCheck(run, transformers_reason())
 
 
