@@ -103,8 +103,8 @@ def test_dummy_trainer_plugin_through_generate_sync_handshake_and_gate(tmp_path:
     assert check.returncode == 0, check.stdout + check.stderr
 
     trainer_repo, rollout_repo = tmp_path / "dummy-trainer", tmp_path / "sglang"
-    trainer_repo.mkdir()
-    rollout_repo.mkdir()
+    (trainer_repo / "dummy_trainer").mkdir(parents=True)  # the anchors sync writes into
+    (rollout_repo / "python/sglang/srt").mkdir(parents=True)
     sync = _cli(
         "--root", project, "sync", "--repo", f"dummy={trainer_repo}",
         "--repo", f"sglang={rollout_repo}", cwd=tmp_path,

@@ -158,7 +158,8 @@ def test_the_step_zero_check_computes_one_float64_reference_for_every_layout(mon
             return SimpleNamespace(hf_grads=grads)
 
     config = SimpleNamespace(planted_bugs=(DK_BUG,))
-    check = _GradCheck(SimpleNamespace(config=config), note=None)
+    run = SimpleNamespace(config=config, trainer_adapter=SimpleNamespace())  # GRADIENT_RUN unset
+    check = _GradCheck(run, note=None)
     base = SimpleNamespace(sequences=[[1, 2, 3], [4, 5, 6, 7]], prompt_lens=[2, 3])
     near, far = Trainer(2e-5), Trainer(0.5)
     ok = check.layout(near, Layout(1, 1, 1), base, fault="trainer fault")
