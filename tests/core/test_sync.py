@@ -415,6 +415,7 @@ def test_check_json_shape(project: Path, repos) -> None:
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
         "qwen3_moe_true_on_policy_v3",
+        "qwen3_next_true_on_policy_v1",
     ]
     assert report["files"] == 12
     kinds = sorted((d["kind"], d["where"]) for d in report["drift"])
@@ -442,6 +443,7 @@ def test_list_json_shape() -> None:
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
         "qwen3_moe_true_on_policy_v3",
+        "qwen3_next_true_on_policy_v1",
     ]
     for r in rows:
         assert set(r) == {"id", "family", "logprob_contract", "supersedes", "fingerprint", "file"}

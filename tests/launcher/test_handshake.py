@@ -171,7 +171,8 @@ def test_copy_that_does_not_know_the_contract(tmp_path: Path, repos: tuple[Path,
     assert error.kind == "not_implemented"
     known = (
         f"llama3_dense_true_on_policy_v1, llama3_dense_true_on_policy_v2, {V1}, "
-        "qwen3_moe_true_on_policy_v1, qwen3_moe_true_on_policy_v2, qwen3_moe_true_on_policy_v3"
+        "qwen3_moe_true_on_policy_v1, qwen3_moe_true_on_policy_v2, qwen3_moe_true_on_policy_v3, "
+        "qwen3_next_true_on_policy_v1"
     )
     assert str(error).startswith(
         f"refusing to start: the rollout does not implement {V2} (the rollout's vendored "
