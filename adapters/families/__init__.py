@@ -38,6 +38,9 @@ class Weight:
     after_layers: bool = False  # listed after the decoder layers (HF state-dict order)
     per_expert: bool = False  # one tensor per routed expert: ``hf_name`` holds ``{e}``
     mixer: str | None = None  # hybrid families: only in layers of this token mixer
+    # a column weight whose rows are several concatenated parts, each split over TP on its own
+    # (a conv over [q | k | v] channels): the parts' row counts as a function of the dims
+    parts: Callable[[Any], tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,11 @@ def _mixer(weight: Weight, mixer: str, shape=None) -> Weight:
     )  # fmt: skip
 
 
+def _conv_parts(d):
+    """The conv's channels: all q heads, all k heads, all v heads (each split over TP)."""
+    return (_key_dim(d), _key_dim(d), _value_dim(d))
+
+
 ATTENTION = ("q", "k", "v", "o", "q_norm", "k_norm")
 LINEAR = "linear_attention"
 
@@ -67,6 +72,7 @@ LAYER_WEIGHTS = {
         lambda d: (_conv_dim(d), 1, d.linear_conv_kernel_dim),
         "column",
         mixer=LINEAR,
+        parts=_conv_parts,
     ),
     "dt_bias": Weight(
         "linear_attn.dt_bias",

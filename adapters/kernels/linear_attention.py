@@ -60,11 +60,14 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 
 def _row_substitution(m_HCC: torch.Tensor, b_HCD: torch.Tensor) -> torch.Tensor:
     """``M^-1 b`` for unit-lower-triangular ``M`` given by its strictly-lower part ``m``: rows in
-    ascending order, ``x_i = b_i - sum_j m_ij x_j`` with one fixed-shape fixed-order sum per row."""
-    x = torch.zeros_like(b_HCD)
-    for i in range(b_HCD.shape[-2]):
-        x[..., i, :] = b_HCD[..., i, :] - fixed_sum(m_HCC[..., i, :, None] * x, -2)
-    return x
+    ascending order, ``x_i = b_i - sum_{j<i} m_ij x_j``, each sum a fixed-order halving tree over
+    the ``i`` earlier rows (its order depends on ``i`` alone). No in-place writes: the trainer
+    differentiates through it."""
+    rows = [b_HCD[..., 0, :]]
+    for i in range(1, b_HCD.shape[-2]):
+        earlier = torch.stack(rows, dim=-2)  # [..., i, D]
+        rows.append(b_HCD[..., i, :] - fixed_sum(m_HCC[..., i, :i, None] * earlier, -2))
+    return torch.stack(rows, dim=-2)
 
 
 def _lapack(m_HCC: torch.Tensor, b_HCD: torch.Tensor) -> torch.Tensor:

@@ -290,6 +290,21 @@ def _shard_of(shard: Callable, n: int, t: torch.Tensor) -> torch.Tensor:
     return shard(t, n)
 
 
+def _parts_rows(
+    parts: Sequence[int], rank: int, tp: int, dtype: torch.dtype, t: torch.Tensor
+) -> torch.Tensor:
+    """This rank's rows of each concatenated part of ``t`` (``parts`` row counts), joined."""
+    chunks = t.split(list(parts))
+    return torch.cat([c[rank * (n // tp) : (rank + 1) * (n // tp)] for c, n in zip(chunks, parts, strict=True)]).to(dtype).contiguous()  # fmt: skip
+
+
+def _parts_gather(parts: Sequence[int], shards: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Inverse of ``_parts_rows`` over every rank's shard."""
+    tp = len(shards)
+    pieces = [s.split([n // tp for n in parts]) for s in shards]
+    return torch.cat([torch.cat([p[j] for p in pieces]) for j in range(len(parts))])
+
+
 def _vocab_rows(t: torch.Tensor, rank: int, per: int) -> torch.Tensor:
     """Rows ``rank * per ..`` of ``t`` zero-padded to ``per`` rows (the vocab padding falls in
     the last shards): a view when the shard holds no padding, so the table is never copied whole."""
@@ -420,10 +435,10 @@ class ReferenceModel:
         ):
             if n % self.tp:
                 raise ValueError(f"{arch.name}: {what}={n} does not divide over TP={self.tp}")
-        if arch.spec.hybrid is not None and self.tp > 1:
+        if arch.spec.hybrid is not None and (arch.linear_num_key_heads or 0) % self.tp:
             raise ValueError(
-                f"{arch.name}: linear-attention layers run at rollout TP 1 only (TP over the "
-                "key-head groups is not built yet): use a tp1 layout"
+                f"{arch.name}: linear_num_key_heads={arch.linear_num_key_heads} does not divide "
+                f"over TP={self.tp} (TP splits whole key-head groups): use a TP that divides it"
             )
         self.ops = resolve_ops(kp, rp, self.tp)
         self.act = ACTIVATIONS[arch.activation]
@@ -457,9 +472,9 @@ class ReferenceModel:
         }
         if arch.spec.hybrid is not None and "attention_output_gate" in arch.spec.hybrid.extras:
             local["q"] = 2 * hl * D  # each head's query rows, then its gate rows
-        for role, w in arch.spec.layer_weights.items():  # hybrid roles: whole at TP 1
+        for role, w in arch.spec.layer_weights.items():  # hybrid roles: whole key-head groups
             if role not in local and w.shard in ("column", "row"):
-                local[role] = w.shape(arch)[0 if w.shard == "column" else 1]
+                local[role] = w.shape(arch)[0 if w.shard == "column" else 1] // tp
         shard = {"column": rows, "row": cols}
         blocks = spec.blocks(qk_norm=arch.qk_norm, tied=arch.tie_word_embeddings)
         self.layers, self.mlps, self.mixers = [], [], []
@@ -476,7 +491,9 @@ class ReferenceModel:
                 ):
                     layer[role] = None
                     continue
-                if w.shard in shard:
+                if w.parts is not None:  # concatenated parts, each split on its own
+                    fn = functools.partial(_parts_rows, w.parts(arch), r, tp, dense)
+                elif w.shard in shard:
                     fn = functools.partial(_shard_of, shard[w.shard], local[role])
                 else:
                     fn = functools.partial(torch.Tensor.to, dtype=dense)
@@ -679,7 +696,7 @@ class ReferenceModel:
         runs the recurrent form (decode); everything else the chunked form at absolute
         positions (prefill and re-score; the trainer's algorithm)."""
         a, kp, T = self.arch, self.kp, x.shape[0]
-        Hk, Hv = a.linear_num_key_heads, a.linear_num_value_heads
+        Hk, Hv = a.linear_num_key_heads // self.tp, a.linear_num_value_heads // self.tp
         Dk, Dv, r = a.linear_key_head_dim, a.linear_value_head_dim, Hv // Hk
         qkvz = self.ops.column_linear(x, L.qkvz, kp).view(T, Hk, 2 * Dk + 2 * r * Dv)
         q, k, v, z = qkvz.split([Dk, Dk, r * Dv, r * Dv], dim=-1)
@@ -875,6 +892,11 @@ class ReferenceModel:
                     for e, shard in enumerate(value):
                         name = p + w.hf_name.format(e=e)
                         out[name] = gather(shard, w.shard, name)
+                elif w.parts is not None:
+                    parts = (
+                        all_gather_exact(value.contiguous(), self.group) if self.tp > 1 else [value]
+                    )
+                    out[p + w.hf_name] = _parts_gather(w.parts(arch), parts)
                 else:
                     out[p + w.hf_name] = gather(value, w.shard, p + w.hf_name)
         names = {role: w.hf_name for role, w in spec.model_weights.items()}
