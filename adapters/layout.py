@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 
-_PART = re.compile(r"(tp|pp|cp|dp|ep)([1-9][0-9]*)")
+_PART = re.compile(r"(fsdp|tp|pp|cp|dp|ep)([1-9][0-9]*)")
 
 
 class LayoutError(ValueError):
@@ -44,6 +44,9 @@ class Layout:
     rollout_dp: int = 1
     world: int | None = None  # when given, must equal tp * pp * cp * dp
     ep: int = 1
+    fsdp: int = 0
+    """FSDP ranks of an FSDP trainer's layout (``fsdpN``: data parallel, parameters sharded
+    by ``fully_shard``); 0: not an FSDP layout (a model-parallel trainer's)."""
 
     @property
     def ep_dp(self) -> int:
@@ -53,8 +56,8 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        """Ranks of one trainer session (TP x PP x CP x DP, times ``ep_dp``)."""
-        return self.tp * self.pp * self.cp * self.dp * self.ep_dp
+        """Ranks of one trainer session (TP x PP x CP x DP, times ``ep_dp``; ``fsdpN``: N)."""
+        return self.tp * self.pp * self.cp * self.dp * self.ep_dp * max(self.fsdp, 1)
 
     @property
     def train_world(self) -> int:
@@ -71,15 +74,19 @@ class Layout:
 
     @property
     def trainer_label(self) -> str:
-        """``tp2pp1cp1`` (with ``dp2`` / ``ep2`` appended under data / expert parallelism): the
-        pair names'."""
+        """``tp2pp1cp1`` (with ``dp2`` / ``ep2`` appended under data / expert parallelism; an
+        FSDP layout: its name, ``fsdp2``): the pair names'."""
+        if self.fsdp:
+            return self.name
         extra = "".join(f"{k}{v}" for k, v in (("dp", self.dp), ("ep", self.ep)) if v > 1)
         return f"tp{self.tp}pp{self.pp}cp{self.cp}" + extra
 
     @property
     def sizes(self) -> dict[str, int]:
-        """``{"tp", "pp", "cp", "dp", "ep"}``: the trainer sizes a report lists."""
-        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "dp": self.dp, "ep": self.ep}
+        """``{"tp", "pp", "cp", "dp", "ep"}`` (and ``"fsdp"`` for an FSDP layout): the trainer
+        sizes a report lists."""
+        sizes = {"tp": self.tp, "pp": self.pp, "cp": self.cp, "dp": self.dp, "ep": self.ep}
+        return sizes | ({"fsdp": self.fsdp} if self.fsdp else {})
 
     @property
     def name(self) -> str:
@@ -88,17 +95,22 @@ class Layout:
         sizes = (
             ("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("dp", self.dp), ("ep", self.ep)
         )  # fmt: skip
-        return "".join(f"{k}{v}" for k, v in sizes if v > 1) or "tp1"
+        rest = "".join(f"{k}{v}" for k, v in sizes if v > 1)
+        if self.fsdp:
+            return f"fsdp{self.fsdp}{rest}"
+        return rest or "tp1"
 
 
 def parse_layout(token: str) -> Layout:
     """``"tp2pp2"`` -> ``Layout(tp=2, pp=2)`` (the trainer sizes; any order, each axis once;
-    ``dp2`` is data parallelism, ``ep2`` expert parallelism; the two are not combined)."""
+    ``dp2`` is data parallelism, ``ep2`` expert parallelism, the two not combined; ``fsdp2`` an
+    FSDP trainer's two data-parallel ranks)."""
     token = token.strip()
     parts = _PART.findall(token)
     if not parts or "".join(a + b for a, b in parts) != token:
         raise LayoutError(
-            f"layout {token!r}: expected tpN, ppN, cpN, dpN, epN or a combination such as tp2pp2"
+            f"layout {token!r}: expected tpN, ppN, cpN, dpN, epN or a combination such as tp2pp2 "
+            "(or fsdpN for an FSDP trainer)"
         )
     sizes: dict[str, int] = {}
     for axis, n in parts:

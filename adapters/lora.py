@@ -25,6 +25,12 @@ LORA_ALPHA_KEY = "lora.alpha"
 
 _A, _B = "lora_A.weight", "lora_B.weight"
 
+CHECKPOINT_ADAPTER_FILE = "lora_adapter.safetensors"
+"""An adapter carried in a checkpoint folder (the gate's names plus ``LORA_ALPHA_KEY``): both
+engines read it with the base weights (``safetensors_files``), the transformers reference wraps
+the model with peft for it. ``parity --model NAME --lora R`` writes one into its scratch
+checkpoint."""
+
 
 def adapter_names(hf_name: str) -> tuple[str, str]:
     """``…q_proj.weight`` -> (``…q_proj.lora_A.weight``, ``…q_proj.lora_B.weight``)."""

@@ -9,7 +9,9 @@ TP=PP=CP=1, random init, Qwen3-0.6B shapes by default.
 Per model: ``B`` sequences of ``S`` tokens, the same token ids for every model (SGLang: packed into
 one row with ``SGLangPackedSeqParams``; stock and HF: a ``[B, S]`` batch). Loss: megatron's
 vocab-parallel cross entropy summed over every position (megatron models), HF: the baseline's
-``cross_entropy(logits.float()[:, :-1], ids[:, 1:], reduction="sum")``. Timed: forward without
+``cross_entropy(logits.float()[:, :-1], ids[:, 1:], reduction="sum")``. ``fsdp``: the fsdp trainer
+target's model (transformers' Qwen3 with the contract's ops, ``fully_shard`` over this one
+process), the same sequences packed into one row, cross entropy summed over every position. Timed: forward without
 grad (the logprob pass: logits only, for all three), forward with grad and the loss, backward. One
 warm-up iteration, then the median of ``--iters``; peak memory from the build on. The table gives
 each model's times over ``hf_sdpa``'s.
@@ -18,6 +20,7 @@ each model's times over ``hf_sdpa``'s.
         --contract v3 --json $OUT/trainer_v3.json   # 16k packed tokens, issue 32's row
     python3 benchmarks/bench_trainer.py --device cuda --json $OUT/trainer.json
     python3 benchmarks/bench_trainer.py --device cpu --small --models sglang,stock,hf_sdpa  # smoke
+    python3 benchmarks/bench_trainer.py --device cuda --batch 32 --seq 512 --models fsdp,hf_sdpa
 
 The team's baseline script of 2026-11-30 (``../shared/bench``), kept here so the issue-10 trainer
 row is measured with the same code before and after.
@@ -155,6 +158,43 @@ def build_hf_sdpa(arch, dev):
     return model
 
 
+def build_fsdp(arch, dev, contract=CONTRACT):
+    """The fsdp trainer target's model (``adapters/fsdp``): transformers' ``Qwen3ForCausalLM``
+    with the contract's ops attached (``model.build``), ``fully_shard`` over a mesh of this one
+    process (``model.shard``: fp32 master weights gathered in ``param_dtype`` by FSDP's
+    ``MixedPrecisionPolicy``), the policy resolved as the trainer resolves it."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from contractgen.adapters.fsdp import model as fsdp_model
+    from contractgen.adapters.fsdp.policy import resolve
+    from contractgen.adapters.fsdp.run_types import TrainerRun
+    from contractgen.adapters.sglang.model import random_weights
+
+    policy = resolve(contract, TrainerRun())
+    alone = dist.new_group([0])  # the kernels' cross-rank reductions: a group of this rank
+    mesh = init_device_mesh(dev.type, (1,), mesh_dim_names=("fsdp",))
+    model = fsdp_model.build(arch, random_weights(arch, seed=0), policy, alone).to(dev)
+    return fsdp_model.shard(model, policy, mesh)
+
+
+class FsdpRun:
+    """``time_model``'s view of the fsdp model: the packed row in (``runtime.Pack.kwargs``), the
+    logits ``[1, T, V]`` out; loss: cross entropy summed over every position (as megatron's)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):  # train / eval / zero_grad / parameters
+        return getattr(self.model, name)
+
+    def __call__(self, **inputs):
+        return self.model(**inputs).logits
+
+    def loss(self, logits, targets):
+        return F.cross_entropy(logits.float()[0], targets[0], reduction="sum")
+
+
 class HFRun:
     """``time_model``'s view of the HF model: ``model(**inputs)`` gives the logits; the loss is
     the baseline's (``hf_trainer_baseline.step``)."""
@@ -254,7 +294,7 @@ def profile_step(model, make_inputs, targets_fn, top: int) -> list[dict]:
     ]
 
 
-MODELS = ("sglang", "stock", "hf_sdpa")
+MODELS = ("sglang", "stock", "hf_sdpa", "fsdp")
 
 
 def build_case(name, arch, dev, seqs, contract):
@@ -301,6 +341,19 @@ def build_case(name, arch, dev, seqs, contract):
     if name == "hf_sdpa":
         model = HFRun(build_hf_sdpa(arch, dev), ids)
         return model, lambda: dict(input_ids=ids.to(dev)), lambda: ids.to(dev)
+    if name == "fsdp":
+        from contractgen.adapters.fsdp.runtime import Pack
+
+        model = FsdpRun(build_fsdp(arch, dev, contract))
+        pack = Pack.of([s.tolist() for s in seqs])  # the same token ids, packed into one row
+
+        def targets_fn():
+            t = torch.zeros_like(pack.token_ids)
+            for lo, hi in zip(pack.cu[:-1].tolist(), pack.cu[1:].tolist(), strict=True):
+                t[lo : hi - 1] = pack.token_ids[lo + 1 : hi]
+            return t[None].to(dev)
+
+        return model, lambda: pack.kwargs(dev.type), targets_fn
     raise ValueError(f"--models: unknown model {name!r}; known: {', '.join(MODELS)}")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from .config import ProjectConfig
 from .drift import extra_files, target_files
 from .fingerprint import split_generated
-from .locate import config_lines, misplaced
+from .locate import MissingAnchorError, config_lines, misplaced, missing_anchor
 
 PROBE = Path(__file__).with_name("adopt_probe.py")
 PUBLIC_IDS = ("qwen3_dense_true_on_policy_v1", "qwen3_moe_true_on_policy_v1")
@@ -416,11 +416,16 @@ def plan_adopt(
     """Every change that syncing ``target`` into ``repo`` makes to its hand-kept package."""
     plan = AdoptPlan()
     package = config.package(target)
-    elsewhere = misplaced(repo, target, package)
+    from .sync import sibling_packages
+
+    elsewhere = misplaced(repo, target, package, sibling_packages(target, config))
     if elsewhere:
         plan.changes.append(Change(target, package, package, "contracts", elsewhere,
                                    refuse="config"))  # fmt: skip
         return plan
+    missing = missing_anchor(repo, target, package, config.targets[target].repo)
+    if missing:
+        raise MissingAnchorError(missing)
     files = target_files(vendored, target, config)
     hand_kept: dict[str, bytes] = {}
     for rel in sorted(files):

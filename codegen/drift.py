@@ -226,15 +226,16 @@ def check_siblings(
     return found
 
 
-def resolve_target_name(name: str, config: ProjectConfig | None = None) -> str:
-    """Accept a target name (sglang, megatron, launcher, a plugin's) or its repo name
-    (Megatron-LM, miles), from ``config``'s target registry (default: the active project's)."""
+def resolve_target_names(name: str, config: ProjectConfig | None = None) -> list[str]:
+    """Accept a target name (sglang, megatron, launcher, fsdp, a plugin's): that target; or a
+    repo name (Megatron-LM, miles): every target of that repo (miles: fsdp and launcher), from
+    ``config``'s target registry (default: the active project's)."""
     targets = registry(config)
     if name in targets:
-        return name
-    for target in targets.values():
-        if target.repo.lower() == name.lower():
-            return target.name
+        return [name]
+    found = [t.name for t in targets.values() if t.repo.lower() == name.lower()]
+    if found:
+        return found
     known = ", ".join(f"{t.name} (repo {t.repo})" for t in targets.values())
     raise KeyError(f"unknown repo name {name!r}; use one of: {known}")
 

@@ -1,9 +1,13 @@
-"""Find the true-on-policy packages a sibling repo already keeps (wherever they are).
+"""Where a target's package goes in a sibling repo, and the packages the repo already keeps.
 
-``sync`` and ``adopt`` write only at the package path of ``contractgen.toml``; when nothing is
-there but the repo keeps its package elsewhere (the public Megatron-LM fork's
-``miles_megatron_plugins/true_on_policy``), they refuse and print the config line to add instead
-of creating a second, unused package.
+``sync`` and ``adopt`` write only at the package path of ``contractgen.toml``, and only beside the
+target's own code: the package's parent folder (its *anchor*: ``miles/backends/fsdp_utils`` for
+the fsdp target, ``miles`` for the launcher, both in one miles checkout) must exist, or they
+refuse with one line naming it (``MissingAnchorError``, exit 2) and write nothing. When the
+package is missing but the repo keeps a true-on-policy package of this target elsewhere (the
+public Megatron-LM fork's ``miles_megatron_plugins/true_on_policy``), they refuse and print the
+config line to add instead of creating a second, unused package; another target's package in the
+same repo (miles: the launcher's beside the fsdp one) is not "elsewhere".
 """
 
 from __future__ import annotations
@@ -46,16 +50,38 @@ def config_lines(target: str, package: str, contracts: tuple[str, ...] | None = 
     return "\n".join(lines)
 
 
-def misplaced(repo: Path, target: str, package: str) -> str:
+def misplaced(repo: Path, target: str, package: str, siblings: frozenset[str] = frozenset()) -> str:
     """Why writing ``package`` into ``repo`` would be a write elsewhere ('' when it is fine):
-    the configured folder does not exist but the repo keeps its package at another path."""
+    the configured folder does not exist but the repo keeps its package at another path (not one
+    of ``siblings``, the packages other targets of the same repo write)."""
     if (repo / package).is_dir():
         return ""
-    others = [p for p in find_packages(repo) if p != package]
+    others = [p for p in find_packages(repo) if p != package and p not in siblings]
     if not others:
         return ""
     return (
         f"{repo}: no {package}/ here, but the repo keeps its true-on-policy package in "
         f"{others[0]}/; refusing to write a second, unused package. Point contractgen at it "
         f"(contractgen.toml):\n{config_lines(target, others[0])}"
+    )
+
+
+class MissingAnchorError(FileNotFoundError):
+    """A target's package would be written where the repo has none of that target's code."""
+
+
+def anchor(package: str) -> str:
+    """The folder a package is written into (its parent; ``.`` for a top-level package)."""
+    return Path(package).parent.as_posix()
+
+
+def missing_anchor(repo: Path, target: str, package: str, repo_name: str) -> str:
+    """One line saying which anchor of ``target`` is missing from ``repo`` ('' when it is there)."""
+    where = anchor(package)
+    if (repo / package).is_dir() or (repo / where).is_dir():
+        return ""
+    return (
+        f"--repo {target}={repo}: no {where}/ there, the folder {target}'s package {package}/ "
+        f"goes in; point it at a {repo_name} checkout that has {where}/, or set "
+        f'[targets.{target}] package = "…" in contractgen.toml'
     )

@@ -19,6 +19,7 @@ def _package_dir(name: str) -> Path | None:
 # What contractgen.toml declares for each target (a wheel ships no contractgen.toml; a test keeps
 # the two equal): the contracts the public repos implement today.
 BUILTIN_DECLARED: dict[str, tuple[str, ...]] = {
+    "fsdp": ("qwen3_dense_true_on_policy_v1",),
     "launcher": ("qwen3_dense_true_on_policy_v1",),
     "megatron": ("qwen3_dense_true_on_policy_v1",),
     "sglang": ("qwen3_dense_true_on_policy_v1",),

@@ -137,10 +137,9 @@ def _policy_fields(target: Target, contracts: list[LoadedContract]) -> list[Fiel
     model = TARGET_POLICY_MODELS[target.section]
     off_values = dict(target.off_values)
     out = []
+    sections = [getattr(c.contract.runtime_policy, target.section) for c in contracts]
     for name, info in model.model_fields.items():
-        values = [
-            _values(getattr(c.contract.runtime_policy, target.section), name) for c in contracts
-        ]
+        values = [_values(section, name) for section in sections if section is not None]
         flat = [v for vs in values for v in vs]
         is_bool = all(isinstance(v, bool) for v in flat)
         typ = "bool" if is_bool else "str | None"
@@ -168,6 +167,11 @@ def _rule(value: object) -> str:
     return "(" + ", ".join(py_literal(p) for p in parts) + ")"
 
 
+# The rule of every field of a target a contract has no section for: off (``enabled`` False
+# makes ``policy_for`` return the target's ``DEFAULT_RUNTIME_POLICY``).
+_OFF_RULE = '("const", False)'
+
+
 def _rules_literal(target: Target, contracts: list[LoadedContract]) -> str:
     from ..schema.models import TARGET_POLICY_MODELS
 
@@ -176,8 +180,9 @@ def _rules_literal(target: Target, contracts: list[LoadedContract]) -> str:
     for lc in contracts:
         policy = getattr(lc.contract.runtime_policy, target.section)
         lines.append(f"{INDENT}{py_str(lc.id)}: {{")
-        for name in fields:
-            lines.append(f"{INDENT * 2}{py_str(name)}: {_rule(getattr(policy, name))},")
+        for name in fields:  # a contract without the target's section: off there
+            rule = _OFF_RULE if policy is None else _rule(getattr(policy, name))
+            lines.append(f"{INDENT * 2}{py_str(name)}: {rule},")
         lines.append(f"{INDENT}}},")
     lines.append("}")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from pathlib import Path
 from .config import ProjectConfig
 from .drift import extra_files, leftover_temp_files, target_files, unified_diff
 from .fingerprint import is_hand_edited, same_generated
-from .locate import misplaced
+from .locate import MissingAnchorError, misplaced, missing_anchor
 from .writer import UnsafePathError, atomic_write, safe_destination
 
 
@@ -60,17 +60,23 @@ def plan_sync(
     config: ProjectConfig,
     force: bool = False,
 ) -> SyncPlan:
-    """What a sync would do, file by file; raises UnsafePathError for escaping destinations."""
+    """What a sync would do, file by file; raises UnsafePathError for escaping destinations and
+    MissingAnchorError (one line per target) when a package's anchor is not in its repo."""
     plan = SyncPlan()
+    no_anchor = []
     for target, repo in repos:
         if not repo.is_dir():
             raise FileNotFoundError(f"--repo {target}={repo}: not a directory")
         package = config.package(target)
         files = target_files(rendered, target, config)
-        elsewhere = misplaced(repo, target, package)
+        elsewhere = misplaced(repo, target, package, sibling_packages(target, config))
         if elsewhere:  # never a silent write beside the package the repo really uses
             plan.files.append(FilePlan(target, repo, package, repo / package, b"", "create",
                                        problem=elsewhere))  # fmt: skip
+            continue
+        missing = missing_anchor(repo, target, package, config.targets[target].repo)
+        if missing:  # never a package where the repo has none of the target's code
+            no_anchor.append(missing)
             continue
         stamped, _ = extra_files(files, repo, package)
         for rel in [*leftover_temp_files(files, repo), *stamped]:
@@ -114,7 +120,18 @@ def plan_sync(
                 FilePlan(target, repo, rel, dest, content, "update",
                          unified_diff(current, content, shown), problem)
             )  # fmt: skip
+    if no_anchor:
+        raise MissingAnchorError("\n".join(no_anchor))
     return plan
+
+
+def sibling_packages(target: str, config: ProjectConfig) -> frozenset[str]:
+    """The packages the other targets of ``target``'s repo write (miles: fsdp's and launcher's)."""
+    repo = config.targets[target].repo
+    return frozenset(
+        config.package(t.name) for t in config.targets.values()
+        if t.repo == repo and t.name != target
+    )  # fmt: skip
 
 
 @contextmanager

@@ -47,6 +47,7 @@ ROLE_API: dict[str, tuple[str, ...]] = {
     ),
     "trainer": (
         "MLP_BLOCKS",
+        "LAYOUT_AXES",  # the Layout axes it runs (tp/pp/cp/ep, or fsdp): the gate's layouts for it
         "TrainerSession",  # started per layout: .start(), .logprobs(sequences, run), .close()
         "TrainerRun",
         "TrainerFault",
@@ -148,6 +149,19 @@ BUILTIN: dict[str, Target] = {
                 ("attention_backend", "default"),
                 ("cast_qk_norm_input_before_weight_mul", True),
             ),
+        ),
+        Target(
+            name="fsdp",
+            repo="miles",
+            # beside miles' FSDP backend (miles/backends/fsdp_utils), not its launcher package
+            default_package="miles/backends/fsdp_utils/true_on_policy",
+            policy_class="FsdpTrueOnPolicyRuntimePolicy",
+            contract_class="FsdpTrueOnPolicyContract",
+            id_constant_is_object=False,
+            summary="FSDP2 trainer (transformers models)",
+            role="trainer",
+            adapter="contractgen.adapters.fsdp",
+            unsupported="Unsupported FSDP true-on-policy contract",
         ),
         Target(
             name="launcher",

@@ -699,10 +699,56 @@ class LauncherRuntimePolicy(_Model):
     )
 
 
+class FsdpRuntimePolicy(_Model):
+    """FSDP-trainer switches: what miles' FSDP backend (``miles/backends/fsdp_utils``: its
+    ``FSDPArgs``, ``PrecisionPolicy`` and actor) reads under a contract, under the same names."""
+
+    enabled: bool = Field(
+        description="The contract is active on the FSDP trainer (miles --true-on-policy-mode)."
+    )
+    attn_implementation: Identifier = Field(
+        description=(
+            "transformers attention implementation (miles --attn-implementation, from the "
+            "identity's fsdp_attention_implementation): the name the contract's attention is "
+            "registered under in transformers' AttentionInterface."
+        )
+    )
+    batch_invariant_mode: bool = Field(
+        description=(
+            "Linear, norm, activation and LM head by the contract kernels (miles enables "
+            "batch-invariant ops in true-on-policy mode); off: transformers' stock modules."
+        )
+    )
+    param_dtype: Dtype = Field(
+        description="FSDP MixedPrecisionPolicy param_dtype: the dtype parameters are gathered in."
+    )
+    reduce_dtype: Dtype = Field(
+        description="FSDP MixedPrecisionPolicy reduce_dtype: the dtype gradients are reduced in."
+    )
+    keep_fp32_master: bool = Field(
+        description="Sharded master parameters (and the optimizer's view of them) in float32."
+    )
+
+
 class RuntimePolicies(_Model):
     sglang: SGLangRuntimePolicy
     megatron: MegatronRuntimePolicy
     launcher: LauncherRuntimePolicy
+    fsdp: FsdpRuntimePolicy | None = Field(
+        default=None,
+        description=(
+            "The FSDP trainer's section; a contract without it is off on that target (every "
+            "field its off value)."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_targets(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # a contract written before a target existed serialises as before (same canonical data)
+        data = handler(self)
+        if data.get("fsdp") is None:
+            data.pop("fsdp", None)
+        return data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -790,4 +836,5 @@ TARGET_POLICY_MODELS: dict[str, type[_Model]] = {
     "sglang": SGLangRuntimePolicy,
     "megatron": MegatronRuntimePolicy,
     "launcher": LauncherRuntimePolicy,
+    "fsdp": FsdpRuntimePolicy,
 }

@@ -26,6 +26,8 @@ BUGS: dict[str, str] = {
 BACKWARD_BUGS: dict[str, str] = {
     "attention_dk_scale_dropped": "the attention backward's dK misses the softmax scale "
     "(dK = dS^T Q instead of dS^T Q * scale; on every backend)",
+    "lora_grad_scale_twice": "the trainer's LoRA backward applies the scale alpha/r twice "
+    "(the gradient twin of every adapted linear; the forward keeps the kernel's value)",
 }
 
 _ACTIVE: set[str] = set()

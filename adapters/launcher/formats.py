@@ -81,6 +81,15 @@ def to_text(plan: LaunchPlan) -> str:
     lines += ["", "never pass:"]
     for row in plan.forbidden:
         lines.append(f"  {row.args[0]:<48} ({row.table}) {row.source}: {row.reason}")
+    if plan.lora is not None:
+        lora = plan.lora
+        lines += [
+            "",
+            f"LoRA adapter {lora.path} (r={lora.rank}, alpha={lora.alpha:g}, "
+            f"{lora.tensors} tensors, base {lora.base_model}): served unmerged, checked against "
+            "the contract's lora section and the model's shapes:",
+            f"  {shlex.join(lora.sglang_args)}",
+        ]
     lines += ["", "commands:", f"  {shlex.join(plan.rollout_command)}"]
     lines.append(f"  {shlex.join(plan.trainer_command)}")
     return "\n".join(lines) + "\n"
@@ -118,6 +127,7 @@ def to_json_data(plan: LaunchPlan) -> dict[str, Any]:
         },
         "env": plan.env,
         "sglang_args": list(plan.args("sglang")),
+        **({"lora": _lora_json(plan.lora)} if plan.lora is not None else {}),
         "megatron_args": list(plan.args("megatron")),
         "miles_args": list(plan.args("miles")),
         "commands": {
@@ -151,6 +161,19 @@ def to_json_data(plan: LaunchPlan) -> dict[str, Any]:
     }
 
 
+def _lora_json(lora: Any) -> dict[str, Any]:
+    return {
+        "path": lora.path,
+        "name": lora.name,
+        "base_model": lora.base_model,
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "target_modules": list(lora.target_modules),
+        "tensors": lora.tensors,
+        "sglang_args": list(lora.sglang_args),
+    }
+
+
 def to_json(plan: LaunchPlan) -> str:
     return json.dumps(to_json_data(plan), indent=2) + "\n"
 
@@ -167,6 +190,8 @@ def to_shell(plan: LaunchPlan) -> str:
         lines.append(f"# never pass {row.args[0]} ({row.table}): {row.reason}")
     for op, why in plan.unproven_on_real_sglang:
         lines.append(f"# real SGLang, not proven here: {op}: {why}")
+    if plan.lora is not None:
+        lines.append(f"# LoRA adapter checked: r={plan.lora.rank} alpha={plan.lora.alpha:g}")
     lines.append(shlex.join(plan.rollout_command))
     lines.append(shlex.join(plan.trainer_command))
     return "\n".join(lines) + "\n"

@@ -71,6 +71,7 @@ class LaunchPlan:
     vocab_chunk: int
     padded_vocab: int
     rows: tuple[Rendered, ...]
+    lora: Any = None  # lora_adapter.LoraServing: a checked adapter the rollout serves
 
     def _rows(self, table: str, kind: str) -> tuple[Rendered, ...]:
         return tuple(r for r in self.rows if r.table == table and r.kind == kind and r.emitted)
@@ -150,7 +151,8 @@ class LaunchPlan:
 
     @property
     def rollout_command(self) -> tuple[str, ...]:
-        return (*ROLLOUT_COMMAND, *self.args("sglang"))
+        lora = self.lora.sglang_args if self.lora is not None else ()
+        return (*ROLLOUT_COMMAND, *self.args("sglang"), *lora)
 
     @property
     def trainer_command(self) -> tuple[str, ...]:

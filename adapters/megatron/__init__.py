@@ -16,7 +16,16 @@ Submodules import torch and megatron-core; this package file imports nothing hea
 # refuses a contract whose models need another.
 MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
 
+# The layout axes this trainer runs (``adapters.layout.Layout``): model parallelism and its
+# data parallelism (``dp``: DDP replicas), not fsdpN.
+LAYOUT_AXES = frozenset({"tp", "pp", "cp", "dp", "ep"})
+
+# Whether this trainer runs a contract's LoRA adapters (``parity --lora``; ``lora.py``).
+LORA = True
+
 __all__ = [
+    "LAYOUT_AXES",
+    "LORA",
     "MLP_BLOCKS",
     "Layout",
     "OptimizerSettings",

@@ -32,6 +32,7 @@ from megatron.core.tensor_parallel.mappings import (
 from contractgen.adapters.families import LAYER_PREFIX
 
 from ..kernels.lora import lora_add, lora_delta, lora_scale, merged_delta
+from ..kernels.planted import active
 from ..lora import LORA_ALPHA_KEY, adapter_names, split_adapter
 from .autograd import straight_through
 from .policy import dtype_of
@@ -89,6 +90,8 @@ class LoraBranch(torch.nn.Module):
         deltas = []
         for a, b in zip(self.a, self.b, strict=True):
             s = self.alpha / a.shape[0]
+            if active("lora_grad_scale_twice"):  # a planted backward bug (kernels.planted)
+                s = s * s
             if self.split == "column":
                 xa = copy_to_tensor_model_parallel_region(x.float(), group=self.tp_group)
                 aa = copy_to_tensor_model_parallel_region(a, group=self.tp_group)
@@ -184,12 +187,12 @@ SERVING: dict[str, Callable[[torch.nn.Module, LoraBranch], None]] = {
 }
 
 
-def gather_adapter(branches: list[LoraBranch], tp_group: Any) -> dict[str, torch.Tensor]:
-    """The adapter as the rollout serves it, under HF adapter names: each A and B rounded to
-    ``kp.lora_adapter_dtype`` (the bits the forward uses; the trainer's fp32 masters stay here),
-    this rank's TP shards concatenated (a column linear's B by output rows, a row linear's A by
-    input columns), plus ``LORA_ALPHA_KEY``. Collective over ``tp_group``; empty without
-    branches."""
+def _gather_pairs(
+    branches: list[LoraBranch], tp_group: Any, pairs: Callable[[LoraBranch], list]
+) -> dict[str, torch.Tensor]:
+    """``pairs(branch)`` (per role, an (A-like, B-like) pair of this rank's shards) under HF
+    adapter names, TP shards concatenated (a column linear's B by output rows, a row linear's A
+    by input columns). Collective over ``tp_group``."""
     n = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
 
     def whole(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -202,12 +205,35 @@ def gather_adapter(branches: list[LoraBranch], tp_group: Any) -> dict[str, torch
     out: dict[str, torch.Tensor] = {}
     for branch in branches:
         a_dim, b_dim = (None, 0) if branch.split == "column" else (1, None)
-        for (a_name, b_name), (a, b) in zip(branch.names, branch._rounded(), strict=True):
+        for (a_name, b_name), (a, b) in zip(branch.names, pairs(branch), strict=True):
             out[a_name] = a.contiguous() if a_dim is None else whole(a, a_dim)
             out[b_name] = b.contiguous() if b_dim is None else whole(b, b_dim)
+    return out
+
+
+def gather_adapter(branches: list[LoraBranch], tp_group: Any) -> dict[str, torch.Tensor]:
+    """The adapter as the rollout serves it, under HF adapter names: each A and B rounded to
+    ``kp.lora_adapter_dtype`` (the bits the forward uses; the trainer's fp32 masters stay here),
+    TP shards concatenated, plus ``LORA_ALPHA_KEY``. Collective over ``tp_group``; empty without
+    branches."""
+    out = _gather_pairs(branches, tp_group, LoraBranch._rounded)
     if branches:
         out[LORA_ALPHA_KEY] = torch.tensor(branches[0].alpha, dtype=torch.float64)
     return out
+
+
+def gather_adapter_grads(branches: list[LoraBranch], tp_group: Any) -> dict[str, torch.Tensor]:
+    """Every A's and B's gradient (float32, zeros where none flowed) under HF adapter names, TP
+    shards concatenated: what the step-0 gradient check compares with peft's float64 autograd.
+    Collective over ``tp_group``."""
+
+    def grads(branch: LoraBranch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [
+            tuple(torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in (a, b))
+            for a, b in zip(branch.a, branch.b, strict=True)
+        ]
+
+    return _gather_pairs(branches, tp_group, grads)
 
 
 def lora_parameters(branches: list[LoraBranch]) -> Iterator[torch.nn.Parameter]:

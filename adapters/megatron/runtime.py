@@ -242,11 +242,16 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     from .grads import finalize_grads
+    from .lora import gather_adapter_grads
     from .pipeline import pipeline_forward_backward
-    from .training import gather_hf, tied_embedding_group
+    from .training import gather_hf, gather_stages, tied_embedding_group
 
     model, config, padded = build_stage(job, run)
     model.train()
+    lora = torch.nn.ModuleList(model.lora_branches) if model.lora_branches else None
+    if lora is not None:  # LoRA: the base is frozen as in training; A and B take gradients
+        for p in model.parameters():
+            p.requires_grad_(False)
     policy = policy_for(config)
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
     pack = pack_sequences(job.sequences, pad_to_multiple=cp)
@@ -280,15 +285,18 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
         packed_seq_params=params,
     )
     finalize_grads(
-        model,
+        model if lora is None else lora,
         policy,
         group=ps.get_data_parallel_group(with_context_parallel=True),
         dp=ps.get_data_parallel_world_size(),
         cp=cp,
         tp_group=ps.get_tensor_model_parallel_group(),
-        embedding_group=tied_embedding_group(job),
+        embedding_group=tied_embedding_group(job) if lora is None else None,
     )
-    hf = gather_hf(model, job, lambda p: torch.zeros_like(p) if p.grad is None else p.grad)
+    if lora is None:
+        hf = gather_hf(model, job, lambda p: torch.zeros_like(p) if p.grad is None else p.grad)
+    else:  # the adapter's gradients alone, every stage's sent to rank 0
+        hf = gather_stages(gather_adapter_grads(list(lora), ps.get_tensor_model_parallel_group()))
     if dist.get_rank() != 0:
         return None, None
     grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}

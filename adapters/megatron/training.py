@@ -39,6 +39,7 @@ from .lora import gather_adapter
 from .packing import pack_sequences
 from .pipeline import pipeline_forward_backward
 from .policy import policy_for
+from .ppo import ppo_clip
 from .run_types import OptimizerSettings, TrainBatch, TrainerRun, TrainInit, TrainStepResult
 from .runtime import LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT, build_stage
 
@@ -236,17 +237,22 @@ def gather_hf(
     full = {n: _gather_tp(p, value(p), tp_group) for n, p in model.named_parameters()}
     layers = getattr(model.decoder, "layers", [])
     numbers = {local: layer.layer_number - 1 for local, layer in enumerate(layers)}
+    return gather_stages(hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp))
+
+
+def gather_stages(stage: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """Each stage's HF-named tensors ``stage`` (whole over TP) merged on global rank 0 (``None``
+    on the others), taken from each stage's TP-0, CP-0 ranks. Collective: every rank calls it."""
     mine = None
     if ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0:
-        stage = hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp)
         mine = {k: v.cpu() for k, v in stage.items()}
     stages: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, stages, dst=0)
     if stages is None:
         return None
     out: dict[str, torch.Tensor] = {}
-    for stage in stages:
-        for name, value in (stage or {}).items():
+    for part in stages:
+        for name, value in (part or {}).items():
             out.setdefault(name, value)
     return out
 
@@ -473,27 +479,7 @@ def _microbatch(
         lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
             x, targets_d, vocab_start, vocab, kp_head, tp_group
         )
-        new = lp.float()
-        old, adv = old_d, adv_d
-        ratio = torch.exp(new - old)
-        eps = batch.clip_eps
-        surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
-        loss = -surrogate.sum() / total
-        # the loss at a ratio of exactly 1: min(1 * A, clip(1) * A) is A bit for bit, so this
-        # equals ``loss`` bitwise exactly when every ratio is 1 (``loss_if_ratio_one``)
-        loss_if_ratio_one = -adv.sum() / total
-        # the policy-gradient objective's value, for the parent to recompute from what it sent
-        advantage_logprob = (adv * new.detach()).sum() / total
-        d = (old - new).detach()
-        stats = torch.stack(
-            [
-                loss.detach(),
-                (torch.exp(d) - d - 1).sum() / total,
-                loss_if_ratio_one,
-                advantage_logprob,
-                (ratio.detach() - 1).abs().max() if mine.numel() else ratio.new_zeros(()),
-            ]
-        )
+        loss, stats = ppo_clip(lp.float(), old_d, adv_d, batch.clip_eps, total)
         return loss, (lp.detach(), stats)
 
     result = pipeline_forward_backward(

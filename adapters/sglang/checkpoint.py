@@ -29,6 +29,7 @@ from ..families.hf_config import (
     unrunnable,
 )
 from ..families.hf_config import hf_config_fields as _family_fields
+from ..lora import CHECKPOINT_ADAPTER_FILE, is_adapter_name
 from .model import ModelArch, weight_shapes
 
 __all__ = [
@@ -116,6 +117,8 @@ def safetensors_files(path: str | Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
             files = sorted(set(weight_map.values()))
+            if (path / CHECKPOINT_ADAPTER_FILE).is_file():  # an adapter beside the base weights
+                files.append(CHECKPOINT_ADAPTER_FILE)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError,
                 AttributeError) as exc:  # fmt: skip
             raise CheckpointError(
@@ -157,7 +160,11 @@ def check_weight_files(path: str | Path, arch: ModelArch) -> None:
     shapes = tensor_shapes(path)
     expected = weight_shapes(arch)
     head = arch.spec.model_weights["lm_head"].hf_name
-    extra = sorted(n for n in set(shapes) - set(expected) if not IGNORED_TENSORS.match(n))
+    extra = sorted(
+        n
+        for n in set(shapes) - set(expected)
+        if not IGNORED_TENSORS.match(n) and not is_adapter_name(n)  # adapters: check_adapter
+    )
     if arch.tie_word_embeddings and head in extra:
         embed = arch.spec.model_weights["embed"].hf_name
         if not _same_tensor(path, head, embed):

@@ -36,7 +36,8 @@ def bucket_for(n: int) -> int:
 
 def unsupported(model: ReferenceModel) -> str | None:
     """Why ``model`` cannot decode on static buffers (None: it can). A TP group runs collectives
-    that a graph of one rank cannot hold; an MoE block routes tokens on the host."""
+    that a graph of one rank cannot hold; an MoE block routes tokens on the host; a stock op
+    (or a stock LoRA matmul, a fault only) is not batch invariant."""
     if model.tp > 1:
         return f"TP={model.tp}: the decode graph runs one rank"
     if any(mlp != model._dense_mlp for mlp in model.mlps):
@@ -45,6 +46,11 @@ def unsupported(model: ReferenceModel) -> str | None:
         return (
             f"the runtime policy selects stock ops ({', '.join(stock)}), which are not batch "
             "invariant: a padded bucket would change their bits"
+        )
+    if model.lora and model.kp.lora_matmul != "invariant":
+        return (
+            f"the LoRA path's matmul is {model.kp.lora_matmul!r}, not batch invariant: a padded "
+            "bucket would change its bits"
         )
     return None
 

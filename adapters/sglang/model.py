@@ -522,6 +522,7 @@ class ReferenceModel:
         self.extras = spec.hybrid.extras if spec.hybrid is not None else frozenset()
         self.lora: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self.lora_alpha: torch.Tensor | None = None
+        self.lora_scales: dict[int, torch.Tensor] = {}
         if split_adapter(weights)[1]:
             self._place_adapter(weights, place, local)
 
@@ -558,6 +559,12 @@ class ReferenceModel:
                 else:  # row: A's input columns split, B whole
                     a, b = place(a_name, col_block(local[role])), place(b_name, whole)
                 self.lora[(i, role)] = (a, b)
+        # s = alpha / r per adapter rank, held on the device and refreshed in place when alpha is
+        # loaded: the hot path reads no value on the host (a captured decode graph replays it)
+        self.lora_scales = {
+            rank: self._scale_value(rank).to(self.embed.device)
+            for rank in sorted({a.shape[0] for a, _ in self.lora.values()})
+        }
         SERVING[kp.lora_serving](self)
 
     def _merge_adapters(self) -> None:
@@ -568,8 +575,12 @@ class ReferenceModel:
             held.copy_(merged_weight(held, a, b, self._scale(a), self.kp))
         self.lora = {}
 
+    def _scale_value(self, rank: int) -> torch.Tensor:
+        """``alpha / rank`` as the contract holds it (on the host; reads alpha's value)."""
+        return lora_scale(float(self.lora_alpha), rank, self.kp)
+
     def _scale(self, a: torch.Tensor) -> torch.Tensor:
-        return lora_scale(float(self.lora_alpha), a.shape[0], self.kp)
+        return self.lora_scales[a.shape[0]]
 
     def _column(self, i: int, role: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """A column-parallel linear, with its adapter when it has one."""
@@ -607,6 +618,9 @@ class ReferenceModel:
                         f"{tuple(held.shape)}"
                     )
                 held.copy_(new)
+        if LORA_ALPHA_KEY in weights:
+            for rank, held in self.lora_scales.items():
+                held.copy_(self._scale_value(rank))
 
     # -- forward -----------------------------------------------------------------------------
     def _dense_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor, i: int) -> torch.Tensor:

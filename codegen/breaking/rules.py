@@ -47,6 +47,12 @@ RULES: dict[str, Rule] = {
         Rule("PARALLEL_CHANGED", True, "the parallel layouts an existing id allows changed"),
         Rule("KERNEL_POLICY_CHANGED", True, "the kernel numerics of an existing id changed"),
         Rule("RUNTIME_POLICY_CHANGED", True, "a runtime switch of an existing id changed"),
+        Rule(
+            "LORA_CHANGED",
+            True,
+            "the LoRA adapters an existing id admits changed (target modules, rank or alpha "
+            "limits, dropout)",
+        ),
         # fine: reported as info (--verbose, JSON)
         Rule("CONTRACT_ADDED", False, "a new contract id"),
         Rule("CHECKPOINT_ADDED", False, "a new known checkpoint under an existing id"),
@@ -90,6 +96,7 @@ FIELD_RULES: dict[str, str] = {
     "parallel": "PARALLEL_CHANGED",
     "kernel_policy": "KERNEL_POLICY_CHANGED",
     "runtime_policy": "RUNTIME_POLICY_CHANGED",
+    "lora": "LORA_CHANGED",
     "unobservable": "UNOBSERVABLE_NOTES_CHANGED",
 }
 

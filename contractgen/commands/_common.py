@@ -65,9 +65,9 @@ def use_project_from(ctx: click.Context) -> Project:
 def parse_repo_options(
     values: tuple[str, ...], config: ProjectConfig | None = None
 ) -> list[tuple[str, Path]]:
-    """``NAME=PATH`` pairs; NAME is a target of ``config``'s registry (sglang, megatron,
-    launcher, a plugin's) or its repo name."""
-    from ..codegen.drift import resolve_target_name
+    """``(target, PATH)`` pairs; NAME is a target of ``config``'s registry (sglang, megatron,
+    launcher, fsdp, a plugin's) or a repo name, which stands for every target of that repo."""
+    from ..codegen.drift import resolve_target_names
 
     repos: list[tuple[str, Path]] = []
     for value in values:
@@ -77,10 +77,11 @@ def parse_repo_options(
                 f"{value!r}: expected NAME=PATH, e.g. sglang=../sglang", param_hint="--repo"
             )
         try:
-            target = resolve_target_name(name, config)
+            targets = resolve_target_names(name, config)
         except KeyError as exc:
             raise click.BadParameter(str(exc.args[0]), param_hint="--repo") from None
-        if any(t == target for t, _ in repos):
-            raise click.BadParameter(f"{target} given twice", param_hint="--repo")
-        repos.append((target, Path(path)))
+        for target in targets:
+            if any(t == target for t, _ in repos):
+                raise click.BadParameter(f"{target} given twice", param_hint="--repo")
+            repos.append((target, Path(path)))
     return repos

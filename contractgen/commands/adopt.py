@@ -83,7 +83,7 @@ def _markdown(plan: AdoptPlan, refused: set[int], written: int | None) -> str:
 @click.command("adopt")
 @click.option(
     "--repo", "repos", multiple=True, required=True, metavar="NAME=PATH",
-    help="Sibling repo whose hand-kept package to take over (NAME: sglang, megatron, launcher).",
+    help="Sibling repo whose hand-kept package to take over (NAME: a target, e.g. sglang, megatron, fsdp, launcher, or a repo, e.g. miles, for all its targets).",
 )  # fmt: skip
 @click.option(
     "--allow-drop", "allow", multiple=True, metavar="NAME",

@@ -40,7 +40,7 @@ def _errors_as_json(exc: Exception) -> list[dict]:
 @click.command("check")
 @click.option(
     "--repo", "repos", multiple=True, metavar="NAME=PATH",
-    help="Also check the vendored copy in a sibling repo (NAME: sglang, megatron, launcher).",
+    help="Also check the vendored copy in a sibling repo (NAME: a target, e.g. sglang, megatron, fsdp, launcher, or a repo, e.g. miles, for all its targets).",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report instead of text.")
 @click.pass_context

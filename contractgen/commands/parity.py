@@ -203,6 +203,13 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "runs through peft. ALPHA defaults to 1.5 x RANK (a scale that is not a power of two, so "
     "where and in which dtype it is applied shows in the bits).",
 )  # fmt: skip
+@click.option(
+    "--lora-adapter", "lora_adapter", default=None, metavar="DIR",
+    type=click.Path(path_type=Path),
+    help="A LoRA contract only, instead of --lora: serve this PEFT adapter folder "
+    "(adapter_config.json + adapter_model.safetensors, e.g. from export_peft) on the reference "
+    "model; checked as `plan --lora-adapter` checks it (exit 2 naming the bad field or tensor).",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.pass_context
 @handle_errors
@@ -214,6 +221,7 @@ def command(
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
     train_temperature: float | None = None, trainers: str | None = None, lora: str | None = None,
+    lora_adapter: Path | None = None,
     train_microbatches: int | None = None, train_distributed_optimizer: bool = False,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
@@ -249,7 +257,7 @@ def command(
         rollout_tp_problems,
     )
     from ..parity.rollout import arch_of
-    from ..parity.targets import parse_trainers, rollout_target, trainer_targets
+    from ..parity.targets import parse_trainers, rollout_target
     from ..parity.workload import make_workload
 
     use_project_from(ctx)
@@ -259,7 +267,7 @@ def command(
         chosen_trainers = parse_trainers(trainers) if trainers is not None else []
     except UnknownTargetError as exc:
         fail(f"error: --trainers: {exc}")
-    chosen_trainers = chosen_trainers or trainer_targets(contract_id)
+    chosen_trainers = chosen_trainers or _default_trainers(contract_id, layouts)
     if not chosen_trainers:
         fail(f"error: {contract_id}: no trainer target's generated policy has this contract")
     if len(chosen_trainers) > 1 and train_steps:
@@ -268,6 +276,8 @@ def command(
             f"{','.join(chosen_trainers)}); give --trainers NAME"
         )
     _check_blocks(contract_id, schema.model_profile_for(contract_id), chosen_trainers)
+    if lora is not None:
+        _check_lora_trainers(chosen_trainers)
     if device == "cuda":
         import torch
 
@@ -286,8 +296,13 @@ def command(
     else:
         _check_checkpoint(checkpoint, schema.model_profile_for(contract_id))
         weights = str(checkpoint)
+    if lora is not None and lora_adapter is not None:
+        fail("error: --lora and --lora-adapter both give an adapter; pass one of them")
     if lora is not None:
-        weights = _with_lora(contract_id, schema, weights, lora)
+        weights = _with_lora(contract_id, schema, weights, lora, scratch)
+    if lora_adapter is not None:
+        weights = _with_adapter_dir(contract_id, schema, weights, lora_adapter)
+        lora = "adapter"  # an adapter is served from here on, as with --lora
     from ..adapters.kernels.planted import BACKWARD_BUGS, BUGS
 
     if unknown := sorted(set(plant_bugs) - set(BUGS) - set(BACKWARD_BUGS)):
@@ -338,6 +353,9 @@ def command(
                     f"--layouts {', '.join(ep)}: expert parallelism runs the forward only (the "
                     "token exchange has no backward yet); --train-steps needs EP 1 layouts"
                 )
+        chosen, chosen_trainers = _layouts_per_trainer(
+            chosen, chosen_trainers, layouts is None, explicit=trainers is not None
+        )
         gpus = _cuda_device_count() if device == "cuda" else None
         if gpus is not None:
             chosen = _fit_gpus(chosen, gpus, given=layouts is not None)
@@ -428,9 +446,10 @@ def parse_lora(text: str) -> tuple[int, float]:
     return rank, alpha
 
 
-def _with_lora(contract_id: str, schema, weights: object, text: str) -> dict:
+def _with_lora(contract_id: str, schema, weights: object, text: str, scratch: object = None):
     """The gate's weights plus a seeded random adapter within the contract's lora limits (exit
-    2 with one line when the contract has none or the rank / alpha is outside them)."""
+    2 with one line when the contract has none or the rank / alpha is outside them). A --model
+    checkpoint (``scratch``: built here) gets it as ``CHECKPOINT_ADAPTER_FILE`` in its folder."""
     try:
         rank, alpha = parse_lora(text)
     except ValueError as exc:
@@ -448,14 +467,66 @@ def _with_lora(contract_id: str, schema, weights: object, text: str) -> dict:
     if alpha > section["max_alpha"]:
         fail(f"error: --lora {text!r}: alpha {alpha:g} exceeds {contract_id}'s lora.max_alpha "
              f"{section['max_alpha']:g}")  # fmt: skip
-    if not isinstance(weights, dict):
-        fail("error: --lora runs on the contract's reference model (random weights); "
-             "--checkpoint / --model with --lora is not supported yet")  # fmt: skip
-    from ..adapters.lora import random_adapter
+    from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, random_adapter
     from ..parity.targets import rollout_adapter
 
-    arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
-    return {**weights, **random_adapter(arch, tuple(section["target_modules"]), rank, alpha)}
+    modules = tuple(section["target_modules"])
+    if isinstance(weights, dict):
+        arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
+        return {**weights, **random_adapter(arch, modules, rank, alpha)}
+    if scratch is None:
+        fail("error: --lora runs on the reference model or a --model NAME checkpoint (built "
+             "here); a --checkpoint folder is not written into: export the adapter beside it "
+             "and pass --lora-adapter on the reference model instead")  # fmt: skip
+    from safetensors.torch import save_file
+
+    arch = rollout_adapter().ModelArch.from_profile(
+        schema.model_profile_for(contract_id),
+        rollout_adapter().check_checkpoint(weights, schema.model_profile_for(contract_id)),
+    )
+    adapter = random_adapter(arch, modules, rank, alpha)
+    save_file(adapter, str(Path(weights) / CHECKPOINT_ADAPTER_FILE))  # the scratch checkpoint
+    return weights
+
+
+def _with_adapter_dir(contract_id: str, schema, weights: object, folder: Path) -> dict:
+    """The gate's weights plus the PEFT adapter in ``folder`` (float32), after the checks `plan
+    --lora-adapter` runs against the reference model (exit 2 with their one line)."""
+    from ..adapters.families import family_for
+    from ..adapters.launcher.layout import select_checkpoint
+    from ..adapters.launcher.lora_adapter import (
+        PEFT_PREFIX,
+        WEIGHTS_FILE,
+        AdapterError,
+        check_adapter_dir,
+    )
+
+    if not isinstance(weights, dict):
+        fail("error: --lora-adapter runs on the contract's reference model (random weights); "
+             "--checkpoint with --lora-adapter is not supported yet")  # fmt: skip
+    profile = schema.model_profile_for(contract_id)
+    try:
+        serving = check_adapter_dir(
+            folder, contract_id, select_checkpoint(contract_id, "reference"),
+            family_for(profile.family),
+        )  # fmt: skip
+    except AdapterError as exc:
+        fail(f"error: {exc}")
+    modules = tuple(sorted(schema.CONTRACT_DATA[contract_id]["lora"]["target_modules"]))
+    if serving.target_modules != modules:
+        fail(f"error: --lora-adapter {folder}: the gate serves adapters on every "
+             f"lora.target_modules ({', '.join(modules)}); this one adapts "
+             f"{', '.join(serving.target_modules)}")  # fmt: skip
+    import torch
+    from safetensors.torch import load_file
+
+    from ..adapters.lora import LORA_ALPHA_KEY
+
+    adapter = {
+        k.removeprefix(PEFT_PREFIX): v.float() for k, v in load_file(folder / WEIGHTS_FILE).items()
+    }
+    adapter[LORA_ALPHA_KEY] = torch.tensor(serving.alpha, dtype=torch.float64)
+    return {**weights, **adapter}
 
 
 def _training_config(config, steps: int, fault: str | None, lr: float | None,
@@ -496,6 +567,64 @@ def _check_blocks(contract_id: str, profile, trainers: list[str]) -> None:
                 f"the {', '.join(missing)} block of {family.name} models (it implements: "
                 f"{', '.join(sorted(have))}); parity needs both sides"
             )
+
+
+def _check_lora_trainers(trainers: list[str]) -> None:
+    """Every trainer target in ``trainers`` runs LoRA adapters (its adapter's ``LORA``), else
+    one line, exit 2 (before any worker starts)."""
+    from ..codegen.targets import targets_for_role
+    from ..parity.targets import adapter
+
+    able = [t.name for t in targets_for_role("trainer") if getattr(t.runtime(), "LORA", False)]
+    for name in trainers:
+        if not getattr(adapter(name), "LORA", False):
+            fail(
+                f"error: --lora: the {name} trainer does not run LoRA adapters yet (trainers "
+                f"that do: {', '.join(able) or 'none'}); give --trainers {','.join(able[:1])}"
+            )
+
+
+def _default_trainers(contract_id: str, layouts: str | None) -> list[str]:
+    """Without ``--trainers``: every trainer target with the contract that runs one of the
+    layouts (``--layouts``, else the defaults): the model-parallel trainer for ``tp1,…``, the
+    FSDP trainer for ``fsdpN``."""
+    from ..parity.layouts import LayoutError, parse_layouts
+    from ..parity.targets import runs_layout, trainer_targets
+
+    try:
+        wanted = parse_layouts(layouts or DEFAULT_LAYOUTS)
+    except LayoutError:
+        wanted = []  # reported where the layouts are checked
+    found = trainer_targets(contract_id)
+    return [t for t in found if any(runs_layout(t, lay) for lay in wanted)] or found[:1]
+
+
+def _layouts_per_trainer(
+    chosen: list, trainers: list[str], defaults: bool, explicit: bool
+) -> tuple[list, list[str]]:
+    """Each trainer target runs the layouts of its axes (``targets.runs_layout``): with no
+    ``--layouts``, a target's own ``DEFAULT_LAYOUTS`` (where its adapter has them) join the
+    defaults; a default trainer that runs none of the layouts is left out, one named in
+    ``--trainers`` that runs none is refused."""
+    from ..parity.layouts import LayoutError, parse_layouts
+    from ..parity.targets import adapter, runs_layout
+
+    if defaults and explicit:
+        for name in trainers:
+            extra = getattr(adapter(name), "DEFAULT_LAYOUTS", None)
+            if extra:
+                chosen = chosen + [
+                    lay for lay in parse_layouts(extra) if lay.name not in {c.name for c in chosen}
+                ]
+        chosen = [lay for lay in chosen if any(runs_layout(t, lay) for t in trainers)]
+    idle = [t for t in trainers if not any(runs_layout(t, lay) for lay in chosen)]
+    if idle and explicit:
+        axes = ", ".join(sorted(adapter(idle[0]).LAYOUT_AXES))
+        raise LayoutError(
+            f"--trainers {idle[0]}: none of the layouts {[lay.name for lay in chosen]} is one it "
+            f"runs (its axes: {axes}); add such layouts to --layouts"
+        )
+    return chosen, [t for t in trainers if t not in idle]
 
 
 def _fit_gpus(layouts: list, gpus: int, given: bool) -> list:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 
@@ -58,6 +59,12 @@ _SIZE = click.IntRange(min=1)
     "undoes what the plan renders (e.g. --hidden-dropout 0.1) or is forbidden.",
 )  # fmt: skip
 @click.option(
+    "--lora-adapter", "lora_adapter", default=None, metavar="DIR",
+    help="A LoRA contract only: a PEFT adapter folder (adapter_config.json + "
+    "adapter_model.safetensors) to serve; checked against the contract's lora limits and the "
+    "model's shapes (exit 2 naming the bad field or tensor), then its SGLang flags are rendered.",
+)  # fmt: skip
+@click.option(
     "--format", "fmt", type=click.Choice(sorted(FORMATS)), default="text", show_default=True,
     help="text for people, json for tools, shell for `export` lines and the two command lines.",
 )  # fmt: skip
@@ -76,6 +83,7 @@ def command(
     world: int | None,
     model: str | None,
     trainer_args: str,
+    lora_adapter: str | None,
     fmt: str,
 ) -> None:
     """Validate a layout against the contract's model profile and render the launch.
@@ -105,6 +113,16 @@ def command(
         fail(f"error: {exc}", EXIT_USAGE)
     except KeyError as exc:  # unknown contract or checkpoint: their str lists the known names
         fail(f"error: {exc}", EXIT_USAGE)
+    if lora_adapter is not None:
+        from ..adapters.launcher.layout import subject_for
+        from ..adapters.launcher.lora_adapter import AdapterError, check_adapter_dir
+
+        family = subject_for(contract_id, layout, model).family
+        try:
+            serving = check_adapter_dir(lora_adapter, contract_id, plan.model, family)
+        except AdapterError as exc:
+            fail(f"error: {exc}", EXIT_USAGE)
+        plan = dataclasses.replace(plan, lora=serving)
     conflicts = plan.trainer_conflicts(shlex.split(trainer_args))
     if conflicts:
         lines = "\n".join(f"  {c}" for c in conflicts)

@@ -13,7 +13,7 @@ from ._common import EXIT_DRIFT, EXIT_OK, handle_errors, parse_repo_options, pro
 @click.command("sync")
 @click.option(
     "--repo", "repos", multiple=True, required=True, metavar="NAME=PATH",
-    help="Sibling repo to write into (NAME: sglang, megatron, launcher, or sglang/Megatron-LM/miles).",
+    help="Sibling repo to write into (NAME: a target, e.g. sglang, megatron, fsdp, launcher, or a repo, sglang/Megatron-LM/miles, for all its targets).",
 )  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Show the diff of what would change; write nothing.")
 @click.option("--force", is_flag=True, help="Overwrite vendored files that were edited by hand.")

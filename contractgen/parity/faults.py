@@ -40,14 +40,34 @@ KERNEL_ALTERNATIVES: dict[str, dict[Any, Any]] = {
     "lora_serving": {"unmerged": "merged"},
 }
 
-# kernel-policy fields that act only under expert parallelism: a run without an EP layout
-# leaves them out (nothing there could show them), and says so
-EP_ONLY_FIELDS = ("moe_ep_combine",)
+# kernel-policy fields that act only across the ranks of one layout axis (``Layout`` field): a
+# side that runs no size above 1 on that axis leaves them out (nothing there could show them),
+# and says so. ``all_reduce`` sums TP partials (row-parallel linears, the MoE block's experts);
+# across one rank both orders return the partial itself.
+AXIS_ONLY_FIELDS: dict[str, str] = {"moe_ep_combine": "ep", "all_reduce": "tp"}
+AXIS_WHAT = {"ep": "expert parallelism", "tp": "tensor parallelism (a sum over TP ranks)"}
+
+
+def left_out_reason(field: str, side: str, sizes: dict[str, int], where: str) -> str | None:
+    """Why ``field``'s fault on ``side`` is left out, or None when it is tried: it acts only
+    across ``AXIS_ONLY_FIELDS[field]`` ranks and ``sizes`` (that side's largest size per axis
+    in this run, ``where`` naming them) has none above 1."""
+    axis = AXIS_ONLY_FIELDS.get(field)
+    if axis is None or sizes.get(axis, 1) > 1:
+        return None
+    return (
+        f"acts only under {AXIS_WHAT[axis]}; the {side} runs no {axis.upper()} > 1 here ({where})"
+    )
+
 
 # runtime-policy string fields: what the stock engine would run instead
 STRING_ALTERNATIVES: dict[str, dict[Any, Any]] = {
     "attention_backend": {"fa3_varlen": "sdpa", "sdpa": "fa3_varlen", None: "fa3_varlen"},
     "cp_layout": {"ulysses_a2a": None, None: "ulysses_a2a"},
+    # the FSDP trainer's: transformers' stock attention; the other FSDP mixed-precision dtype
+    "attn_implementation": {"true_on_policy_chunked": "sdpa", "sdpa": "true_on_policy_chunked"},
+    "param_dtype": {"bfloat16": "float32", "float32": "bfloat16"},
+    "reduce_dtype": {"float32": "bfloat16", "bfloat16": "float32"},
 }
 
 SKIPPED_FIELDS = ("contract_name",)  # identity, not behaviour

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .faults import EP_ONLY_FIELDS, Fault, SharedBug, catalogue, flipped, shared_bugs
+from .faults import Fault, SharedBug, catalogue, flipped, left_out_reason, shared_bugs
 from .layouts import Layout
 from .rollout import DEFAULT_WORKLOAD, PromptSpec, RolloutJob, RolloutResult, RolloutSession
 from .targets import adapter, rollout_target
@@ -139,6 +139,13 @@ class GateRun:
     def trainer_adapter(self):
         """The current trainer target's adapter module (``ROLE_API["trainer"]``)."""
         return adapter(self.trainer_target)
+
+    @property
+    def layouts(self) -> list[Layout]:
+        """The configured layouts the current trainer target runs (``targets.runs_layout``)."""
+        from .targets import runs_layout
+
+        return [lay for lay in self.config.layouts if runs_layout(self.trainer_target, lay)]
 
     def layout_key(self, layout: Layout) -> str:
         """``layout``'s name for the current trainer: the bare name for the first trainer target
@@ -372,7 +379,7 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
     from .correctness import layout_grads, trainer_reference
 
     out, pairs, reference, grads = [], [], [], []
-    for layout in run.config.layouts:
+    for layout in run.layouts:
         t0 = time.perf_counter()
         if run.config.progress:
             ep = "".join(f" {k}={v}" for k, v in (("DP", layout.dp), ("EP", layout.ep)) if v > 1)
@@ -431,14 +438,16 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
     return {"layouts": out, "pairs": pairs, "reference": reference, "grads": grads}
 
 
-def _policies_at(run: GateRun, layout: Layout):
+def _policies_at(run: GateRun, layout: Layout, rollout_tp: int | None = None):
+    """(kernel, rollout runtime, trainer runtime) policies in force at ``layout`` (the rollout
+    at ``rollout_tp``, default the layout's TP)."""
     from ..codegen.vendored import load_target
 
     cid = run.config.contract_id
     trainer = load_target(run.trainer_target)
     kp = trainer.schema.kernel_policy_for(cid)
     sg = load_target(rollout_target()).runtime_policy.policy_for(
-        cid, SimpleNamespace(tp_size=layout.tp)
+        cid, SimpleNamespace(tp_size=layout.tp if rollout_tp is None else rollout_tp)
     )
     mg = trainer.runtime_policy.policy_for(
         cid,
@@ -452,32 +461,42 @@ def _policies_at(run: GateRun, layout: Layout):
     return kp, sg, mg
 
 
-def fault_change(run: GateRun, fault: Fault, layout: Layout) -> dict[str, Any]:
-    """``{field: flipped value}`` of ``fault`` on the policies in force at ``layout``."""
-    kp, sg, mg = _policies_at(run, layout)
+def fault_change(
+    run: GateRun, fault: Fault, layout: Layout, rollout_tp: int | None = None
+) -> dict[str, Any]:
+    """``{field: flipped value}`` of ``fault`` on the policies in force at ``layout`` (the
+    rollout's at ``rollout_tp``)."""
+    kp, sg, mg = _policies_at(run, layout, rollout_tp)
     owner = kp if fault.kind == "kernel" else {"rollout": sg, "trainer": mg}[fault.side]
     return {fault.field: flipped(fault.field, getattr(owner, fault.field), fault.kind)}
 
 
 def _try_fault(
-    run: GateRun, fault: Fault, layout: Layout, faulted_rollouts: dict | None = None
+    run: GateRun,
+    fault: Fault,
+    layout: Layout,
+    faulted_rollouts: dict | None = None,
+    rollout_tp: int | None = None,
 ) -> tuple[str, str]:
-    """("detected" | "undetected" | "error", how) for one fault at one layout.
+    """("detected" | "undetected" | "error", how) for one fault at one layout (a rollout fault
+    with the rollout at ``rollout_tp``, default the layout's TP: the pair the gate compares).
 
     ``faulted_rollouts`` (``run_faults``' cache, keyed by fault and rollout TP) lets layouts of
     one TP size share one faulted rollout; both sides are deterministic, so re-running it would
     give the same bits."""
     TrainerFault = run.trainer_adapter.TrainerFault
 
-    change = fault_change(run, fault, layout)
+    tp = layout.tp if rollout_tp is None else rollout_tp
+    where = layout.name if tp == layout.tp else f"{layout.name} with rollout tp{tp}"
+    change = fault_change(run, fault, layout, tp)
     try:
         if fault.side == "rollout":
             # the faulted rollout may sample other tokens: the trainer scores what it sampled
             # (its cached unfaulted run when they are the reference tokens: ``trainer_for``)
-            key = (fault.name, layout.tp, tuple(sorted(change.items())))
+            key = (fault.name, tp, tuple(sorted(change.items())))
             cache = {} if faulted_rollouts is None else faulted_rollouts
             if key not in cache:
-                cache[key] = run.rollout(layout.tp, **{f"{fault.kind}_changes": change})
+                cache[key] = run.rollout(tp, **{f"{fault.kind}_changes": change})
             faulted = cache[key]
             rollout = run.scored_rollout(faulted)
             trainer = trainer_for(run, layout, faulted)
@@ -488,20 +507,25 @@ def _try_fault(
             trainer, _ = run.trainer(layout, fault=tf, rollout=own)
     except Exception as exc:  # reported, never counted as a detection
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-        return "error", f"{layout.name}: {type(exc).__name__}: {lines[-1][:160] if lines else ''}"
+        return "error", f"{where}: {type(exc).__name__}: {lines[-1][:160] if lines else ''}"
     cmp = compare(rollout, trainer)
     if cmp.exact:
         return "undetected", ""
-    return "detected", f"{layout.name}: max |diff| {cmp.max_abs_diff:.3g}"
+    return "detected", f"{where}: max |diff| {cmp.max_abs_diff:.3g}"
 
 
-def unobservable_notes(contract_id: str) -> dict[str, str]:
-    """The contract's notes on fields the gate cannot observe (from the generated schema)."""
+def unobservable_notes(contract_id: str, run: GateRun | None = None) -> dict[str, str]:
+    """The notes on fields the gate cannot observe: the contract's (from the generated schema),
+    plus those ``run``'s trainer target declares for its own runtime policy (its adapter's
+    ``UNOBSERVABLE``, true under every contract); a contract's own note wins."""
     from ..codegen.vendored import load_target
 
-    return dict(
-        load_target(rollout_target()).schema.CONTRACT_DATA[contract_id].get("unobservable", {})
-    )
+    notes = {}
+    if run is not None:
+        own = getattr(run.trainer_adapter, "UNOBSERVABLE", {})
+        notes = {f"runtime_policy.{run.trainer_target}.{k}": v for k, v in own.items()}
+    data = load_target(rollout_target()).schema.CONTRACT_DATA[contract_id]
+    return notes | dict(data.get("unobservable", {}))
 
 
 def _try_shared(run: GateRun, bug: SharedBug, ref, layout: Layout) -> tuple[str, str]:
@@ -520,7 +544,12 @@ def _try_shared(run: GateRun, bug: SharedBug, ref, layout: Layout) -> tuple[str,
             if not cmp.exact:
                 return "detected", f"rollout tp{tp} vs tp1: max |diff| {cmp.max_abs_diff:.3g}"
         if ref is None:
-            return "undetected", ""
+            off = "--no-reference" if not run.config.hf_reference else "transformers not there"
+            return "left out", (
+                "a bug on both sides moves no rollout-vs-trainer bit and no rollout TP > 1 "
+                f"differed from TP 1 (TPs {sorted(run.config.rollout_tps)}); the one check "
+                f"left, transformers' forward, is off in this run ({off})"
+            )
         for entry in (
             rollout_reference(run, ref, 1, planted),
             trainer_reference(run, ref, layout, planted),
@@ -543,16 +572,14 @@ def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
     ``unobservable``; a fault the contract calls unobservable that IS detected fails it too.
     """
     # cheapest first; among layouts of one size, TP first (reduction-order faults need TP)
-    layouts = sorted(run.config.layouts, key=lambda lay: (lay.world_size, -lay.tp, lay.name))
+    layouts = sorted(run.layouts, key=lambda lay: (lay.world_size, -lay.tp, lay.name))
     kp, sg, mg = _policies_at(run, layouts[0])
     faults = catalogue(kp, sg, mg, rollout_target(), run.trainer_target, trainer_only)
     if trainer_only:
         faults = [f for f in faults if f.side == "trainer"]
-    left_out = []
-    if all(lay.ep == 1 for lay in layouts):
-        left_out = [f.name for f in faults if f.kind == "kernel" and f.field in EP_ONLY_FIELDS]
-        faults = [f for f in faults if f.name not in left_out]
-    notes = unobservable_notes(run.config.contract_id)
+    left_out = _left_out(run, layouts, faults)
+    faults = [f for f in faults if f.name not in left_out]
+    notes = unobservable_notes(run.config.contract_id, run)
     outcomes: dict[str, tuple[str, str]] = {f.name: ("undetected", "") for f in faults}
     faulted_rollouts: dict = {}  # (fault, rollout TP) -> its rollout, shared by layouts of one TP
     for layout in layouts:
@@ -565,6 +592,7 @@ def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
         if run.config.progress:
             left = sum(1 for o, _ in outcomes.values() if o == "undetected")
             _say(f"faults at {layout.name}: {len(pending)} tried, {left} not yet detected")
+    _try_other_rollout_tps(run, faults, layouts[0], outcomes, faulted_rollouts)
     for bug in [] if trainer_only else shared_bugs():
         outcomes[bug.name] = _try_shared(run, bug, ref, layouts[0])
         faults.append(bug)
@@ -579,7 +607,9 @@ def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
     for i, fault in enumerate(faults):
         outcome, how = outcomes[fault.name]
         note = notes.get(fault.contract_path)
-        if outcome == "detected":
+        if outcome == "left out":
+            left_out[fault.name] = how
+        elif outcome == "detected":
             detected.append(fault.name)
             if note is not None:
                 contradicted.append(fault.name)
@@ -607,11 +637,48 @@ def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
         "errors": errors,
         "details": details,
         "retried": retried,
-        "left_out": {
-            name: "acts only under expert parallelism; no layout given has EP > 1"
-            for name in left_out
-        },
+        "left_out": left_out,
     }
+
+
+def _left_out(run: GateRun, layouts: list[Layout], faults: list[Fault]) -> dict[str, str]:
+    """``{fault: why}`` for the kernel faults nothing in this run could show: each acts only
+    across the ranks of one axis (``faults.AXIS_ONLY_FIELDS``) and its side runs none above 1.
+    The trainer's sizes are its layouts'; the rollout's TP is any of the gate's rollout TPs
+    (``_try_other_rollout_tps`` pairs them with a trainer layout), its EP the layouts'."""
+    names = [lay.name for lay in layouts]
+    trainer = {"tp": max(lay.tp for lay in layouts), "ep": max(lay.ep for lay in layouts)}
+    rollout_tps = sorted({*run.config.rollout_tps, *(lay.tp for lay in layouts)})
+    sides = {
+        "trainer": (trainer, f"{run.trainer_target} layouts {', '.join(names)}"),
+        "rollout": ({**trainer, "tp": max(rollout_tps)}, f"rollout TPs {rollout_tps}"),
+    }
+    out = {}
+    for fault in faults:
+        sizes, where = sides[fault.side]
+        why = fault.kind == "kernel" and left_out_reason(fault.field, fault.side, sizes, where)
+        if why:
+            out[fault.name] = why
+    return out
+
+
+def _try_other_rollout_tps(
+    run: GateRun, faults: list[Fault], layout: Layout, outcomes: dict, faulted_rollouts: dict
+) -> None:
+    """A rollout fault no layout showed at its own TP, tried with ``layout``'s trainer against
+    the gate's other rollout TPs, largest first (pairs the gate compares too: ``pairs``). The
+    rollout's cross-rank switches act only at TP > 1, and a trainer without TP (``fsdpN``)
+    pairs with rollout TP 1 alone."""
+    pending = [f for f in faults if f.side == "rollout" and outcomes[f.name][0] == "undetected"]
+    own = {lay.tp for lay in run.layouts}
+    for tp in sorted({*run.config.rollout_tps} - own, reverse=True):
+        for fault in [f for f in pending if outcomes[f.name][0] == "undetected"]:
+            outcomes[fault.name] = _try_fault(run, fault, layout, faulted_rollouts, tp)
+        run.release_rollout(tp)
+        if run.config.progress:
+            left = sum(1 for f in pending if outcomes[f.name][0] == "undetected")
+            _say(f"faults at {layout.name} with rollout tp{tp}: {left} not yet detected")
+    run.release(layout)
 
 
 def merged_faults(first: dict, other: dict) -> dict:

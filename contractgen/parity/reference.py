@@ -160,6 +160,13 @@ def hf_model(weights: Any, profile: Any, dtype: torch.dtype, dims: Any = None):
                 f"transformers {transformers.__version__} cannot load {weights} for the reference "
                 f"comparison ({type(exc).__name__}: {exc}); --no-reference skips that comparison"
             ) from exc
+        from safetensors.torch import load_file
+
+        from ..adapters.lora import CHECKPOINT_ADAPTER_FILE
+
+        carried = Path(weights) / CHECKPOINT_ADAPTER_FILE
+        if carried.is_file():  # the checkpoint carries an adapter: peft serves it unmerged
+            return peft_model(model, load_file(str(carried)), dtype).eval()
         return model.eval()
     from ..adapters.lora import split_adapter
 
@@ -298,8 +305,23 @@ def hf_grads(model, sequences: list[list[int]], prompt_lens: list[int]) -> dict[
         lp = torch.log_softmax(logits, dim=-1)
         loss = loss - lp.gather(-1, ids[0, 1:, None])[p - 1 :, 0].sum()
     loss.backward()
-    grads = {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        _peft_to_adapter_name(n): p.grad.detach()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
     return _to_checkpoint_layout(grads)
+
+
+def _peft_to_adapter_name(name: str) -> str:
+    """peft's parameter name of an adapter tensor (``base_model.model.model.layers.0.self_attn
+    .q_proj.lora_A.default.weight``) -> the gate's (``model.layers.0.self_attn.q_proj.lora_A
+    .weight``); other names unchanged (a peft model's base is frozen: only A and B have grads)."""
+    from ..adapters.lora import PEFT_PREFIX
+
+    if not name.startswith(PEFT_PREFIX):
+        return name
+    return name.removeprefix(PEFT_PREFIX).replace(".default.", ".")
 
 
 def _to_checkpoint_layout(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

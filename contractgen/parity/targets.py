@@ -46,3 +46,12 @@ def adapter(name: str) -> types.ModuleType:
 
 def rollout_adapter() -> types.ModuleType:
     return adapter(rollout_target())
+
+
+def runs_layout(name: str, layout) -> bool:
+    """Whether trainer target ``name`` runs ``layout``: every axis the layout uses (``fsdp``
+    for an FSDP layout, else ``tp`` and any other axis above 1) is one of its adapter's
+    ``LAYOUT_AXES``."""
+    used = {k for k, v in layout.sizes.items() if v > 1 and k != "fsdp"}
+    used |= {"fsdp"} if layout.fsdp else {"tp"}
+    return used <= set(adapter(name).LAYOUT_AXES)

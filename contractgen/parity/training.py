@@ -58,12 +58,13 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..adapters.families import LAYER_PREFIX
-from ..adapters.lora import split_adapter
+from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
 from .harness import GateRun, compare, fault_change, pair_name, same_tokens
 from .layouts import Layout
 from .rollout import weights_digest
@@ -117,7 +118,8 @@ class _GradCheck:
     """Step 0's gradient check, ``--grads``'s on the step's samples: each layout's trainer, in
     the processes it trains in, takes a float32 backward of ``GRAD_CHECK_LOSS`` at the step-0
     weights (a stage built for it; the training stage is untouched), compared parameter by
-    parameter with float64 autograd through transformers. The reference is computed once per set
+    parameter with float64 autograd through transformers (under LoRA the adapter's A and B,
+    against peft's float64 autograd with the base frozen). The reference is computed once per set
     of samples (every layout samples the same at step 0 unless a fault moves them)."""
 
     run: GateRun
@@ -125,11 +127,23 @@ class _GradCheck:
     """Why no layout is checked (transformers unavailable), else None."""
     refs: dict = field(default_factory=dict)
 
+    @property
+    def lora(self) -> bool:
+        """The gate serves an adapter: the check compares A's and B's gradients only."""
+        weights = getattr(self.run.config, "weights", None)
+        if isinstance(weights, (str, Path)):
+            return (Path(weights) / CHECKPOINT_ADAPTER_FILE).is_file()
+        return isinstance(weights, dict) and bool(split_adapter(weights)[1])
+
     def layout(self, trainer: Any, layout: Layout, base: Any, fault: Any) -> dict | None:
         from .correctness import compare_grads, grad_reference_of, grads_run
 
         if self.note is not None:
             return None
+        if not getattr(self.run.trainer_adapter, "GRADIENT_RUN", True):
+            return {"name": layout.name, **layout.sizes, "supported": False,
+                    "note": f"not supported: the {self.run.trainer_target} trainer has no "
+                    "gradient run (TrainerRun.grads) yet"}  # fmt: skip
         key = tuple(tuple(s) for s in base.sequences)
         if key not in self.refs:
             seqs = [list(s) for s in base.sequences]
@@ -143,7 +157,8 @@ class _GradCheck:
         from .correctness import GRAD_TOLERANCE
 
         return {
-            "dtype": "float32 trainer vs float64 transformers autograd",
+            "dtype": "float32 trainer vs float64 transformers autograd"
+            + (" (peft: the adapter's A and B; the base is frozen)" if self.lora else ""),
             "loss": GRAD_CHECK_LOSS,
             "tolerance": GRAD_TOLERANCE,
             "tolerance_meaning": "max |grad - float64 grad| / max |float64 grad|, per parameter",
@@ -152,20 +167,11 @@ class _GradCheck:
         }
 
 
-LORA_GRAD_CHECK_NOTE = (
-    "not run under --lora: the check compares base-weight gradients, and a LoRA run trains "
-    "only A and B (their gradients vs float64 peft autograd are not wired yet)"
-)
-
-
 def _grad_check(run: GateRun, cfg: TrainingConfig) -> _GradCheck | None:
     from .reference import transformers_reason
 
     if not cfg.grad_check:
         return None
-    weights = run.config.weights
-    if isinstance(weights, dict) and split_adapter(weights)[1]:
-        return _GradCheck(run, LORA_GRAD_CHECK_NOTE)
     return _GradCheck(run, transformers_reason())
 
 
@@ -226,7 +232,7 @@ def training_faults(run: GateRun) -> list[str]:
     from .faults import catalogue
     from .harness import _policies_at
 
-    first = run.config.layouts[0]
+    first = run.layouts[0]
     return [*SYNC_FAULTS, *(f.name for f in catalogue(*_policies_at(run, first)))]
 
 
@@ -254,7 +260,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
     pairs: list[list[dict]] = [[] for _ in range(cfg.steps)]
     cache: dict = {}
     grads = _grad_check(run, cfg)
-    for layout in run.config.layouts:
+    for layout in run.layouts:
         for entry, step_pairs, step in _run_layout(run, cfg, layout, arch, cache, grads):
             per_step[step].append(entry)
             pairs[step].extend(step_pairs)
@@ -307,6 +313,11 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
                 else f"megatron-core mixed-precision optimizer (fp32 main params), AdamW "
                 f"lr {cfg.lr}, no weight decay, no grad clipping"
             ),
+            # a trainer target that trains otherwise says how (``TRAINING_DESCRIPTION``)
+            **{
+                k: v.format(lr=cfg.lr)
+                for k, v in getattr(run.trainer_adapter, "TRAINING_DESCRIPTION", {}).items()
+            },  # fmt: skip
             "distributed_optimizer": cfg.distributed_optimizer,
             "fault": cfg.fault,
             "stale_tensor": stale_tensor(arch) if cfg.fault == STALE_SHARD else None,
@@ -630,7 +641,7 @@ def failures(report: dict) -> list[str]:
                 f"step {s['step']}: gradients at {g['name']} off float64 "
                 f"({g['max_rel_diff']:.3g} > {grads['tolerance']})"
                 for g in grads["per_layout"]
-                if not g["within_tolerance"]
+                if g.get("supported", True) and not g["within_tolerance"]
             ]
         out += [
             f"step {s['step']}: {e['name']}: rollout weights differ from the trainer's: "
@@ -727,6 +738,9 @@ def _grads_lines(report: dict) -> list[str]:
         if grads["note"]:
             out.append(f"          none: {grads['note']}")
         for g in grads["per_layout"]:
+            if not g.get("supported", True):
+                out.append(f"          {g['name']:<10} {g['note']}")
+                continue
             verdict = "ok" if g["within_tolerance"] else "OFF"
             out.append(f"          {g['name']:<10} max rel {g['max_rel_diff']:.3g}  {verdict}")
     return out

@@ -23,7 +23,30 @@ PACKAGES = {
     "sglang": "python/sglang/srt/true_on_policy",
     "megatron": "miles_megatron_plugins/true_on_policy",
     "launcher": "miles/true_on_policy",
+    "fsdp": "miles/backends/fsdp_utils/true_on_policy",
 }
+
+
+def targets_of_repo(repo: str) -> list[str]:
+    """The built-in targets vendored into sibling repo ``repo`` (miles: fsdp and launcher), from
+    the registry, so a new target changes no count in the tests."""
+    from contractgen.codegen.targets import BUILTIN
+
+    return [t.name for t in BUILTIN.values() if t.repo == repo]
+
+
+def sibling_checkout(repo: Path, *targets: str) -> Path:
+    """``repo`` made a checkout that has each target's anchor (the folder its package goes in:
+    ``python/sglang/srt`` for sglang), so sync may write there."""
+    for target in targets:
+        (repo / PACKAGES[target]).parent.mkdir(parents=True, exist_ok=True)
+    return repo
+
+
+def builtin_targets() -> list[str]:
+    from contractgen.codegen.targets import BUILTIN
+
+    return list(BUILTIN)
 
 
 def make_project(

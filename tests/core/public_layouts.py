@@ -369,6 +369,8 @@ REPOS: dict[str, tuple[str, str, str, dict[str, str]]] = {
         ".",
         {
             "miles/__init__.py": "",
+            "miles/backends/__init__.py": "",
+            "miles/backends/fsdp_utils/__init__.py": "",  # miles' FSDP backend: fsdp's anchor
             "./pyproject.toml": textwrap.dedent("""\
                 [tool.black]
                 line_length = 119

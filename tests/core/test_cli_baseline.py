@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, V1_YAML, cli, cli_process, make_project
+from .helpers import ROOT, V1_YAML, builtin_targets, cli, cli_process, make_project
 
 FLAGS = {
     "list": ["--json", "--help"],
@@ -77,9 +77,13 @@ def test_exit_0_ok() -> None:
 
 
 def test_exit_1_drift(project: Path) -> None:
+    from contractgen.project import open_project
+
     result = cli("--root", project, "check")  # generated/ not written yet
     assert result.exit_code == 1
-    assert result.output.count("missing: generated/") == 12
+    rendered = open_project(project).rendered  # every file of every target
+    assert {k.split("/", 1)[0] for k in rendered} == set(builtin_targets())
+    assert result.output.count("missing: generated/") == len(rendered)
 
 
 @pytest.mark.parametrize(
@@ -101,11 +105,12 @@ def test_exit_2_usage(args: list[str]) -> None:
 
 
 def test_exit_2_unknown_repo_lists_names() -> None:
+    from contractgen.codegen.targets import BUILTIN
+
     result = cli("check", "--repo", "vllm=/tmp")
-    assert (
-        "use one of: sglang (repo sglang), megatron (repo Megatron-LM), launcher (repo miles)"
-        in result.stderr
-    )
+    known = ", ".join(f"{t.name} (repo {t.repo})" for t in BUILTIN.values())
+    assert f"unknown repo name 'vllm'; use one of: {known}" in result.stderr
+    assert "megatron (repo Megatron-LM)" in known and "launcher (repo miles)" in known
 
 
 def test_exit_2_invalid_contract_for_every_verb(tmp_path: Path) -> None:
@@ -127,7 +132,8 @@ def test_exit_2_bad_config(tmp_path: Path) -> None:
     project = make_project(tmp_path / "p", config="[targets.vllm]\npackage = 'x'\n")
     result = cli("--root", project, "check")
     assert result.exit_code == 2
-    assert "targets.vllm: unknown target (known: launcher, megatron, sglang)" in result.stderr
+    known = ", ".join(sorted(builtin_targets()))
+    assert f"targets.vllm: unknown target (known: {known})" in result.stderr
     broken = make_project(tmp_path / "q", config="contracts = [")
     assert cli("--root", broken, "check").exit_code == 2
 

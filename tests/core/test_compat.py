@@ -340,6 +340,7 @@ PUBLIC_UNSUPPORTED = {
     "sglang": "Unsupported SGLang true-on-policy contract",
     "megatron": "Unsupported Megatron true-on-policy contract",
     "launcher": "Unsupported true-on-policy contract",
+    "fsdp": "Unsupported FSDP true-on-policy contract",  # miles' FSDP path has no module of its own
 }
 
 

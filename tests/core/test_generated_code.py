@@ -15,7 +15,14 @@ import pytest
 
 from contractgen.codegen.fingerprint import canonical_source
 
-from .helpers import PACKAGES, ROOT, cli_process, files_under, load_rendered_package
+from .helpers import (
+    PACKAGES,
+    ROOT,
+    builtin_targets,
+    cli_process,
+    files_under,
+    load_rendered_package,
+)
 
 GENERATED = ROOT / "generated"
 RUFF = Path(sys.executable).with_name("ruff")
@@ -323,7 +330,7 @@ def test_numerics_and_target_policy_fingerprints_are_separate() -> None:
     base, per_target = contract_fingerprint(data), policy_fingerprints(data)
     assert per_target == schema.POLICY_FINGERPRINTS["qwen3_dense_true_on_policy_v1"]
     assert schema.compute_policy_fingerprints(data) == per_target
-    assert set(per_target) == {"sglang", "megatron", "launcher"}
+    assert set(per_target) == set(builtin_targets())  # every target has a policy section
     with_target = {**data, "runtime_policy": {**data["runtime_policy"], "vllm": {"enabled": True}}}
     assert contract_fingerprint(with_target) == base == schema.compute_fingerprint(with_target)
     assert {k: v for k, v in policy_fingerprints(with_target).items() if k != "vllm"} == per_target

@@ -75,11 +75,11 @@ def test_generate_golden(case: str, tmp_path: Path) -> None:
 
 
 def test_every_generated_file_has_a_golden() -> None:
-    """The shipped case covers all three targets and all three files of each."""
+    """The shipped case covers all four targets and all three files of each."""
     expected = GOLDEN / "generate" / "shipped" / "expected"
     names = sorted(files_under(expected))
-    assert len(names) == 12
-    for target in ("sglang", "megatron", "launcher"):
+    assert len(names) == 16
+    for target in ("sglang", "megatron", "launcher", "fsdp"):
         for file in ("__init__.py", "schema.py", "runtime_policy.py"):
             assert any(n.startswith(f"{target}/") and n.endswith(f"/{file}") for n in names)
 

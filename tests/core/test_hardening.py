@@ -12,7 +12,7 @@ import pytest
 
 from contractgen.codegen.fingerprint import canonical_source
 
-from .helpers import V1_ID, V1_YAML, cli, files_under, make_project
+from .helpers import V1_ID, V1_YAML, cli, files_under, make_project, sibling_checkout
 
 V2_ID = "qwen3_dense_true_on_policy_v2"
 PROBLEM = re.compile(r"^[^:\n]+:\d+:\d+: .+$")
@@ -199,8 +199,7 @@ def test_bad_config_values_name_the_key(
 def _synced_repo(tmp_path: Path) -> tuple[Path, Path]:
     root = make_project(tmp_path / "p")
     assert cli("--root", root, "generate").exit_code == 0
-    repo = tmp_path / "sglang"
-    repo.mkdir()
+    repo = sibling_checkout(tmp_path / "sglang", "sglang")
     result = cli("--root", root, "sync", "--repo", f"sglang={repo}")
     assert result.exit_code == 0, (result.output, result.stderr)
     return root, repo / "python/sglang/srt/true_on_policy"
@@ -289,8 +288,8 @@ def test_check_names_drift_between_sibling_copies(tmp_path: Path) -> None:
     root = make_project(tmp_path / "p")
     assert cli("--root", root, "generate").exit_code == 0
     repos = {t: tmp_path / t for t in ("sglang", "megatron", "launcher")}
-    for path in repos.values():
-        path.mkdir()
+    for target, path in repos.items():
+        sibling_checkout(path, target)
     args = [a for t, p in repos.items() for a in ("--repo", f"{t}={p}")]
     assert cli("--root", root, "sync", *args).exit_code == 0
     assert cli("--root", root, "check", *args).exit_code == 0

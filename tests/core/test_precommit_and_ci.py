@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import PACKAGES, ROOT, cli, cli_process
+from .helpers import PACKAGES, ROOT, cli, cli_process, sibling_checkout
 
 HOOKS = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
 BY_ID = {h["id"]: h for h in HOOKS}
@@ -102,8 +102,7 @@ def test_ci_recipe_yaml_blocks_parse() -> None:
 
 def test_ci_recipe_check_from_inside_a_sibling_repo(tmp_path: Path) -> None:
     """`contractgen check --repo sglang=.` run in the sibling repo (no contractgen.toml there)."""
-    repo = tmp_path / "sglang"
-    repo.mkdir()
+    repo = sibling_checkout(tmp_path / "sglang", "sglang")
     assert cli("--root", ROOT, "sync", "--repo", f"sglang={repo}").exit_code == 0
     done = cli_process("check", "--repo", "sglang=.", cwd=repo)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -121,8 +120,7 @@ def test_ci_recipe_for_the_plugins_path(tmp_path: Path) -> None:
     (project / "contractgen.toml").write_text(
         '[targets.megatron]\npackage = "miles_megatron_plugins/true_on_policy"\n'
     )
-    repo = tmp_path / "Megatron-LM"
-    repo.mkdir()
+    repo = sibling_checkout(tmp_path / "Megatron-LM", "megatron")  # has miles_megatron_plugins/
     assert cli("--root", project, "generate").exit_code == 0
     assert cli("--root", project, "sync", "--repo", f"megatron={repo}").exit_code == 0
     assert cli("--root", project, "check", "--repo", f"megatron={repo}").exit_code == 0

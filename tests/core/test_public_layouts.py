@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import ROOT, cli, cli_process, files_under
+from .helpers import ROOT, cli, cli_process, files_under, targets_of_repo
 from .public_layouts import REPOS, V1, make_repos, own_tests
 
 DOC = (ROOT / "docs" / "sibling-ci.md").read_text()
@@ -121,12 +121,19 @@ def test_handshake_and_check_pass_on_the_adopted_repos(adopted) -> None:
 def test_init_false_writes_what_the_docs_say(adopted) -> None:
     """Row 5: with init = false contractgen writes schema.py, runtime_policy.py and contracts.py,
     and leaves the repo's own __init__.py (and every other module) alone."""
+    from contractgen.project import open_project
+
+    config = open_project(ROOT).config
     for name, path in adopted.items():
-        changed = subprocess.run(["git", "-C", str(path), "status", "--porcelain"],
+        changed = subprocess.run(["git", "-C", str(path), "status", "--porcelain",
+                                  "--untracked-files=all"],
                                  capture_output=True, text=True, check=True).stdout  # fmt: skip
-        package = REPOS[name][1]
+        # every target of the repo (miles: the launcher's package and the fsdp one)
+        packages = [config.package(t) for t in targets_of_repo(name)]
+        assert REPOS[name][1] in packages
         assert sorted(line[3:] for line in changed.splitlines() if "__pycache__" not in line) == [
-            f"{package}/contracts.py", f"{package}/runtime_policy.py", f"{package}/schema.py"
+            f"{package}/{module}" for package in sorted(packages)
+            for module in ("contracts.py", "runtime_policy.py", "schema.py")
         ], changed  # fmt: skip
     for text in ((ROOT / "README.md").read_text(), DOC):
         assert "`schema.py`, `runtime_policy.py` and `contracts.py`" in " ".join(text.split())

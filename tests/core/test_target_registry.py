@@ -44,14 +44,14 @@ def _project(tmp_path: Path, name: str = "dummy", table: str = "dummy") -> Path:
 
 
 def test_lookup_by_name_and_role_lists_the_valid_ones() -> None:
-    assert [t.name for t in targets_for_role("trainer", load_config(ROOT))] == ["megatron"]
+    assert [t.name for t in targets_for_role("trainer", load_config(ROOT))] == ["megatron", "fsdp"]
     assert by_role("rollout").name == "sglang"
     with pytest.raises(UnknownTargetError) as exc:
-        get_target("fsdp")
-    assert str(exc.value) == "unknown target 'fsdp' (known: launcher, megatron, sglang)"
+        get_target("deepspeed")
+    assert str(exc.value) == "unknown target 'deepspeed' (known: fsdp, launcher, megatron, sglang)"
     with pytest.raises(UnknownTargetError) as exc:
         by_role("trainer", "sglang")
-    assert str(exc.value) == "unknown trainer target 'sglang' (known: megatron)"
+    assert str(exc.value) == "unknown trainer target 'sglang' (known: fsdp, megatron)"
 
 
 def test_a_plugin_joins_the_registry_and_renders_beside_the_built_ins(tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ def test_a_plugin_joins_the_registry_and_renders_beside_the_built_ins(tmp_path: 
 
     config = load_config(_project(tmp_path))
     assert list(config.targets) == [*BUILTIN, "dummy"]
-    assert [t.name for t in targets_for_role("trainer", config)] == ["megatron", "dummy"]
+    assert [t.name for t in targets_for_role("trainer", config)] == ["megatron", "fsdp", "dummy"]
     files = render(load_contracts(config.contracts_dir, config.root), config)
     policy = files["dummy/dummy/true_on_policy/runtime_policy.py"].decode()
     assert "class DummyRuntimePolicy" in policy
@@ -92,10 +92,11 @@ def test_plugin_errors_name_the_place_and_the_fix(
 
 
 def test_an_unknown_target_table_says_how_to_add_one(tmp_path: Path) -> None:
-    (tmp_path / "contractgen.toml").write_text('[targets.fsdp]\npackage = "x/y"\n')
+    (tmp_path / "contractgen.toml").write_text('[targets.deepspeed]\npackage = "x/y"\n')
     with pytest.raises(ConfigError) as exc:
         load_config(tmp_path)
     assert str(exc.value) == (
-        "contractgen.toml:1:1: targets.fsdp: unknown target (known: launcher, megatron, sglang); "
+        "contractgen.toml:1:1: targets.deepspeed: unknown target (known: fsdp, launcher, megatron, "
+        "sglang); "
         'a new target is a Python file defining TARGET, named by plugin = "path/to/target.py"'
     )

@@ -111,12 +111,12 @@ def test_environment_nccl_algo_is_kept() -> None:
 
 def test_flags_are_frozen() -> None:
     """The public flags of `plan` (DESIGN.md's command line, plus --rollout-dp/--world/--model,
-    and --ep for MoE contracts)."""
+    --ep for MoE contracts and --lora-adapter for LoRA contracts)."""
     from contractgen.commands.plan import command
 
     flags = sorted(opt for p in command.params for opt in p.opts)
     assert flags == [
-        "--contract", "--cp", "--dp", "--ep", "--format", "--model", "--pp", "--rollout-dp",
+        "--contract", "--cp", "--dp", "--ep", "--format", "--lora-adapter", "--model", "--pp", "--rollout-dp",
         "--rollout-tp", "--tp", "--trainer-args", "--world",
     ]  # fmt: skip
 

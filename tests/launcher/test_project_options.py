@@ -65,8 +65,8 @@ def test_handshake_uses_the_configured_package_path(tmp_path: Path) -> None:
         '[targets.megatron]\npackage = "miles_megatron_plugins/true_on_policy"\n'
     )
     rollout, trainer = tmp_path / "sglang", tmp_path / "Megatron-LM"
-    rollout.mkdir()
-    trainer.mkdir()
+    (rollout / "python/sglang/srt").mkdir(parents=True)
+    (trainer / "miles_megatron_plugins").mkdir(parents=True)
     synced = _run(
         "--root", root, "sync", "--repo", f"sglang={rollout}", "--repo", f"megatron={trainer}"
     )

@@ -144,12 +144,14 @@ def test_dummy_trainer_plugin_through_generate_sync_handshake_and_gate(tmp_path:
 
 def test_unknown_trainer_exits_2_listing_the_trainer_targets(tmp_path: Path) -> None:
     code, report, out = run_parity_in_process(
-        "--trainers", "megatron,fsdp", "--layouts", "tp1", tmp_path=tmp_path
+        "--trainers", "megatron,deepspeed", "--layouts", "tp1", tmp_path=tmp_path
     )
     assert code == 2
     assert report is None and not any(tmp_path.iterdir())  # nothing written
     lines = [line for line in out.splitlines() if line.strip() and line != "SystemExit(2)"]
-    assert lines == ["error: --trainers: unknown trainer target 'fsdp' (known: megatron)"]
+    assert lines == [
+        "error: --trainers: unknown trainer target 'deepspeed' (known: fsdp, megatron)"
+    ]
 
 
 def test_several_trainers_refuse_train_steps(tmp_path: Path) -> None:

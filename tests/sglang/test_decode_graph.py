@@ -329,3 +329,121 @@ def test_cuda_graphs_replay_weights_loaded_in_place(generated):
     fresh = _generate(ReferenceModel(arch, w1, kp, rp, device="cuda"), "eager")
     _assert_same(fresh, engine.generate(REQUESTS))
     assert {size: b.graph for size, b in engine._runner.buckets.items()} == graphs
+
+
+# What a CUDA graph cannot hold: a read of a device value on the host (a sync), or a tensor built
+# from Python data (a pageable host-to-device copy). On CPU these are the same Python calls, so
+# the static step is run with each of them raising.
+_HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "cpu")
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch):
+    def forbid(name):
+        def raising(*args, **kwargs):
+            raise AssertionError(f"{name} in the decode step: a captured graph cannot hold it")
+
+        return raising
+
+    def patch():
+        for name in _HOST_READS:
+            monkeypatch.setattr(torch.Tensor, name, forbid(f"Tensor.{name}"))
+        monkeypatch.setattr(torch, "tensor", forbid("torch.tensor"))
+
+    return patch
+
+
+def _lora_weights(arch, seed: int) -> dict[str, torch.Tensor]:
+    from contractgen.adapters.lora import random_adapter
+
+    modules = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    return random_weights(arch, 0) | random_adapter(arch, modules, 8, 12.0, seed=seed)
+
+
+def _lora_model(device: str = "cpu", seed: int = 0, **kwargs) -> ReferenceModel:
+    """The LoRA contract's reference model with a seeded rank-8 adapter on every target linear."""
+    from contractgen.parity.rollout import model_arch, policies
+
+    contract = "qwen3_dense_lora_true_on_policy_v1"
+    _, kp, rp = policies(contract, 1, None, {}, {})
+    arch, _ = model_arch(contract, {})
+    return ReferenceModel(arch, _lora_weights(arch, seed), kp, rp, device=device, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def lora_model():
+    return _lora_model()
+
+
+def test_lora_static_step_reads_nothing_on_the_host(lora_model, no_host_reads):
+    """The adapter path inside the static step (what a CUDA graph captures) reads no value on the
+    host and builds no tensor from Python data: its scale alpha / r is held on the device."""
+    assert lora_model.lora and decode_graph.unsupported(lora_model) is None
+    runner = DecodeRunner(lora_model, rows=64, max_keys=16, max_batch=2, graphs=False)
+    bucket = runner._bucket(2)
+    no_host_reads()
+    runner._compute(bucket)  # raises at the first host read
+    assert bucket.logits is not None and bucket.logits.shape[0] == 2
+
+
+def test_the_host_read_check_can_fail(lora_model, no_host_reads, monkeypatch):
+    """The check above sees the old scale (alpha read on the host at every adapted linear)."""
+    from contractgen.adapters.kernels.lora import lora_scale
+
+    runner = DecodeRunner(lora_model, rows=64, max_keys=16, max_batch=2, graphs=False)
+    bucket = runner._bucket(2)
+    monkeypatch.setattr(
+        type(lora_model),
+        "_scale",
+        lambda self, a: lora_scale(float(self.lora_alpha), a.shape[0], self.kp),
+    )
+    no_host_reads()
+    with pytest.raises(AssertionError, match="__float__|torch.tensor"):
+        runner._compute(bucket)
+
+
+def test_lora_static_decode_equals_eager_bitwise(lora_model):
+    _assert_same(
+        _generate(lora_model, "eager", REQUESTS), _generate(lora_model, "static", REQUESTS)
+    )
+
+
+def test_lora_scale_follows_a_loaded_alpha_in_place(lora_model):
+    """A pushed alpha refreshes the held scale in place (a captured graph reads the new value)."""
+    from contractgen.adapters.lora import LORA_ALPHA_KEY
+
+    ((rank, held),) = lora_model.lora_scales.items()
+    before, address = held.clone(), held.data_ptr()
+    alpha = float(lora_model.lora_alpha)
+    try:
+        lora_model.load_weights_({LORA_ALPHA_KEY: torch.tensor(2 * alpha, dtype=torch.float64)})
+        assert held.data_ptr() == address
+        assert float(held) == pytest.approx(2 * float(before))
+    finally:
+        lora_model.load_weights_({LORA_ALPHA_KEY: torch.tensor(alpha, dtype=torch.float64)})
+    assert torch.equal(held, before)
+
+
+def test_a_stock_lora_matmul_keeps_the_engine_eager(lora_model):
+    stock = dataclasses.replace(lora_model.kp, lora_matmul="stock")
+    saved = lora_model.kp
+    try:
+        lora_model.kp = stock
+        assert "LoRA path's matmul is 'stock'" in decode_graph.unsupported(lora_model)
+    finally:
+        lora_model.kp = saved
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_graphs_with_a_lora_adapter_pushed_in_place():
+    """On CUDA, with a LoRA adapter: the captured graphs give the eager engine's bits, and after
+    a new adapter is loaded in place (what an RL step pushes) they replay a fresh model's bits."""
+    model = _lora_model("cuda", own=True)
+    engine = RolloutEngine(model, progress=False, decode="graph")
+    _assert_same(_generate(model, "eager"), engine.generate(REQUESTS))
+    assert all(b.graph is not None for b in engine._runner.buckets.values())
+    fresh_model = _lora_model("cuda", seed=1)
+    update = {k: v for k, v in _lora_weights(model.arch, seed=1).items() if "lora" in k}
+    model.load_weights_(update)
+    _assert_same(_generate(fresh_model, "eager"), engine.generate(REQUESTS))

@@ -24,7 +24,7 @@
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
 #   qwen3_next_true_on_policy_v1 sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109
-# canonical-sha256: 3a40d51b9f1188f7bd1c22f52f356ef85dc04c74ddb982af1f0f40ee22558510
+# canonical-sha256: a5c6f8ab13988ee37ed2c444d28fcde7b37b91212da8c84aae075b7bebe91b60
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -1315,6 +1315,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -1850,6 +1858,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -2476,6 +2492,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -2777,6 +2801,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -3066,6 +3098,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -3325,6 +3365,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -3589,6 +3637,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -3830,6 +3886,14 @@ CONTRACT_DATA: dict[str, dict] = {
             },
         },
         "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
             "launcher": {
                 "batch_invariant_mode": True,
                 "cublas_workspace_config": ":4096:8",
@@ -4184,11 +4248,13 @@ POLICY_FINGERPRINTS: dict[str, dict[str, str]] = {
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "llama3_dense_true_on_policy_v1": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "llama3_dense_true_on_policy_v2": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
@@ -4199,31 +4265,37 @@ POLICY_FINGERPRINTS: dict[str, dict[str, str]] = {
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_dense_true_on_policy_v1": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_dense_true_on_policy_v2": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_dense_true_on_policy_v3": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_moe_true_on_policy_v1": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_moe_true_on_policy_v2": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
     "qwen3_moe_true_on_policy_v3": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",

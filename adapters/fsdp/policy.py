@@ -1,0 +1,75 @@
+"""The FSDP target's policies, resolved once per model: the generated runtime policy
+(``load_target("fsdp")``, the code miles would vendor) and the contract's ``KernelPolicy``, with a
+run's dtype override and trainer-side faults applied. ``FsdpPolicy`` is what ``model.py`` and
+``ops.py`` are handed; nothing below it looks a policy up again."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+
+from .run_types import with_fault
+
+
+@cache
+def generated() -> Any:
+    """The generated fsdp target (``.schema`` and ``.runtime_policy`` modules)."""
+    from contractgen.codegen.vendored import load_target
+
+    return load_target("fsdp")
+
+
+def float32_kernel_policy(kp: Any) -> Any:
+    """Every dtype field of a KernelPolicy set to float32 (the gate's ``--dtype float32``)."""
+    fields = {f.name: "float32" for f in dataclasses.fields(kp) if f.name.endswith("_dtype")}
+    return dataclasses.replace(kp, **fields)
+
+
+@dataclass(frozen=True)
+class FsdpPolicy:
+    """One model's policies: ``kp`` (the shared ``KernelPolicy``) and ``rp``
+    (``FsdpTrueOnPolicyRuntimePolicy``); ``float32`` marks the gate's float32 diagnostic mode,
+    where FSDP gathers parameters in float32 too."""
+
+    kp: Any
+    rp: Any
+    float32: bool = False
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """FSDP's ``MixedPrecisionPolicy.param_dtype`` (float32 in the float32 mode)."""
+        return torch.float32 if self.float32 else getattr(torch, self.rp.param_dtype or "float32")
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        return getattr(torch, self.rp.reduce_dtype or "float32")
+
+    @property
+    def master_dtype(self) -> torch.dtype:
+        """The sharded parameters' own dtype (what AdamW updates)."""
+        return torch.float32 if self.rp.keep_fp32_master else self.param_dtype
+
+
+def resolve(contract_id: str, run: Any) -> FsdpPolicy:
+    """The contract's policies under ``run``'s ``dtype_override`` and ``fault``."""
+    gen = generated()
+    kp = gen.schema.kernel_policy_for(contract_id)
+    if run.dtype_override == "float32":
+        kp = float32_kernel_policy(kp)
+    elif run.dtype_override not in (None, "bfloat16"):
+        raise ValueError(
+            f"dtype_override must be None, 'bfloat16' or 'float32' (got {run.dtype_override!r})"
+        )
+    rp = gen.runtime_policy.policy_for(contract_id, None)
+    fault = run.fault
+    if fault is not None and fault.kernel_policy:
+        kp = with_fault(kp, fault.kernel_policy)
+    if fault is not None and fault.runtime_policy:
+        rp = with_fault(rp, fault.runtime_policy)
+    if not rp.enabled:
+        rp = gen.runtime_policy.DEFAULT_RUNTIME_POLICY
+    return FsdpPolicy(kp=kp, rp=rp, float32=run.dtype_override == "float32")

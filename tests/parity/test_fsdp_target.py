@@ -1,0 +1,237 @@
+"""Issue 33, the FSDP trainer target: transformers' own model classes with the contract's ops
+attached, sharded with FSDP2 over gloo, bit-identical with the rollout at ``fsdpN`` layouts; a
+flipped FSDP runtime-policy field breaks that; layouts go to the trainer whose axes they use."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import V1, run_parity, run_parity_in_process
+
+from contractgen.adapters.layout import LayoutError, parse_layout
+
+
+def test_fsdp_layouts_parse_and_go_to_the_fsdp_trainer_only() -> None:
+    from contractgen.parity.targets import runs_layout
+
+    fsdp2 = parse_layout("fsdp2")
+    assert (fsdp2.name, fsdp2.world_size, fsdp2.sizes["fsdp"]) == ("fsdp2", 2, 2)
+    assert parse_layout("fsdp1").name == "fsdp1" != parse_layout("tp1").name
+    assert "fsdp" not in parse_layout("tp2").sizes  # model-parallel reports keep their shape
+    for token, megatron, fsdp in (("fsdp1", False, True), ("fsdp4", False, True),
+                                  ("tp1", True, False), ("tp2pp2", True, False),
+                                  ("dp2", True, False), ("tp2dp2", True, False)):  # fmt: skip
+        lay = parse_layout(token)
+        assert (runs_layout("megatron", lay), runs_layout("fsdp", lay)) == (megatron, fsdp)
+    with pytest.raises(LayoutError):
+        parse_layout("fsdp2fsdp2")
+
+
+def test_fsdp_trainer_refuses_model_parallel_layouts() -> None:
+    from contractgen.adapters.fsdp.trainer import fsdp_ranks
+
+    assert fsdp_ranks(parse_layout("fsdp4")) == 4
+    with pytest.raises(LayoutError, match="fsdpN layouts only"):
+        fsdp_ranks(parse_layout("tp2"))
+
+
+def test_a_named_trainer_with_none_of_its_layouts_is_refused(tmp_path: Path) -> None:
+    code, report, out = run_parity_in_process(
+        "--trainers", "megatron,fsdp", "--layouts", "tp1", tmp_path=tmp_path
+    )
+    assert code == 2 and report is None
+    assert (
+        "error: --trainers fsdp: none of the layouts ['tp1'] is one it runs (its axes: fsdp); "
+        "add such layouts to --layouts"
+    ) in out
+
+
+def test_lora_on_the_fsdp_trainer_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The fsdp trainer runs no LoRA adapters yet: ``--lora`` with it exits 2 before any worker
+    starts, naming the trainers that do (it used to start and hang)."""
+    code, report, out = run_parity_in_process(
+        "--contract", "qwen3_dense_lora_true_on_policy_v1", "--lora", "8", "--trainers", "fsdp",
+        "--layouts", "fsdp1", tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 2 and report is None
+    assert (
+        "error: --lora: the fsdp trainer does not run LoRA adapters yet (trainers that do: "
+        "megatron); give --trainers megatron"
+    ) in out
+
+
+def _fault_run(layouts: str, rollout_tps: list[int], trainer: str = "fsdp", hf: bool = True):
+    from types import SimpleNamespace
+
+    from contractgen.adapters.layout import parse_layouts
+
+    lays = parse_layouts(layouts)
+    config = SimpleNamespace(rollout_tps=rollout_tps, hf_reference=hf, layouts=lays)
+    return SimpleNamespace(config=config, layouts=lays, trainer_target=trainer)
+
+
+def test_cross_rank_kernel_faults_are_left_out_only_where_no_rank_could_show_them() -> None:
+    """``kernel_policy.all_reduce`` sums TP partials: an fsdpN trainer never has TP, so its
+    fault is left out with the reason; the rollout's is tried while some rollout TP is > 1
+    (paired with the fsdp layout), and left out when the gate runs rollout TP 1 only. A
+    megatron tp2 layout keeps both; EP's field follows EP as before."""
+    from contractgen.parity.faults import Fault
+    from contractgen.parity.harness import _left_out
+
+    faults = [Fault(side, "kernel", f, "fsdp" if side == "trainer" else "")
+              for side in ("rollout", "trainer") for f in ("all_reduce", "moe_ep_combine",
+                                                           "matmul_k_block")]  # fmt: skip
+    out = _left_out(_fault_run("fsdp2", [1, 2]), _fault_run("fsdp2", [1, 2]).layouts, faults)
+    assert set(out) == {"kernel.all_reduce@fsdp", "kernel.moe_ep_combine@fsdp",
+                        "kernel.moe_ep_combine@rollout"}  # fmt: skip
+    assert out["kernel.all_reduce@fsdp"] == (
+        "acts only under tensor parallelism (a sum over TP ranks); the trainer runs no TP > 1 "
+        "here (fsdp layouts fsdp2)"
+    )
+    run = _fault_run("fsdp1,fsdp2", [1])
+    assert "kernel.all_reduce@rollout" in _left_out(run, run.layouts, faults)
+    run = _fault_run("tp2,ep2", [1], trainer="megatron")
+    assert _left_out(run, run.layouts, faults) == {}
+
+
+def test_a_shared_bug_without_a_reference_is_left_out_with_the_reason() -> None:
+    """Planted on both sides, ``silu_glu_sign_flip`` moves no pair's bits and every rollout TP
+    alike: with ``--no-reference`` nothing in the run can show it, which the gate says (left
+    out) instead of calling it undetected; with a reference it is tried there."""
+    from contractgen.parity.faults import SharedBug
+    from contractgen.parity.harness import _try_shared
+
+    run = _fault_run("fsdp2", [1], hf=False)
+    run.rollout = lambda tp, **kw: None  # TP 1 only: no cross-TP comparison is made
+    outcome, how = _try_shared(run, SharedBug("silu_glu_sign_flip"), None, run.layouts[0])
+    assert outcome == "left out" and "(--no-reference)" in how and "TPs [1]" in how
+
+
+@pytest.mark.slow
+def test_fsdp_runtime_policy_fields_are_load_bearing() -> None:
+    """Each numerics-bearing FSDP runtime field flipped on the trainer alone moves its bits off
+    the unfaulted run's (one fsdp1 session, several runs)."""
+    from contractgen.adapters.fsdp import TrainerFault, TrainerRun, TrainerSession
+    from contractgen.adapters.sglang import ModelArch, random_weights
+    from contractgen.codegen.vendored import load_target
+
+    arch = ModelArch.from_profile(load_target("fsdp").schema.model_profile_for(V1))
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (40, 70)]
+    flips = {
+        "batch_invariant_mode": False,
+        "attn_implementation": "sdpa",
+        "param_dtype": "float32",
+        "enabled": False,
+    }
+    with TrainerSession(V1, random_weights(arch, seed=0), parse_layout("fsdp1")) as s:
+        base = s.logprobs(seqs, TrainerRun()).logprobs
+        again = s.logprobs(seqs, TrainerRun()).logprobs
+        faulted = {
+            f: s.logprobs(seqs, TrainerRun(fault=TrainerFault(runtime_policy={f: v}))).logprobs
+            for f, v in flips.items()
+        }
+    assert all(torch.equal(a, b) for a, b in zip(base, again, strict=True))  # deterministic
+    same = [f for f, lp in faulted.items() if all(map(torch.equal, base, lp))]
+    assert not same, f"flipping {same} left the FSDP trainer's logprobs bit-identical"
+
+
+@pytest.mark.slow
+def test_gate_fsdp_layouts_exact_against_every_rollout_tp(tmp_path: Path) -> None:
+    """The gate with both trainer targets: megatron at tp1, FSDP2 at fsdp1 and fsdp2 (two gloo
+    ranks, each scoring its share), every pair with rollout TP 1 and 2 bitwise exact."""
+    code, report, out = run_parity(
+        "--trainers", "megatron,fsdp", "--layouts", "tp1,fsdp1,fsdp2", "--rollout-tps", "1,2",
+        "--no-reference", "--requests", "3", "--new-tokens", "4", tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 0, out
+    names = [lay["name"] for lay in report["layouts"]]
+    assert names == ["tp1", "fsdp/fsdp1", "fsdp/fsdp2"]
+    assert all(lay["exact"] and lay["tokens_compared"] > 0 for lay in report["layouts"])
+    assert len(report["pairs"]) == 6 and all(p["exact"] for p in report["pairs"])
+
+
+@pytest.mark.slow
+def test_fsdp2_trains_a_step_at_ratio_one_and_pushes_the_updated_weights(reference_weights):
+    """``--train-steps``' trainer half at fsdp2: the training forward scores the sequences with
+    the bits of the plain forward (ratio exactly 1, loss its value at ratio 1), AdamW moves the
+    sharded weights, and the pushed full state dict has every checkpoint name in bfloat16."""
+    from contractgen.adapters.fsdp import TrainBatch, TrainerSession, TrainInit
+    from contractgen.adapters.fsdp.run_types import OptimizerSettings
+
+    arch, weights = reference_weights
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (40, 31, 25)]
+    prompt_lens = (30, 20, 18)
+    with TrainerSession(V1, weights, parse_layout("fsdp2"), arch=arch) as s:
+        before = s.train(TrainInit(OptimizerSettings(lr=1e-2))).weights.tensors()
+        old = [lp[p - 1 :] for lp, p in zip(s.logprobs(seqs).logprobs, prompt_lens, strict=True)]
+        batch = TrainBatch(tuple(map(tuple, seqs)), prompt_lens, tuple(old), (1.0, -0.5, 0.25))
+        step = s.train(batch)
+    after = step.weights.tensors()
+    assert step.ratio_max_abs_dev == 0.0 and step.kl == 0.0
+    assert struct.pack("<d", step.loss) == struct.pack("<d", step.loss_if_ratio_one)
+    assert all(torch.equal(a, b) for a, b in zip(step.logprobs, old, strict=True))
+    assert set(after) == set(before) == set(weights)
+    assert {t.dtype for t in after.values()} == {torch.bfloat16}
+    moved = [k for k in after if not torch.equal(after[k], before[k])]
+    assert len(moved) > len(after) // 2, f"AdamW moved only {moved}"
+
+
+def test_fsdp_backward_only_fields_are_explained_by_the_target_not_the_contracts() -> None:
+    """The fsdp fields no forward can show are the target's notes (every contract), so adding the
+    target left the shipped contracts' numerics fingerprints where they were."""
+    from types import SimpleNamespace
+
+    import contractgen.adapters.fsdp as fsdp
+    from contractgen.codegen.vendored import load_target
+    from contractgen.parity.harness import unobservable_notes
+
+    contract = "qwen3_dense_true_on_policy_v1"
+    data = load_target("fsdp").schema.CONTRACT_DATA[contract]
+    assert not [k for k in data.get("unobservable", {}) if k.startswith("runtime_policy.fsdp.")]
+    run = SimpleNamespace(trainer_adapter=fsdp, trainer_target="fsdp")
+    notes = unobservable_notes(contract, run)
+    assert set(fsdp.UNOBSERVABLE) == {"reduce_dtype", "keep_fp32_master"}
+    for field in fsdp.UNOBSERVABLE:
+        assert notes[f"runtime_policy.fsdp.{field}"] == fsdp.UNOBSERVABLE[field]
+    assert "runtime_policy.fsdp.reduce_dtype" not in unobservable_notes(contract)
+
+
+@pytest.mark.slow
+def test_fsdp_gradients_match_float64_autograd_and_a_planted_dk_bug_fails_them(reference_weights):
+    """The step-0 gradient check on the FSDP trainer (``TrainerRun.grads``: full gradients
+    gathered from the fsdp2 shards) is within tolerance of float64 transformers autograd, twice
+    with the same bits, and the attention backward without the softmax scale in dK (a bug no
+    logprob shows) puts it far outside."""
+    from types import SimpleNamespace
+
+    from contractgen.adapters.fsdp import TrainerRun, TrainerSession
+    from contractgen.parity.correctness import GRAD_TOLERANCE, compare_grads, grad_reference_of
+
+    arch, weights = reference_weights
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (30, 21, 17)]
+    prompt_lens = [20, 12, 10]
+    ref = grad_reference_of(SimpleNamespace(weights=weights, contract_id=V1), seqs, prompt_lens)
+    layout = parse_layout("fsdp2")
+    run = TrainerRun(dtype_override="float32", grads=True, prompt_lens=tuple(prompt_lens))
+    with TrainerSession(V1, weights, layout, arch=arch) as s:
+        honest = s.logprobs(seqs, run).hf_grads
+        again = s.logprobs(seqs, run).hf_grads
+        planted = s.logprobs(seqs, dataclasses.replace(run, planted_bugs=(DK_BUG,)))
+    assert set(honest) == set(ref.grads)
+    assert all(torch.equal(honest[k], again[k]) for k in honest)  # deterministic, bitwise
+    good = compare_grads(ref, layout, honest)
+    assert good["within_tolerance"], good
+    assert good["parameters_compared"] == len(ref.grads)
+    bad = compare_grads(ref, layout, planted.hf_grads)
+    assert not bad["within_tolerance"] and bad["max_rel_diff"] > 100 * GRAD_TOLERANCE, bad
+    assert ".self_attn.k_proj." in bad["worst_parameter"] or "k_norm" in bad["worst_parameter"]
+
+
+DK_BUG = "attention_dk_scale_dropped"
