@@ -16,6 +16,7 @@ import jinja2
 
 from ..schema.loader import LoadedContract
 from ..schema.models import (
+    HYBRID_DIMS_FIELDS,
     MOE_DIMS_FIELDS,
     OPTIONAL_KERNEL_FIELDS,
     REFERENCE_ONLY_DIMS_FIELDS,
@@ -310,7 +311,7 @@ def _schema_context(contracts: list[LoadedContract]) -> dict:
     }
 
 
-OPTIONAL_DIMS_FIELDS = (*MOE_DIMS_FIELDS, *REFERENCE_ONLY_DIMS_FIELDS)
+OPTIONAL_DIMS_FIELDS = (*MOE_DIMS_FIELDS, *HYBRID_DIMS_FIELDS, *REFERENCE_ONLY_DIMS_FIELDS)
 
 
 def _not(model: type, names: tuple[str, ...]) -> tuple[str, ...]:

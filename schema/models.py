@@ -57,7 +57,12 @@ class Identity(_Model):
 
 
 class NormSpec(_Model):
-    kind: Literal["rmsnorm"] = Field(description="Normalisation kind.")
+    kind: Literal["rmsnorm", "zero_centred_rmsnorm"] = Field(
+        description=(
+            "Normalisation kind: 'rmsnorm' (weight * normalize(x)) or 'zero_centred_rmsnorm' "
+            "((1 + weight) * normalize(x), the weight stored centred on zero: Qwen3-Next)."
+        )
+    )
     eps: Annotated[float, Field(gt=0, lt=1)] = Field(description="Epsilon inside the rsqrt.")
 
 
@@ -144,13 +149,52 @@ class ModelDims(_Model):
         ),
     )
 
+    # Hybrid linear attention (HF Qwen3-Next config.json names; set exactly when the family has
+    # a linear-attention block).
+    linear_num_key_heads: PositiveInt | None = Field(
+        default=None, description="Gated DeltaNet query/key heads (HF linear_num_key_heads)."
+    )
+    linear_num_value_heads: PositiveInt | None = Field(
+        default=None,
+        description="Gated DeltaNet value heads, a multiple of the key heads (each key head serves "
+        "linear_num_value_heads / linear_num_key_heads consecutive value heads).",
+    )
+    linear_key_head_dim: PositiveInt | None = Field(
+        default=None, description="Width of one linear-attention query/key head."
+    )
+    linear_value_head_dim: PositiveInt | None = Field(
+        default=None, description="Width of one linear-attention value head."
+    )
+    linear_conv_kernel_dim: PositiveInt | None = Field(
+        default=None, description="Taps of the causal depthwise conv over q/k/v."
+    )
+    full_attention_interval: PositiveInt | None = Field(
+        default=None,
+        description="Layer i is full (gated softmax) attention when (i + 1) is a multiple of "
+        "this, else linear attention (HF's default layer_types).",
+    )
+    partial_rotary_factor: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        default=None,
+        description="Fraction of each full-attention head's dims RoPE rotates (the first ones).",
+    )
+    shared_expert_intermediate_size: PositiveInt | None = Field(
+        default=None,
+        description="FFN width of the always-on shared expert of each MoE layer (its down_proj K).",
+    )
+
     @model_serializer(mode="wrap")
     def _omit_unset_optional(self, handler: SerializerFunctionWrapHandler) -> dict:
         # A checkpoint without its own rope / pp_sizes / MoE fields serialises as before those
         # fields existed, so the canonical data (and the fingerprint) of contracts that do not
         # use them is unchanged.
         data = handler(self)
-        for key in ("pp_sizes", "rope", *MOE_DIMS_FIELDS, *REFERENCE_ONLY_DIMS_FIELDS):
+        for key in (
+            "pp_sizes",
+            "rope",
+            *MOE_DIMS_FIELDS,
+            *HYBRID_DIMS_FIELDS,
+            *REFERENCE_ONLY_DIMS_FIELDS,
+        ):
             if key in data and data[key] is None:
                 del data[key]
         return data
@@ -163,6 +207,16 @@ MOE_DIMS_FIELDS = (
     "norm_topk_prob",
     "decoder_sparse_step",
     "mlp_only_layers",
+)
+HYBRID_DIMS_FIELDS = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "full_attention_interval",
+    "partial_rotary_factor",
+    "shared_expert_intermediate_size",
 )
 # Properties of the seeded random reference model, never of a real checkpoint.
 REFERENCE_ONLY_DIMS_FIELDS = ("tied_router_experts",)
@@ -362,6 +416,64 @@ class KernelPolicy(_Model):
         ),
     )
 
+    # Hybrid linear attention (Gated DeltaNet) and its neighbours: set exactly when the family
+    # has a linear-attention block (absent from every other contract's canonical data).
+    delta_rule_chunk: PositiveInt | None = Field(
+        default=None,
+        description=(
+            "Tokens per chunk of the chunked gated delta rule; chunks start at absolute position "
+            "0 of each sequence, so a prefill, a re-score and the trainer cut one sequence alike."
+        ),
+    )
+    delta_rule_chunk_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype of the delta rule's inputs after the conv (q, k l2-normalised, v, beta, the "
+            "log-decay g) and of every intra-chunk product and the triangular solve."
+        ),
+    )
+    delta_rule_state_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype the recurrent state [v_heads, k_dim, v_dim] is carried, decayed and updated "
+            "in between chunks (and between decode steps)."
+        ),
+    )
+    delta_rule_solve: Literal["row_substitution", "lapack"] | None = Field(
+        default=None,
+        description=(
+            "How each chunk's unit-lower-triangular system (I + strictly-lower(beta k kᵀ decay)) is "
+            "inverted: 'row_substitution' (rows in ascending order, each row's sum over the earlier "
+            "rows one fixed-order halving tree: the same bits on every device and batch) or "
+            "'lapack' (torch.linalg.solve_triangular, whose blocking is the library's)."
+        ),
+    )
+    conv_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype of the causal depthwise conv over q/k/v (taps summed oldest first) and its "
+            "SiLU; the output is rounded to dense_math_dtype."
+        ),
+    )
+    gate_dtype: Dtype | None = Field(
+        default=None,
+        description=(
+            "dtype every gate is computed and applied in: the attention output gate "
+            "(sigmoid), the DeltaNet output gate (SiLU after its RMSNorm), beta (sigmoid), the "
+            "log-decay (softplus) and the shared expert's gate (sigmoid); products rounded to "
+            "dense_math_dtype."
+        ),
+    )
+    shared_expert_combine: Literal["after_routed", "first_in_fold"] | None = Field(
+        default=None,
+        description=(
+            "The shared expert's place in the MoE combine: 'after_routed' (the routed combine "
+            "rounded to dense_math_dtype, then the gated shared output added in "
+            "dense_math_dtype: HF's order) or 'first_in_fold' (the gated shared output is the "
+            "first term of the moe_combine_dtype fold, one rounding for all)."
+        ),
+    )
+
     # LoRA (unmerged low-rank adapters): set exactly when the contract has a ``lora`` section
     # (absent from every other contract's canonical data, so their fingerprints do not move).
     # The adapter path of a target linear, on both sides: ``t = x·Aᵀ`` (rank r) then ``d = t·Bᵀ``,
@@ -430,7 +542,22 @@ MOE_KERNEL_FIELDS = tuple(f for f in KernelPolicy.model_fields if f.startswith("
 # Kernel-policy fields absent from a contract's canonical data when unset, so the fingerprints
 # of contracts written before they existed do not move.
 LORA_KERNEL_FIELDS = tuple(f for f in KernelPolicy.model_fields if f.startswith("lora_"))
-OPTIONAL_KERNEL_FIELDS = ("matmul_k_runs", *MOE_KERNEL_FIELDS, *LORA_KERNEL_FIELDS)
+# Linear-attention fields (the hybrid families'), set exactly when the family has that block.
+HYBRID_KERNEL_FIELDS = (
+    "delta_rule_chunk",
+    "delta_rule_chunk_dtype",
+    "delta_rule_state_dtype",
+    "delta_rule_solve",
+    "conv_dtype",
+    "gate_dtype",
+    "shared_expert_combine",
+)
+OPTIONAL_KERNEL_FIELDS = (
+    "matmul_k_runs",
+    *MOE_KERNEL_FIELDS,
+    *LORA_KERNEL_FIELDS,
+    *HYBRID_KERNEL_FIELDS,
+)
 
 
 # ---------------------------------------------------------------------------------------------

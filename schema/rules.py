@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from ..adapters.families import FAMILIES, Family
 from ..adapters.tile_order import split_problem
 from .models import (
+    HYBRID_DIMS_FIELDS,
+    HYBRID_KERNEL_FIELDS,
     LORA_KERNEL_FIELDS,
     MOE_DIMS_FIELDS,
     MOE_KERNEL_FIELDS,
@@ -121,6 +123,50 @@ def check_moe(c: Contract) -> Iterator[Finding]:
                 f"{path}.mlp_only_layers",
                 f"layers {outside} do not exist (num_layers is {d.num_layers})",
             )
+
+
+def check_hybrid(c: Contract) -> Iterator[Finding]:
+    """Linear-attention dims and kernel fields are set exactly when the family has a
+    linear-attention block; the norm kind is the family's; grouped value heads divide; context
+    parallelism is refused (a linear-attention layer's state runs through every token in order,
+    and no state hand-off between CP ranks is built)."""
+    family = FAMILIES.get(c.family)
+    if family is None:
+        return
+    hybrid = family.hybrid is not None
+    what = f"{family.name} {'has' if hybrid else 'has no'} linear-attention layers"
+    for field in HYBRID_KERNEL_FIELDS:
+        if (getattr(c.kernel_policy, field) is None) == hybrid:
+            yield f"kernel_policy.{field}", ("required: " if hybrid else "must be absent: ") + what
+    kind = "zero_centred_rmsnorm" if family.zero_centred_norm else "rmsnorm"
+    if c.model_profile.norm.kind != kind:
+        yield "model_profile.norm.kind", f"must be {kind} for {family.name}"
+    for path, d in _dims_entries(c):
+        missing = [f for f in HYBRID_DIMS_FIELDS if (getattr(d, f) is None) == hybrid]
+        for field in missing:
+            yield f"{path}.{field}", ("required: " if hybrid else "must be absent: ") + what
+        if not hybrid or missing:
+            continue
+        if d.linear_num_value_heads % d.linear_num_key_heads:
+            yield (
+                f"{path}.linear_num_value_heads",
+                f"must be a multiple of linear_num_key_heads (got {d.linear_num_value_heads} "
+                f"for {d.linear_num_key_heads})",
+            )
+        for tp in d.tp_sizes or c.parallel.training.tp:
+            if d.linear_num_key_heads % tp:
+                yield (
+                    f"{path}.linear_num_key_heads",
+                    f"TP={tp} must divide linear_num_key_heads (got {d.linear_num_key_heads}: "
+                    "TP splits whole key-head groups); list the TP sizes it supports in tp_sizes",
+                )
+                break
+    if hybrid and any(n > 1 for n in c.parallel.training.cp.sizes):
+        yield (
+            "parallel.training.cp.sizes",
+            f"must be [1]: context parallelism over {family.name}'s linear-attention layers is "
+            "not built (their recurrent state would have to pass between CP ranks)",
+        )
 
 
 def check_tied_router_experts(c: Contract) -> Iterator[Finding]:
@@ -474,6 +520,7 @@ def check_unobservable_paths(c: Contract) -> Iterator[Finding]:
 RULES: tuple[Callable[[Contract], Iterator[Finding]], ...] = (
     check_family,
     check_moe,
+    check_hybrid,
     check_tied_router_experts,
     check_unique_sizes,
     check_tree_needs_power_of_two,

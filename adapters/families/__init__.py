@@ -34,9 +34,13 @@ class Weight:
     shard: Shard
     k_field: str | None = None
     block: str | None = None  # optional block it belongs to ("qk_norm", "untied_head", "moe", …)
-    init: Literal["linear", "norm", "embedding"] = "linear"  # random init of the tiny models
+    init: Literal["linear", "norm", "embedding", "small", "log_rate"] = "linear"  # tiny models
     after_layers: bool = False  # listed after the decoder layers (HF state-dict order)
     per_expert: bool = False  # one tensor per routed expert: ``hf_name`` holds ``{e}``
+    mixer: str | None = None  # hybrid families: only in layers of this token mixer
+    # a column weight whose rows are several concatenated parts, each split over TP on its own
+    # (a conv over [q | k | v] channels): the parts' row counts as a function of the dims
+    parts: Callable[[Any], tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,23 @@ class MoE:
     config_keys: Mapping[str, tuple[str, ...]]  # ModelDims field -> HF keys, first present wins
     defaults: Mapping[str, Any]  # ModelDims field -> value when config.json omits it
     is_moe_layer: Callable[[Any, int], bool]  # (dims, layer index) -> MoE block or dense MLP
+
+
+@dataclass(frozen=True)
+class Hybrid:
+    """A family whose decoder layers mix token mixers: full (softmax) attention in some layers,
+    linear attention (a recurrent state instead of a KV cache) in the others. Full-attention
+    weights carry ``mixer="full_attention"``, linear-attention weights ``mixer="linear_attention"``;
+    ``extras`` are the family's other optional blocks (``"attention_output_gate"``,
+    ``"shared_expert"``) that the forward paths build generically."""
+
+    config_keys: Mapping[str, tuple[str, ...]]  # ModelDims field -> HF keys, first present wins
+    defaults: Mapping[str, Any]  # ModelDims field -> value when config.json omits it
+    is_linear_layer: Callable[[Any, int], bool]  # (dims, layer index) -> linear attention
+    extras: frozenset[str] = frozenset()
+
+
+MIXER_BLOCKS = ("full_attention", "linear_attention")
 
 
 @dataclass(frozen=True)
@@ -65,6 +86,8 @@ class Family:
     config_keys: Mapping[str, str]  # ModelDims field -> HF config.json key
     default_rms_norm_eps: float = 1e-6
     moe: MoE | None = None  # the mixture-of-experts block, for families that have one
+    hybrid: Hybrid | None = None  # linear-attention layers beside full attention
+    zero_centred_norm: bool = False  # RMSNorm weights stored as w - 1: (1 + w) * normalize(x)
     # config.json ``model_type``s of the family: transformers builds the model from this key, so
     # a config whose model_type names another family is another model whatever its architecture
     hf_model_types: tuple[str, ...] = ()
@@ -83,13 +106,23 @@ class Family:
         return frozenset(b for b, on in (("qk_norm", qk_norm), ("untied_head", not tied)) if on)
 
     def layer_blocks(self, dims: Any, i: int) -> frozenset[str]:
-        """The MLP block of decoder layer ``i``: ``{"moe"}`` where the family's MoE rule says
-        so, else ``{"dense_mlp"}`` (every layer of a dense family)."""
+        """The blocks of decoder layer ``i``: its MLP block (``{"moe"}`` where the family's MoE
+        rule says so, else ``{"dense_mlp"}``), and in a hybrid family its token mixer
+        (``"linear_attention"`` or ``"full_attention"``)."""
         moe = self.moe is not None and self.moe.is_moe_layer(dims, i)
-        return frozenset({"moe" if moe else "dense_mlp"})
+        out = {"moe" if moe else "dense_mlp"}
+        if self.hybrid is not None:
+            out.add(self.mixer(dims, i))
+        return frozenset(out)
+
+    def mixer(self, dims: Any, i: int) -> str:
+        """The token mixer of layer ``i``: ``"full_attention"`` (every layer of a non-hybrid
+        family) or ``"linear_attention"``."""
+        linear = self.hybrid is not None and self.hybrid.is_linear_layer(dims, i)
+        return "linear_attention" if linear else "full_attention"
 
     def mlp_blocks(self, dims: Any) -> frozenset[str]:
-        """The MLP blocks some layer of a model with ``dims`` has."""
+        """The layer blocks (MLP blocks, and mixers of a hybrid) some layer of ``dims`` has."""
         return frozenset().union(*(self.layer_blocks(dims, i) for i in range(dims.num_layers)))
 
     def weight_shapes(self, dims: Any, *, qk_norm: bool) -> dict[str, tuple[int, ...]]:
@@ -106,6 +139,8 @@ class Family:
             here = present | self.layer_blocks(dims, i)
             for w in self.layer_weights.values():
                 if w.block is not None and w.block not in here:
+                    continue
+                if w.mixer is not None and w.mixer not in here:
                     continue
                 if w.per_expert:
                     for e in range(dims.num_experts):
@@ -124,6 +159,7 @@ class Family:
             if w.init == "linear"
             and len(w.shape(dims)) == 2
             and (w.block not in ("moe", "dense_mlp") or w.block in mlp)
+            and (w.mixer is None or w.mixer in mlp)
         ]
 
     def row_parallel(self, dims: Any) -> tuple[tuple[str, str, int], ...]:

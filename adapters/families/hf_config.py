@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from . import Family
@@ -45,8 +46,10 @@ ROPE_SCALING_TYPES = ("linear", "llama3", "yarn")
 
 def dim_fields(family: Family) -> tuple[str, ...]:
     """The checkpoint dims an HF config gives for ``family``: the dense ones, then its MoE
-    block's (``num_experts`` …) when it has one."""
-    return DIM_FIELDS + (tuple(family.moe.config_keys) if family.moe is not None else ())
+    block's (``num_experts`` …) when it has one, then a hybrid's linear-attention dims."""
+    moe = tuple(family.moe.config_keys) if family.moe is not None else ()
+    hybrid = tuple(family.hybrid.config_keys) if family.hybrid is not None else ()
+    return DIM_FIELDS + moe + hybrid
 
 
 class HFConfigError(ValueError):
@@ -135,7 +138,11 @@ def hf_config_fields(family: Family, cfg: Mapping) -> dict:
         ) from None
     if family.moe is not None:
         dims |= moe_fields(family, cfg)
+    if family.hybrid is not None:
+        dims |= hybrid_fields(family, cfg, dims["num_layers"])
     for key, value in dims.items():  # 4.0 equals 4, but transformers refuses a float count
+        if key in FRACTION_FIELDS:
+            continue
         if not isinstance(value, (bool, tuple)) and not _is_int(value):
             raise HFConfigError(f"{keys.get(key, key)} = {value!r} is not an integer")
     act = cfg.get("hidden_act", "silu")
@@ -218,6 +225,47 @@ def unrunnable(family: Family, fields: Mapping) -> list[str]:
             f"num_attention_heads {fields['num_attention_heads']}"
         )
     return problems
+
+
+FRACTION_FIELDS = ("partial_rotary_factor",)  # dims that are not counts
+
+
+def hybrid_fields(family: Family, cfg: Mapping, num_layers: int) -> dict:
+    """A hybrid family's linear-attention dims. transformers 5 saves ``layer_types`` (not
+    ``full_attention_interval``) and ``partial_rotary_factor`` inside ``rope_parameters``: the
+    interval is read back from the layer types, which must be the family's pattern for it."""
+    assert family.hybrid is not None
+    rope = cfg.get("rope_parameters") or {}
+    out: dict[str, Any] = {}
+    for field, keys in family.hybrid.config_keys.items():
+        value = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+        if value is None and isinstance(rope, Mapping):
+            value = next((rope[k] for k in keys if rope.get(k) is not None), None)
+        if value is None and field == "full_attention_interval":
+            value = _interval(cfg.get("layer_types"))
+        if value is None:
+            if field not in family.hybrid.defaults:
+                raise HFConfigError(f"config.json has no {keys[0]!r}")
+            value = family.hybrid.defaults[field]
+        out[field] = value
+    out["partial_rotary_factor"] = float(out["partial_rotary_factor"])
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        dims = SimpleNamespace(num_layers=num_layers, **out)
+        want = [family.mixer(dims, i) for i in range(num_layers)]
+        if types != want:
+            raise HFConfigError(
+                f"layer_types {types} is not {family.name}'s pattern (full attention every "
+                f"{out['full_attention_interval']}-th layer): the contract cannot run it"
+            )
+    return out
+
+
+def _interval(types: Any) -> int | None:
+    """The full-attention interval a ``layer_types`` list starts with (None if it has none)."""
+    if isinstance(types, list) and "full_attention" in types:
+        return types.index("full_attention") + 1
+    return None
 
 
 def moe_fields(family: Family, cfg: Mapping) -> dict:

@@ -160,19 +160,54 @@ COMBINE_ORDERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def combine(y_TKH: torch.Tensor, weights_TK: torch.Tensor, ids_TK: torch.Tensor, kp):
+def combine(
+    y_TKH: torch.Tensor,
+    weights_TK: torch.Tensor,
+    ids_TK: torch.Tensor,
+    kp,
+    shared_TH: torch.Tensor | None = None,
+):
     """``sum_k w_k * y_k`` per token in ``kp.moe_combine_dtype``, a left fold over the slots in
-    ``kp.moe_combine_order``, rounded once to ``kp.dense_math_dtype``."""
-    return _fold(y_TKH, weights_TK, ids_TK, kp).to(dtype_of(kp.dense_math_dtype))
+    ``kp.moe_combine_order``, rounded once to ``kp.dense_math_dtype``. ``shared_TH``: a shared
+    expert's gated output (dense dtype), placed as ``kp.shared_expert_combine`` says
+    (``SHARED_COMBINES``)."""
+    if shared_TH is None:
+        return _fold(y_TKH, weights_TK, ids_TK, kp).to(dtype_of(kp.dense_math_dtype))
+    how = _lookup(SHARED_COMBINES, "shared_expert_combine", kp.shared_expert_combine)
+    return how(y_TKH, weights_TK, ids_TK, kp, shared_TH)
 
 
-def _fold(y_TKH, weights_TK, ids_TK, kp, keep_TK: torch.Tensor | None = None) -> torch.Tensor:
+def _shared_after_routed(y_TKH, weights_TK, ids_TK, kp, shared_TH):
+    dense = dtype_of(kp.dense_math_dtype)
+    return _fold(y_TKH, weights_TK, ids_TK, kp).to(dense) + shared_TH.to(dense)
+
+
+def _shared_first_in_fold(y_TKH, weights_TK, ids_TK, kp, shared_TH):
+    dense = dtype_of(kp.dense_math_dtype)
+    return _fold(y_TKH, weights_TK, ids_TK, kp, first_TH=shared_TH).to(dense)
+
+
+SHARED_COMBINES = {
+    "after_routed": _shared_after_routed,  # HF's: routed sum rounded, then + shared
+    "first_in_fold": _shared_first_in_fold,  # one fold, one rounding
+}
+
+
+def _fold(
+    y_TKH,
+    weights_TK,
+    ids_TK,
+    kp,
+    keep_TK: torch.Tensor | None = None,
+    first_TH: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The combine's left fold in ``kp.moe_combine_dtype`` (not rounded); ``keep_TK``: only
-    those slots (a rank's own experts, for ``sum_partials``), the others skipped."""
+    those slots (a rank's own experts, for ``sum_partials``), the others skipped; ``first_TH``:
+    a term the fold starts from (a shared expert's output)."""
     cd = dtype_of(kp.moe_combine_dtype)
     slots_TK = _lookup(COMBINE_ORDERS, "moe_combine_order", kp.moe_combine_order)(ids_TK)
     rows = torch.arange(ids_TK.shape[0], device=ids_TK.device)
-    acc_TH = None
+    acc_TH = None if first_TH is None else first_TH.to(cd)
     for j in range(ids_TK.shape[-1]):
         s_T = slots_TK[:, j]
         term = weights_TK[rows, s_T].to(cd)[:, None] * y_TKH[rows, s_T].to(cd)
@@ -278,10 +313,12 @@ def moe_block(
     row_partial: Callable,
     all_reduce: Callable,
     group=None,
+    shared_TH: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The MoE MLP of one layer: ``[T, hidden]`` in the dense dtype (before the residual add).
     ``experts[e]`` is expert ``e``'s local ``(gate, up, down)``; the linears, the activation and
-    the all-reduce are the dense MLP's."""
+    the all-reduce are the dense MLP's. ``shared_TH``: a shared expert's gated output, combined
+    as ``kp.shared_expert_combine`` says."""
     T, H = x_TH.shape
     weights_TK, ids_TK = route(x_TH, w_router_EH, kp, top_k=top_k, normalize=normalize)
     acc = dtype_of(kp.matmul_accumulation_dtype)
@@ -295,4 +332,4 @@ def moe_block(
         a_e = act(column_linear(x_e, gate, kp), column_linear(x_e, up, kp), kp)
         partial_TKH[tok, slot] = row_partial(a_e, down, kp).to(acc)
     y_TKH = all_reduce(partial_TKH, group).to(dtype_of(kp.dense_math_dtype))
-    return combine(y_TKH, weights_TK, ids_TK, kp)
+    return combine(y_TKH, weights_TK, ids_TK, kp, shared_TH)

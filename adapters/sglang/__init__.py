@@ -5,9 +5,10 @@ first use: the engine (``engine.py``), the reference model (``model.py``) and ch
 (``checkpoint.py``). This package file imports nothing heavy.
 """
 
-# The MLP blocks (``Family.layer_blocks``) the reference rollout model implements; the parity
-# gate refuses a contract whose models need a block one side lacks (exit 2, one line).
-MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
+# The layer blocks (``Family.layer_blocks``: MLP blocks, and a hybrid family's token mixers) the
+# reference rollout model implements; the parity gate refuses a contract whose models need a
+# block one side lacks (exit 2, one line).
+MLP_BLOCKS = frozenset({"dense_mlp", "moe", "full_attention", "linear_attention"})
 
 _LAZY = {
     "RolloutEngine": "engine",

@@ -26,12 +26,20 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from ..families import LAYER_PREFIX, Family, family_for
+from ..kernels.linear_attention import (
+    causal_conv,
+    chunked_delta_rule,
+    decay_and_beta,
+    recurrent_delta_rule,
+    sigmoid_gate,
+    silu_gate,
+)
 from ..kernels.lora import lora_add, lora_delta, lora_scale, merged_weight
 from ..kernels.moe import moe_block
 from ..lora import LORA_ALPHA_KEY, adapter_names, split_adapter
@@ -80,6 +88,15 @@ class ModelArch:
     mlp_only_layers: tuple[int, ...] | None = None
     tied_router_experts: tuple[int, ...] | None = None
     """Reference model only: experts whose router rows ``random_weights`` makes equal."""
+    # hybrid linear attention (None outside hybrid families; the family says which layers)
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel_dim: int | None = None
+    full_attention_interval: int | None = None
+    partial_rotary_factor: float | None = None
+    shared_expert_intermediate_size: int | None = None
 
     @property
     def spec(self) -> Family:
@@ -126,8 +143,14 @@ class ModelArch:
             rope_style=profile.rope_style,
             family=family.name,
             **{f: getattr(dims, f) for f in (family.moe.config_keys if family.moe else ())},
+            **{f: getattr(dims, f) for f in (family.hybrid.config_keys if family.hybrid else ())},
             tied_router_experts=dims.tied_router_experts,
         )
+
+
+def rotary_dim(arch: ModelArch) -> int:
+    """Dims of each head RoPE rotates: all, or ``partial_rotary_factor`` of them (the first)."""
+    return int(arch.head_dim * (arch.partial_rotary_factor or 1.0))
 
 
 def weight_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
@@ -144,6 +167,9 @@ def random_weights(arch: ModelArch, seed: int = 0) -> dict[str, torch.Tensor]:
         "norm": lambda shape: 1.0 + 0.1 * torch.randn(shape, generator=g),
         "embedding": lambda shape: torch.randn(shape, generator=g),
         "linear": lambda shape: torch.randn(shape, generator=g) / math.sqrt(shape[1]),
+        "small": lambda shape: 0.1 * torch.randn(shape, generator=g),
+        # log of per-head decay rates in [0.01, 0.1): states that carry over tens of tokens
+        "log_rate": lambda shape: torch.log(0.01 + 0.09 * torch.rand(shape, generator=g)),
     }
     specs = arch.spec.weights(arch, qk_norm=arch.qk_norm)
     weights = {name: init[w.init](w.shape(arch)) for name, w in specs.items()}
@@ -264,6 +290,21 @@ def _shard_of(shard: Callable, n: int, t: torch.Tensor) -> torch.Tensor:
     return shard(t, n)
 
 
+def _parts_rows(
+    parts: Sequence[int], rank: int, tp: int, dtype: torch.dtype, t: torch.Tensor
+) -> torch.Tensor:
+    """This rank's rows of each concatenated part of ``t`` (``parts`` row counts), joined."""
+    chunks = t.split(list(parts))
+    return torch.cat([c[rank * (n // tp) : (rank + 1) * (n // tp)] for c, n in zip(chunks, parts, strict=True)]).to(dtype).contiguous()  # fmt: skip
+
+
+def _parts_gather(parts: Sequence[int], shards: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Inverse of ``_parts_rows`` over every rank's shard."""
+    tp = len(shards)
+    pieces = [s.split([n // tp for n in parts]) for s in shards]
+    return torch.cat([torch.cat([p[j] for p in pieces]) for j in range(len(parts))])
+
+
 def _vocab_rows(t: torch.Tensor, rank: int, per: int) -> torch.Tensor:
     """Rows ``rank * per ..`` of ``t`` zero-padded to ``per`` rows (the vocab padding falls in
     the last shards): a view when the shard holds no padding, so the table is never copied whole."""
@@ -285,6 +326,8 @@ class KVCache:
     start: int = 0
     capacity: int = 0
     length: int = 0
+    # hybrid families: this request's conv and recurrent state per linear-attention layer
+    linear: dict[int, LinearState] = field(default_factory=dict)
 
     def make_room(self, pool: KVPool, new_rows: int) -> None:
         """Hold ``length + new_rows`` rows in ``pool``: reserve the first region, or move to a
@@ -307,6 +350,7 @@ class KVCache:
         if self.pool is not None:
             self.pool.release(self.start)
             self.pool, self.capacity, self.length = None, 0, 0
+        self.linear = {}
 
 
 @dataclass
@@ -328,6 +372,28 @@ class _Layer:
     expert_gate: list | None = None  # per expert, local shards
     expert_up: list | None = None
     expert_down: list | None = None
+    # hybrid families: a linear-attention layer's weights (None in a full-attention layer)
+    qkvz: torch.Tensor | None = None
+    ba: torch.Tensor | None = None
+    conv: torch.Tensor | None = None
+    dt_bias: torch.Tensor | None = None
+    A_log: torch.Tensor | None = None
+    linear_norm: torch.Tensor | None = None
+    out_proj: torch.Tensor | None = None
+    # the shared expert of an MoE layer (families that have one)
+    shared_gate: torch.Tensor | None = None
+    shared_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+    shared_expert_gate: torch.Tensor | None = None
+
+
+@dataclass
+class LinearState:
+    """One request's linear-attention state in one layer: the conv's last ``taps - 1`` inputs
+    ``[conv_dim, taps - 1]`` and the delta rule's ``[v_heads, k_dim, v_dim]`` state."""
+
+    conv: torch.Tensor
+    recurrent: torch.Tensor
 
 
 class ReferenceModel:
@@ -369,6 +435,11 @@ class ReferenceModel:
         ):
             if n % self.tp:
                 raise ValueError(f"{arch.name}: {what}={n} does not divide over TP={self.tp}")
+        if arch.spec.hybrid is not None and (arch.linear_num_key_heads or 0) % self.tp:
+            raise ValueError(
+                f"{arch.name}: linear_num_key_heads={arch.linear_num_key_heads} does not divide "
+                f"over TP={self.tp} (TP splits whole key-head groups): use a TP that divides it"
+            )
         self.ops = resolve_ops(kp, rp, self.tp)
         self.act = ACTIVATIONS[arch.activation]
         self.rope = ROPE_STYLES[arch.rope_style]
@@ -399,20 +470,30 @@ class ReferenceModel:
             "down": il,
             **dict.fromkeys(("expert_gate", "expert_up", "expert_down"), ml),
         }
+        if arch.spec.hybrid is not None and "attention_output_gate" in arch.spec.hybrid.extras:
+            local["q"] = 2 * hl * D  # each head's query rows, then its gate rows
+        for role, w in arch.spec.layer_weights.items():  # hybrid roles: whole key-head groups
+            if role not in local and w.shard in ("column", "row"):
+                local[role] = w.shape(arch)[0 if w.shard == "column" else 1] // tp
         shard = {"column": rows, "row": cols}
         blocks = spec.blocks(qk_norm=arch.qk_norm, tied=arch.tie_word_embeddings)
-        self.layers, self.mlps = [], []
+        self.layers, self.mlps, self.mixers = [], [], []
         for i in range(arch.num_layers):
             p = LAYER_PREFIX.format(i=i)
-            (mlp,) = spec.layer_blocks(arch, i)  # the family says which MLP block layer i has
-            here = blocks | {mlp}
+            # the family says which MLP block (and, in a hybrid, which token mixer) layer i has
+            here = blocks | spec.layer_blocks(arch, i)
+            (mlp,) = here & set(MLP_BLOCKS)
             layer = {}
             for role, w in spec.layer_weights.items():
                 names = [w.hf_name.format(e=e) for e in range(arch.num_experts or 0)]
-                if w.block is not None and w.block not in here:
+                if (w.block is not None and w.block not in here) or (
+                    w.mixer is not None and w.mixer not in here
+                ):
                     layer[role] = None
                     continue
-                if w.shard in shard:
+                if w.parts is not None:  # concatenated parts, each split on its own
+                    fn = functools.partial(_parts_rows, w.parts(arch), r, tp, dense)
+                elif w.shard in shard:
                     fn = functools.partial(_shard_of, shard[w.shard], local[role])
                 else:
                     fn = functools.partial(torch.Tensor.to, dtype=dense)
@@ -422,6 +503,7 @@ class ReferenceModel:
                     layer[role] = place(p + w.hf_name, fn)
             self.layers.append(_Layer(**layer))
             self.mlps.append(getattr(self, MLP_BLOCKS[mlp]))
+            self.mixers.append(spec.mixer(arch, i))
         names = {role: w.hf_name for role, w in spec.model_weights.items()}
         self.embed = place(names["embed"], functools.partial(torch.Tensor.to, dtype=dense))
         self.final_norm = place(
@@ -437,6 +519,7 @@ class ReferenceModel:
             names["embed"] if arch.tie_word_embeddings else names["lm_head"], lm_rows
         )
         self.hl, self.kvl = hl, kvl
+        self.extras = spec.hybrid.extras if spec.hybrid is not None else frozenset()
         self.lora: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self.lora_alpha: torch.Tensor | None = None
         self.lora_scales: dict[int, torch.Tensor] = {}
@@ -549,8 +632,22 @@ class ReferenceModel:
             delta=self._row_delta(i, "down", act),
         )  # fmt: skip
 
+    def _shared_expert(self, L: _Layer, x: torch.Tensor) -> torch.Tensor | None:
+        """An MoE layer's shared expert, gated: ``sigmoid(x·w_gate) * mlp(x)`` (``gate_dtype``),
+        or None where the family has none."""
+        if L.shared_gate is None:
+            return None
+        ops, kp = self.ops, self.kp
+        act = self.act(
+            ops.column_linear(x, L.shared_gate, kp), ops.column_linear(x, L.shared_up, kp), kp
+        )
+        y = ops.mlp_all_reduce(ops.row_partial(act, L.shared_down, kp), self.group)
+        y = y.to(dtype_of(kp.dense_math_dtype))
+        return sigmoid_gate(y, ops.column_linear(x, L.shared_expert_gate, kp), kp)
+
     def _moe_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor, i: int) -> torch.Tensor:
-        """The MoE block (``kernels.moe``) with the dense MLP's linears, then the residual add."""
+        """The MoE block (``kernels.moe``) with the dense MLP's linears (and the family's shared
+        expert), then the residual add."""
         ops, a = self.ops, self.arch
         y = moe_block(
             x,
@@ -564,6 +661,7 @@ class ReferenceModel:
             row_partial=ops.row_partial,
             all_reduce=ops.mlp_all_reduce,
             group=self.group,
+            shared_TH=self._shared_expert(L, x),
         )
         return residual_add(y, h, self.kp)
 
@@ -583,9 +681,68 @@ class ReferenceModel:
         return KVPool(len(self.layers))
 
     def _qk(self, x_LHD, weight, cos, sin):
+        rot = cos.shape[-1]
+        if rot < x_LHD.shape[-1]:  # partial RoPE: the first ``rot`` dims rotate, the rest pass
+            if weight is not None:
+                x_LHD = self._norm(x_LHD, weight, self.arch.norm_eps)
+            turned = self.rope(x_LHD[..., :rot].contiguous(), cos, sin, self.kp)
+            return torch.cat([turned, x_LHD[..., rot:]], dim=-1)
         if weight is None:
             return self.rope(x_LHD, cos, sin, self.kp)
+        if self.arch.spec.zero_centred_norm:
+            return self.rope(self._norm(x_LHD, weight, self.arch.norm_eps), cos, sin, self.kp)
         return self.ops.qk_norm_rope(x_LHD, weight, self.arch.norm_eps, cos, sin, self.kp)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """The family's RMSNorm: ``weight * normalize(x)``, or for a zero-centred family
+        ``(1 + weight) * normalize(x)`` with ``1 + weight`` formed in ``norm_compute_dtype``."""
+        if self.arch.spec.zero_centred_norm:
+            weight = 1.0 + weight.to(dtype_of(self.kp.norm_compute_dtype))
+        return rms_norm(x, weight, eps, self.kp)
+
+    def _linear_attention(
+        self, i: int, L: _Layer, x: torch.Tensor, segments: Sequence[tuple]
+    ) -> torch.Tensor:
+        """Gated DeltaNet of layer ``i`` over packed ``x`` ``[T, hidden]`` (dense dtype):
+        ``segments`` ``(lo, hi, cache, start position)`` per request, each continuing the
+        request's conv and recurrent state in ``cache.linear[i]``. Returns the gated, normalised
+        output ``[T, value_dim]`` (before ``out_proj``). A one-token segment after the first
+        runs the recurrent form (decode); everything else the chunked form at absolute
+        positions (prefill and re-score; the trainer's algorithm)."""
+        a, kp, T = self.arch, self.kp, x.shape[0]
+        Hk, Hv = a.linear_num_key_heads // self.tp, a.linear_num_value_heads // self.tp
+        Dk, Dv, r = a.linear_key_head_dim, a.linear_value_head_dim, Hv // Hk
+        qkvz = self.ops.column_linear(x, L.qkvz, kp).view(T, Hk, 2 * Dk + 2 * r * Dv)
+        q, k, v, z = qkvz.split([Dk, Dk, r * Dv, r * Dv], dim=-1)
+        b, g_in = self.ops.column_linear(x, L.ba, kp).view(T, Hk, 2 * r).split([r, r], dim=-1)
+        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
+        g, beta = decay_and_beta(g_in.reshape(T, Hv), b.reshape(T, Hv), L.A_log, L.dt_bias, kp)
+        w_conv = L.conv[:, 0, :]
+        out = []
+        for lo, hi, cache, start in segments:
+            st = cache.linear.get(i)
+            conv, conv_state = causal_conv(
+                mixed[lo:hi], w_conv, None if st is None else st.conv, kp
+            )
+            cq, ck, cv = conv.split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
+            n = hi - lo
+            args = (
+                cq.view(n, Hk, Dk),
+                ck.view(n, Hk, Dk),
+                cv.view(n, Hv, Dv),
+                g[lo:hi],
+                beta[lo:hi],
+            )
+            prev = None if st is None else st.recurrent
+            if n == 1 and prev is not None:
+                o, state = recurrent_delta_rule(*args, prev, kp)
+            else:
+                o, state = chunked_delta_rule(*args, prev, kp, start=start)
+            cache.linear[i] = LinearState(conv_state, state)
+            out.append(o)
+        o_THD = torch.cat(out) if out else x.new_zeros(0, Hv, Dv)
+        o_THD = rms_norm(o_THD, L.linear_norm, a.norm_eps, kp)  # the plain norm, per value head
+        return silu_gate(o_THD, z.reshape(T, Hv, Dv), kp).reshape(T, Hv * Dv)
 
     @torch.no_grad()
     def forward(
@@ -606,7 +763,7 @@ class ReferenceModel:
         a, kp = self.arch, self.kp
         dev = self.embed.device
         input_ids = input_ids.to(dev)
-        T, D = input_ids.shape[0], a.head_dim
+        T = input_ids.shape[0]
         starts = [c.length for c in caches]
         pool = self._pool_for(caches, lengths)
         k_starts = torch.tensor([c.start for c in caches])
@@ -630,8 +787,9 @@ class ReferenceModel:
             ]
         )
         cos, sin = rope_cos_sin(
-            positions, D, a.rope_theta, a.rope_scaling, kp, max_position=a.max_position_embeddings
-        )
+            positions, rotary_dim(a), a.rope_theta, a.rope_scaling, kp,
+            max_position=a.max_position_embeddings,
+        )  # fmt: skip
 
         def attend(i: int, q, k, v) -> torch.Tensor:
             k_pool, v_pool = pool.write(i, dst, k, v)
@@ -640,8 +798,16 @@ class ReferenceModel:
                 k_starts=k_starts,
             )  # fmt: skip
 
+        segments = [
+            (int(lo), int(hi), c, s)
+            for lo, hi, c, s in zip(cu_q[:-1], cu_q[1:], caches, starts, strict=True)
+        ]
+
+        def mix_linear(i: int, L: _Layer, x: torch.Tensor) -> torch.Tensor:
+            return self._linear_attention(i, L, x, segments)
+
         h = self.embed[input_ids].to(dtype_of(kp.residual_dtype))
-        h = self.decoder(h, cos, sin, attend, layer_outputs)
+        h = self.decoder(h, cos, sin, attend, layer_outputs, mix_linear)
         for c, n in zip(caches, lengths, strict=True):
             c.length += n
         if hidden:
@@ -656,6 +822,7 @@ class ReferenceModel:
         sin: torch.Tensor,
         attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
         layer_outputs: list | None = None,
+        mix_linear: Callable[[int, _Layer, torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Every layer over the residual stream ``h`` ``[T, hidden]`` (RoPE ``cos``/``sin`` of
         its rows' positions). ``attend(layer, q, k, v)`` stores the layer's new keys and values
@@ -664,16 +831,34 @@ class ReferenceModel:
         a, kp, ops, eps = self.arch, self.kp, self.ops, self.arch.norm_eps
         dense = dtype_of(kp.dense_math_dtype)
         T, D = h.shape[0], a.head_dim
+        gated = "attention_output_gate" in self.extras
         for i, L in enumerate(self.layers):
-            x = rms_norm(h, L.input_norm, eps, kp).to(dense)
-            q = self._qk(self._column(i, "q", x, L.q).view(T, self.hl, D), L.q_norm, cos, sin)
+            x = self._norm(h, L.input_norm, eps).to(dense)
+            if self.mixers[i] == "linear_attention":
+                if mix_linear is None:
+                    raise ValueError(
+                        f"{a.name}: layer {i} is linear attention; this path has no state"
+                    )
+                o = mix_linear(i, L, x)
+                h = ops.attn_reduce_residual(ops.row_partial(o, L.out_proj, kp), h, kp, self.group)
+                x = self._norm(h, L.post_norm, eps).to(dense)
+                h = self.mlps[i](L, x, h, i)
+                if layer_outputs is not None:
+                    layer_outputs.append(h)
+                continue
+            q = self._column(i, "q", x, L.q)
+            if gated:  # each head's query rows, then its output-gate rows
+                q, gate = q.view(T, self.hl, 2 * D).split(D, dim=-1)
+            q = self._qk(q.reshape(T, self.hl, D), L.q_norm, cos, sin)
             k = self._qk(self._column(i, "k", x, L.k).view(T, self.kvl, D), L.k_norm, cos, sin)
             v = self._column(i, "v", x, L.v).view(T, self.kvl, D)
             o = attend(i, q, k, v).reshape(T, self.hl * D).to(dense)
+            if gated:
+                o = sigmoid_gate(o, gate.reshape(T, self.hl * D), kp)
             h = ops.attn_reduce_residual(
                 ops.row_partial(o, L.o, kp), h, kp, self.group, delta=self._row_delta(i, "o", o)
             )
-            x = rms_norm(h, L.post_norm, eps, kp).to(dense)
+            x = self._norm(h, L.post_norm, eps).to(dense)
             h = self.mlps[i](L, x, h, i)
             if layer_outputs is not None:
                 layer_outputs.append(h)
@@ -682,7 +867,7 @@ class ReferenceModel:
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Logits ``[rows, vocab]`` of residual-stream rows: final norm, LM head, vocab gathered
         over TP and trimmed."""
-        hf = rms_norm(h, self.final_norm, self.arch.norm_eps, self.kp)
+        hf = self._norm(h, self.final_norm, self.arch.norm_eps)
         logits = self.ops.lm_head(hf, self.lm_head, self.kp)
         if self.tp > 1:
             logits = torch.cat(all_gather_exact(logits, self.group), dim=1)
@@ -721,6 +906,11 @@ class ReferenceModel:
                     for e, shard in enumerate(value):
                         name = p + w.hf_name.format(e=e)
                         out[name] = gather(shard, w.shard, name)
+                elif w.parts is not None:
+                    parts = (
+                        all_gather_exact(value.contiguous(), self.group) if self.tp > 1 else [value]
+                    )
+                    out[p + w.hf_name] = _parts_gather(w.parts(arch), parts)
                 else:
                     out[p + w.hf_name] = gather(value, w.shard, p + w.hf_name)
         names = {role: w.hf_name for role, w in spec.model_weights.items()}

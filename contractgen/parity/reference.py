@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..adapters.families import family_for
+
 # max |our float32 logprob - transformers' float32 logprob| allowed, per (device our two sides
 # ran on, dtype of the comparison: every kernel dtype set to it). transformers always runs on CPU
 # in float32. Set from measured agreement over REFERENCE_LENGTHS (2026-12-03):
@@ -86,6 +88,12 @@ CONFIG_KEYS = {
     "norm_topk_prob": "norm_topk_prob",
     "decoder_sparse_step": "decoder_sparse_step",
     "mlp_only_layers": "mlp_only_layers",
+    "linear_num_key_heads": "linear_num_key_heads",
+    "linear_num_value_heads": "linear_num_value_heads",
+    "linear_key_head_dim": "linear_key_head_dim",
+    "linear_value_head_dim": "linear_value_head_dim",
+    "linear_conv_kernel_dim": "linear_conv_kernel_dim",
+    "shared_expert_intermediate_size": "shared_expert_intermediate_size",
 }
 
 # transformers 5's default experts kernel (torch grouped_mm) refuses float64 (the gradient
@@ -107,9 +115,14 @@ def reference_config(profile: Any, dims: Any = None):
     }
     given = {k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}
     given |= {"rms_norm_eps": profile.norm_eps, "attention_bias": profile.attention_bias}
+    family = family_for(profile.family)
+    if family.hybrid is not None:  # HF names each layer's mixer as the family does
+        given["layer_types"] = [family.mixer(dims, i) for i in range(dims.num_layers)]
     rope = dict(dims.rope_scaling or ())  # the contract's (type, factor, …): transformers 5 names
     rope = {"rope_type": rope.pop("type", None) or rope.pop("rope_type", "default"), **rope}
     rope["rope_theta"] = dims.rope_theta
+    if getattr(dims, "partial_rotary_factor", None) is not None:
+        rope["partial_rotary_factor"] = dims.partial_rotary_factor
     moe = EAGER_EXPERTS if dims.num_experts is not None else {}
     cls = getattr(transformers, profile.hf_architecture).config_class
     config = cls(**given, rope_parameters=rope, **moe)

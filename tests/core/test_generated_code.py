@@ -155,6 +155,7 @@ def test_import_with_python_dash_S(target: str, tmp_path: Path) -> None:
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
         "qwen3_moe_true_on_policy_v3",
+        "qwen3_next_true_on_policy_v1",
     ]
     assert report["bad"] == []
     assert report["policy"] == "llama3_dense_lora_true_on_policy_v1"

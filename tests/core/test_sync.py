@@ -441,6 +441,7 @@ def test_check_json_shape(project: Path, repos) -> None:
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
         "qwen3_moe_true_on_policy_v3",
+        "qwen3_next_true_on_policy_v1",
     ]
     assert report["files"] == len(open_project(project).rendered)
     kinds = sorted((d["kind"], d["where"]) for d in report["drift"])
@@ -470,6 +471,7 @@ def test_list_json_shape() -> None:
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
         "qwen3_moe_true_on_policy_v3",
+        "qwen3_next_true_on_policy_v1",
     ]
     for r in rows:
         assert set(r) == {"id", "family", "logprob_contract", "supersedes", "fingerprint", "file"}

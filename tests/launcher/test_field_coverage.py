@@ -56,6 +56,20 @@ def test_every_row_source_exists(contract_id: str) -> None:
             assert row.reason.strip(), f"{table}: {row.source} has no reason"
 
 
+def _admitted(contract_id: str, layout: Layout) -> Layout:
+    """``layout``, with CP 1 where the contract allows no CP (Qwen3-Next: linear-attention
+    layers) and TP 2 where no checkpoint runs at its TP (2 KV heads): the same fields render."""
+    allowed = load_target("launcher").schema.parallel_support_for(contract_id)
+    if layout.cp not in allowed.train_cp_sizes:
+        layout = dataclasses.replace(layout, cp=1)
+    if layout.tp not in allowed.train_tp_sizes or not any(
+        not violations(subject_for(contract_id, layout, d.name))
+        for d in load_target("launcher").schema.model_profile_for(contract_id).checkpoints
+    ):
+        layout = dataclasses.replace(layout, tp=2)
+    return layout
+
+
 def _model_for(contract_id: str, layout: Layout) -> str:
     """The contract's first checkpoint that admits ``layout`` (Qwen3-30B-A3B's expert down_proj
     rules out TP=4, so the MoE contract's TP=4 layout is planned for Qwen3-235B-A22B)."""
@@ -70,6 +84,7 @@ def _model_for(contract_id: str, layout: Layout) -> str:
 def test_every_true_field_reaches_the_output(contract_id: str, layout: Layout) -> None:
     """Each policy field shows up in the JSON rows with its value, and each emitted argument
     is on one of the two command lines (or in the environment)."""
+    layout = _admitted(contract_id, layout)
     plan = build_plan(contract_id, layout, _model_for(contract_id, layout))
     data = to_json_data(plan)
     shown = {row["source"] for row in data["rows"]}
@@ -106,13 +121,15 @@ def test_logprob_contract_decides_the_prefill_rescore() -> None:
 @pytest.mark.parametrize("contract_id", CONTRACT_IDS)
 def test_layout_dependent_fields(contract_id: str) -> None:
     single = build_plan(contract_id, Layout())
-    split = build_plan(contract_id, Layout(tp=2, cp=2))
+    layout = _admitted(contract_id, Layout(tp=2, cp=2))
+    split = build_plan(contract_id, layout)
     flag = "--enforce-disable-flashinfer-allreduce-fusion"
     assert flag not in single.rollout_command and flag in split.rollout_command
     assert "--cp-comm-type" not in single.trainer_command
-    assert split.trainer_command[split.trainer_command.index("--cp-comm-type") + 1] == "a2a"
     engine = {r.source: r.value for r in split.engine_side}
-    assert engine["megatron.use_ulysses_cp_recompute_fallback"] is True
+    if layout.cp == 2:  # a contract without CP (Qwen3-Next) renders no CP flags
+        assert split.trainer_command[split.trainer_command.index("--cp-comm-type") + 1] == "a2a"
+    assert engine["megatron.use_ulysses_cp_recompute_fallback"] is (layout.cp == 2)
     assert engine["sglang.tp_invariant_row_linear"] is True
     assert {r.source: r.value for r in single.engine_side}[
         "sglang.tp_invariant_row_linear"

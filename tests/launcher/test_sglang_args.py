@@ -28,12 +28,14 @@ MODELS = {
     "qwen3_dense": ("Qwen3-0.6B", "Qwen3-4B"),
     "llama3_dense": ("Llama-3.2-1B", "Llama-3.1-8B"),
     "qwen3_moe": ("Qwen3-30B-A3B", "Qwen3-235B-A22B"),
+    "qwen3_next": ("Qwen3-Next-80B-A3B", None),  # 2 KV heads: no TP=4
 }
 
 
-def _models(cid: str) -> tuple[str, str]:
+def _models(cid: str) -> tuple[str, str | None]:
     """The family's (small, TP=4) pair; the TP=4 one where the contract does not list the small
-    one (qwen3_moe_true_on_policy_v3 has no Qwen3-30B-A3B: its experts are not whole runs)."""
+    one (qwen3_moe_true_on_policy_v3 has no Qwen3-30B-A3B: its experts are not whole runs); None
+    for a family none of whose checkpoints runs at TP=4."""
     profile = SCHEMA.model_profile_for(cid)
     small, tp4 = MODELS[profile.family]
     return (small if small in {c.name for c in profile.checkpoints} else tp4), tp4
@@ -49,6 +51,7 @@ CASES = [
         (tp4, Layout(tp=4, rollout_tp=4)),
         ("reference", Layout(rollout_tp=2)),
     )
+    if model is not None
 ]
 PLANS = [build_plan(cid, layout, model) for cid, model, layout in CASES]
 TABLE_FLAGS = sorted(

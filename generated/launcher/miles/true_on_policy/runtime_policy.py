@@ -11,6 +11,7 @@
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
+#   contracts/qwen3_next_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   llama3_dense_lora_true_on_policy_v1 sha256:446b89a7d146604332be0e8f2ab6053c6edb4d3cade9ade57f37e2418632a5eb
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
@@ -22,7 +23,8 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-# canonical-sha256: 5c2eccc4b7caa564122c85bdd92a3e1f79b83a4ec1b505d33afed3f2a3a6c5ad
+#   qwen3_next_true_on_policy_v1 sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109
+# canonical-sha256: 1fc036fb7e635ad42713717f09bc637a73c534bec3d082c5892a77d038ba7d3c
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -48,6 +50,7 @@ from .schema import (
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
@@ -283,6 +286,21 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "true_on_policy_mode": ("const", True),
         "recompute_logprobs_via_prefill": ("const", False),
     },
+    "qwen3_next_true_on_policy_v1": {
+        "enabled": ("const", True),
+        "enable_deterministic_inference": ("const", True),
+        "transformer_impl": ("const", "local"),
+        "use_cpu_initialization": ("const", True),
+        "batch_invariant_mode": ("const", True),
+        "no_bias_swiglu_fusion": ("const", True),
+        "no_rope_fusion": ("const", True),
+        "nccl_algo": ("const", "Ring"),
+        "nvte_allow_nondeterministic_algo": ("const", False),
+        "cublas_workspace_config": ("const", ":4096:8"),
+        "deterministic_mode": ("const", True),
+        "true_on_policy_mode": ("const", True),
+        "recompute_logprobs_via_prefill": ("const", True),
+    },
 }
 
 
@@ -408,6 +426,10 @@ QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = TrueOnPolicyContract(
 QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
 )
+QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT = TrueOnPolicyContract(
+    schema=QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
+)
+QWEN3_NEXT_TRUE_ON_POLICY_CONTRACT = QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT
 
 # As in miles, the bare ``<ID>`` constant is the contract object (not the id string).
 LLAMA3_DENSE_LORA_TRUE_ON_POLICY_V1 = LLAMA3_DENSE_LORA_TRUE_ON_POLICY_V1_CONTRACT
@@ -420,6 +442,7 @@ QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT
+QWEN3_NEXT_TRUE_ON_POLICY_V1 = QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT
 
 # The public module's name for the contract class.
 LauncherTrueOnPolicyContract = TrueOnPolicyContract
@@ -435,6 +458,7 @@ _CONTRACT_BY_NAME: dict[str, TrueOnPolicyContract] = {
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
+    "qwen3_next_true_on_policy_v1": QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT,
 }
 
 

@@ -11,6 +11,7 @@
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
+#   contracts/qwen3_next_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   llama3_dense_lora_true_on_policy_v1 sha256:446b89a7d146604332be0e8f2ab6053c6edb4d3cade9ade57f37e2418632a5eb
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
@@ -22,7 +23,8 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-# canonical-sha256: a3ebac966c74686eaac5ef13487d0c854f03475c2eb446811011508ea08a018e
+#   qwen3_next_true_on_policy_v1 sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109
+# canonical-sha256: fcb71d1dedc206f8dc914791fe519371620d6311c0a54b9c51148b7286f20b61
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -49,6 +51,7 @@ from .schema import (
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
@@ -64,6 +67,7 @@ QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA.name
+QWEN3_NEXT_TRUE_ON_POLICY_V1 = QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA.name
 
 
 @dataclass(frozen=True)
@@ -348,6 +352,25 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "use_sglang_residual_pair": ("const", True),
         "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
     },
+    "qwen3_next_true_on_policy_v1": {
+        "enabled": ("const", True),
+        "use_sglang_backend": ("const", True),
+        "batch_invariant_mode": ("config", "batch_invariant_mode", False),
+        "disable_rope_fusion": ("const", True),
+        "disable_bias_swiglu_fusion": ("const", True),
+        "attention_backend": ("const", "fa3_varlen"),
+        "cp_layout": ("when", "ulysses_cp", "ulysses_a2a", None),
+        "cast_attention_input_to_dense_math_dtype": ("const", True),
+        "cast_qk_norm_input_before_weight_mul": ("const", False),
+        "cast_qk_after_rope_to_dense_math_dtype": ("const", True),
+        "cast_lm_head_input_to_weight_dtype": ("const", True),
+        "deterministic_row_parallel_reduce": ("const", True),
+        "defer_ulysses_cp_loss_scaling_to_grad_sum": ("const", True),
+        "apply_logits_contract": ("const", True),
+        "use_sglang_final_norm": ("const", True),
+        "use_sglang_residual_pair": ("const", True),
+        "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
+    },
 }
 
 
@@ -473,6 +496,10 @@ QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = MegatronTrueOnPolicyContract(
 QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT = MegatronTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
 )
+QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT = MegatronTrueOnPolicyContract(
+    schema=QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
+)
+QWEN3_NEXT_TRUE_ON_POLICY_CONTRACT = QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT
 
 _CONTRACT_BY_NAME: dict[str, MegatronTrueOnPolicyContract] = {
     "llama3_dense_lora_true_on_policy_v1": LLAMA3_DENSE_LORA_TRUE_ON_POLICY_V1_CONTRACT,
@@ -485,6 +512,7 @@ _CONTRACT_BY_NAME: dict[str, MegatronTrueOnPolicyContract] = {
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
+    "qwen3_next_true_on_policy_v1": QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT,
 }
 
 

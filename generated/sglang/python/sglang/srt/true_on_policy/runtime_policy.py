@@ -11,6 +11,7 @@
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
+#   contracts/qwen3_next_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   llama3_dense_lora_true_on_policy_v1 sha256:446b89a7d146604332be0e8f2ab6053c6edb4d3cade9ade57f37e2418632a5eb
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
@@ -22,7 +23,8 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-# canonical-sha256: 92e143ee841447b725e35b7ce2cea67019992cb913e280121d22b30e8275b644
+#   qwen3_next_true_on_policy_v1 sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109
+# canonical-sha256: 4754f455ee758b5ae06efef38877ffa05d68955123b945b7461139990780b16b
 """SGLang runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``sglang.srt.true_on_policy.contracts``: same class and field names, same
@@ -48,6 +50,7 @@ from .schema import (
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
@@ -63,6 +66,7 @@ QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA.name
+QWEN3_NEXT_TRUE_ON_POLICY_V1 = QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA.name
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,17 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "deterministic_tree_all_reduce": ("when", "rollout_tp", True, False),
         "disable_fused_qk_norm_mrope": ("const", True),
     },
+    "qwen3_next_true_on_policy_v1": {
+        "enabled": ("const", True),
+        "force_bfloat16_dense_tensor_math": ("const", True),
+        "force_bfloat16_lm_head": ("const", True),
+        "disable_reduce_scatter": ("const", True),
+        "disable_mlp_allreduce_fusion": ("const", True),
+        "disable_flashinfer_allreduce_fusion": ("when", "rollout_tp", True, False),
+        "tp_invariant_row_linear": ("when", "rollout_tp", True, False),
+        "deterministic_tree_all_reduce": ("when", "rollout_tp", True, False),
+        "disable_fused_qk_norm_mrope": ("const", True),
+    },
 }
 
 
@@ -368,6 +383,10 @@ QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = SGLangTrueOnPolicyContract(
 QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT = SGLangTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
 )
+QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT = SGLangTrueOnPolicyContract(
+    schema=QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
+)
+QWEN3_NEXT_TRUE_ON_POLICY_CONTRACT = QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT
 
 _CONTRACT_BY_NAME: dict[str, SGLangTrueOnPolicyContract] = {
     "llama3_dense_lora_true_on_policy_v1": LLAMA3_DENSE_LORA_TRUE_ON_POLICY_V1_CONTRACT,
@@ -380,6 +399,7 @@ _CONTRACT_BY_NAME: dict[str, SGLangTrueOnPolicyContract] = {
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
+    "qwen3_next_true_on_policy_v1": QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT,
 }
 
 
