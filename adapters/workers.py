@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 # Imported once, in the fork server; a rank forked from it starts with them loaded. A module
@@ -29,6 +31,26 @@ PRELOAD = (
     "contractgen.adapters.megatron.runtime",
     "contractgen.parity.rollout",
 )
+
+
+@dataclass(frozen=True)
+class TrainerJob:
+    """What every rank of a trainer session starts from (both trainer targets' sessions)."""
+
+    contract_id: str
+    weights: Any  # HF names -> tensors; a ``SharedTensors`` on its way to the ranks
+    sequences: list[list[int]]
+    layout: Any  # contractgen.adapters.layout.Layout
+    arch: Any  # contractgen.adapters.sglang.model.ModelArch
+    device: str
+    port: int
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the ranks' rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def rank_context(device: str = "cpu"):

@@ -10,34 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..layout import Layout, LayoutError
 from ..shared_tensors import SharedTensors
-from ..workers import RankPool
+from ..workers import RankPool, TrainerJob, free_port
 from .run_types import BACKENDS, TrainBatch, TrainerResult, TrainerRun, TrainInit, TrainStepResult
-
-
-@dataclass(frozen=True)
-class _Job:
-    contract_id: str
-    weights: Any  # HF names -> tensors; a ``SharedTensors`` on its way to the ranks
-    sequences: list[list[int]]
-    layout: Layout
-    arch: Any  # contractgen.adapters.sglang.model.ModelArch
-    device: str
-    port: int
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fsdp_ranks(layout: Layout) -> int:
@@ -97,7 +78,7 @@ class TrainerSession:
         else:
             shared = SharedTensors.pack(weights_or_checkpoint)
         self.layout, self.timeout_s = layout, timeout_s
-        self._job = _Job(contract_id, shared, [], layout, arch, device, _free_port())
+        self._job = TrainerJob(contract_id, shared, [], layout, arch, device, free_port())
         self._pool = RankPool(
             f"fsdp trainer session ({layout.name})", world, _session_worker, (self._job,),
             device=device, timeout_s=timeout_s,
@@ -147,7 +128,7 @@ class TrainerSession:
         self._pool.close()
 
 
-def _session_worker(rank: int, commands: Any, results: Any, job: _Job) -> None:
+def _session_worker(rank: int, commands: Any, results: Any, job: TrainerJob) -> None:
     import traceback
 
     from . import runtime

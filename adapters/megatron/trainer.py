@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +20,7 @@ import torch
 from ..layout import Layout
 from ..sglang.checkpoint import safetensors_files
 from ..shared_tensors import SharedTensors
-from ..workers import RankPool
+from ..workers import RankPool, TrainerJob, free_port
 from .model import arch_for, checkpoint_arch
 from .run_types import (
     BACKENDS,
@@ -45,23 +43,6 @@ __all__ = [
     "trainer_logprobs_runs",
     "with_fault",
 ]
-
-
-@dataclass(frozen=True)
-class _Job:
-    contract_id: str
-    weights: Any  # HF names -> tensors; a ``SharedTensors`` on its way to the ranks
-    sequences: list[list[int]]
-    layout: Layout
-    arch: Any  # contractgen.adapters.sglang.model.ModelArch
-    device: str
-    port: int
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def trainer_logprobs(
@@ -151,14 +132,14 @@ class TrainerSession:
             arch = arch if arch is not None else arch_for(contract_id)
             shared = SharedTensors.pack(weights_or_checkpoint)
         self.layout, self.timeout_s = layout, timeout_s
-        self._job = _Job(
+        self._job = TrainerJob(
             contract_id=contract_id,
             weights=shared,
             sequences=[],
             layout=layout,
             arch=arch,
             device=device,
-            port=_free_port(),
+            port=free_port(),
         )
         self._pool = RankPool(
             f"trainer session ({layout.name})", layout.world_size, _session_worker, (self._job,),
@@ -233,7 +214,7 @@ class TrainerSession:
         self._pool.close()
 
 
-def _session_worker(rank: int, commands: Any, results: Any, job: _Job) -> None:
+def _session_worker(rank: int, commands: Any, results: Any, job: TrainerJob) -> None:
     import traceback
 
     from . import runtime

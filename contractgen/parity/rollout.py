@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..adapters.workers import RankPool
+from ..adapters.workers import RankPool, free_port
 from . import ROLLOUT
 from .workload import DEFAULT_WORKLOAD, PromptSpec
 
@@ -375,12 +374,6 @@ def _synced_clock(device: str | None) -> float:
     return time.perf_counter()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # torch.distributed backend and per-rank device for each --device choice
 BACKENDS = {"cpu": ("gloo", lambda rank: None), "cuda": ("nccl", lambda rank: f"cuda:{rank}")}
 
@@ -418,7 +411,7 @@ class RolloutSession:
             raise ValueError(f"device={device!r}: expected one of {sorted(BACKENDS)}")
         self.tp, self.device, self.timeout_s = tp, device, timeout_s
         self._pool = RankPool(
-            f"rollout session (TP={tp})", tp, _worker, lambda: (tp, device, _free_port()),
+            f"rollout session (TP={tp})", tp, _worker, lambda: (tp, device, free_port()),
             device=device, timeout_s=timeout_s,
         )  # fmt: skip
 

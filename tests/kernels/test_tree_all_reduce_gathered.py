@@ -5,13 +5,13 @@ that grow the buffer and then reuse it."""
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from contractgen.adapters.kernels import all_reduce, tree_sum
+from contractgen.adapters.workers import free_port
 
 RANKS = 4
 SIZES = ((1000,), (3, 1000), (1000,))  # the third call fits in the grown buffer: reused
@@ -37,11 +37,5 @@ def _rank(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_gathered_tree_all_reduce_every_rank_equals_tree_sum():
-    mp.spawn(_rank, args=(_free_port(),), nprocs=RANKS, join=True)
+    mp.spawn(_rank, args=(free_port(),), nprocs=RANKS, join=True)

@@ -12,9 +12,9 @@ from contractgen.adapters.megatron.model import Layout
 def single_process_megatron(port: int | None = None) -> Iterator[None]:
     """A one-rank gloo world with megatron-core's model-parallel groups (TP=PP=CP=1)."""
     from contractgen.adapters.megatron import runtime
-    from contractgen.adapters.megatron.trainer import _free_port
+    from contractgen.adapters.workers import free_port
 
-    runtime.init_distributed(0, Layout(), port or _free_port())
+    runtime.init_distributed(0, Layout(), port or free_port())
     try:
         yield
     finally:

@@ -9,7 +9,6 @@ axis of the one ``Layout`` type. The end-to-end run
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ from contractgen.adapters.megatron.data_parallel import (
 )
 from contractgen.adapters.megatron.distributed_optimizer import ShardedAdamW, shard_bounds
 from contractgen.adapters.megatron.run_types import OptimizerSettings
+from contractgen.adapters.workers import free_port
 
 
 def test_split_batch_spreads_the_groups_and_keeps_microbatch_order():
@@ -165,15 +165,9 @@ def test_shard_bounds_pad_to_equal_contiguous_shards():
     assert shard_bounds(8, 1) == (8, [(0, 8)])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dp_gradient_sum_is_one_fixed_tree_on_every_rank_and_a_desync_is_named():
     """Also the sharded optimizer's step (``_sharded_step_equals_the_replicated_one``)."""
-    mp.spawn(_rank, args=(_free_port(),), nprocs=RANKS, join=True)
+    mp.spawn(_rank, args=(free_port(),), nprocs=RANKS, join=True)
 
 
 @pytest.mark.parametrize(
