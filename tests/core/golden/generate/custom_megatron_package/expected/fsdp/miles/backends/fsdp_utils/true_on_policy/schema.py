@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# canonical-sha256: bea21114fdaa806c3ba5eb34e53b92304028b8346b1c07c01010701ca360ffee
+# canonical-sha256: f978f6c26da65a50a4347809ace7baa11286702883b9dcc36850f051eb0e9dfe
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -131,6 +131,20 @@ class KernelPolicy:
     moe_ep_combine: str | None = None
     # dtype each expert output (reduced over TP, in dense_math_dtype) is weighted and summed in; the sum is rounded once to dense_math_dtype.
     moe_combine_dtype: str | None = None
+    # Tokens per chunk of the chunked gated delta rule; chunks start at absolute position 0 of each sequence, so a prefill, a re-score and the trainer cut one sequence alike.
+    delta_rule_chunk: int | None = None
+    # dtype of the delta rule's inputs after the conv (q, k l2-normalised, v, beta, the log-decay g) and of every intra-chunk product and the triangular solve.
+    delta_rule_chunk_dtype: str | None = None
+    # dtype the recurrent state [v_heads, k_dim, v_dim] is carried, decayed and updated in between chunks (and between decode steps).
+    delta_rule_state_dtype: str | None = None
+    # How each chunk's unit-lower-triangular system (I + strictly-lower(beta k kᵀ decay)) is inverted: 'row_substitution' (rows in ascending order, each row's sum over the earlier rows one fixed-order halving tree: the same bits on every device and batch) or 'lapack' (torch.linalg.solve_triangular, whose blocking is the library's).
+    delta_rule_solve: str | None = None
+    # dtype of the causal depthwise conv over q/k/v (taps summed oldest first) and its SiLU; the output is rounded to dense_math_dtype.
+    conv_dtype: str | None = None
+    # dtype every gate is computed and applied in: the attention output gate (sigmoid), the DeltaNet output gate (SiLU after its RMSNorm), beta (sigmoid), the log-decay (softplus) and the shared expert's gate (sigmoid); products rounded to dense_math_dtype.
+    gate_dtype: str | None = None
+    # The shared expert's place in the MoE combine: 'after_routed' (the routed combine rounded to dense_math_dtype, then the gated shared output added in dense_math_dtype: HF's order) or 'first_in_fold' (the gated shared output is the first term of the moe_combine_dtype fold, one rounding for all).
+    shared_expert_combine: str | None = None
     # dtype A and B are pre-rounded to before either side's forward (the trainer's master copies may be wider; what both engines multiply with is this).
     lora_adapter_dtype: str | None = None
     # dtype of the rank-r intermediate t = x·Aᵀ (the matmul's output dtype).
@@ -179,6 +193,22 @@ class ModelDims:
     mlp_only_layers: tuple[int, ...] | None = None
     # Reference model only: experts whose router rows the seeded init makes equal, so their router logits tie for every token and the top-k tie-break decides between them.
     tied_router_experts: tuple[int, ...] | None = None
+    # Gated DeltaNet query/key heads (HF linear_num_key_heads).
+    linear_num_key_heads: int | None = None
+    # Gated DeltaNet value heads, a multiple of the key heads (each key head serves linear_num_value_heads / linear_num_key_heads consecutive value heads).
+    linear_num_value_heads: int | None = None
+    # Width of one linear-attention query/key head.
+    linear_key_head_dim: int | None = None
+    # Width of one linear-attention value head.
+    linear_value_head_dim: int | None = None
+    # Taps of the causal depthwise conv over q/k/v.
+    linear_conv_kernel_dim: int | None = None
+    # Layer i is full (gated softmax) attention when (i + 1) is a multiple of this, else linear attention (HF's default layer_types).
+    full_attention_interval: int | None = None
+    # Fraction of each full-attention head's dims RoPE rotates (the first ones).
+    partial_rotary_factor: float | None = None
+    # FFN width of the always-on shared expert of each MoE layer (its down_proj K).
+    shared_expert_intermediate_size: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
+#   contracts/qwen3_next_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   llama3_dense_lora_true_on_policy_v1 sha256:446b89a7d146604332be0e8f2ab6053c6edb4d3cade9ade57f37e2418632a5eb
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
@@ -22,7 +23,8 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-# canonical-sha256: 02805d2c7e3f55d84691274c8ab9a23a6968a5a034560f74c0031c6c3cd59316
+#   qwen3_next_true_on_policy_v1 sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109
+# canonical-sha256: 13d4fa5b67c0cd4207d291f156e0fbb1ec2e144433e6e079bc8fc80fe46076a9
 """Public contract names of the true-on-policy package, as the miles repository's own
 modules import them (``from .contracts import ...``): the schema's aliases and constants and the
 runtime policy's contract objects, in one place. Standard library only.
@@ -57,6 +59,9 @@ from .runtime_policy import (
     QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     QWEN3_MOE_TRUE_ON_POLICY_V3,
     QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
+    QWEN3_NEXT_TRUE_ON_POLICY_CONTRACT,
+    QWEN3_NEXT_TRUE_ON_POLICY_V1,
+    QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT,
     FsdpTrueOnPolicyContract,
     FsdpTrueOnPolicyRuntimePolicy,
     get_true_on_policy_contract,
@@ -76,6 +81,7 @@ from .schema import (
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
     KernelContract,
     LogprobContract,
     ModelFamily,
@@ -122,6 +128,10 @@ __all__ = [
     "QWEN3_MOE_TRUE_ON_POLICY_V3",
     "QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT",
     "QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA",
+    "QWEN3_NEXT_TRUE_ON_POLICY_CONTRACT",
+    "QWEN3_NEXT_TRUE_ON_POLICY_V1",
+    "QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT",
+    "QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA",
     "FsdpTrueOnPolicyContract",
     "FsdpTrueOnPolicyRuntimePolicy",
     "KernelContract",

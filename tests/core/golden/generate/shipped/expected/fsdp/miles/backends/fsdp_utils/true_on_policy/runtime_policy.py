@@ -11,6 +11,7 @@
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
+#   contracts/qwen3_next_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   llama3_dense_lora_true_on_policy_v1 sha256:446b89a7d146604332be0e8f2ab6053c6edb4d3cade9ade57f37e2418632a5eb
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
@@ -22,7 +23,8 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-# canonical-sha256: d4186a2f2bbb77e6f031a9ba182c15ec077675569ef00469954da9cb29b668d2
+#   qwen3_next_true_on_policy_v1 sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109
+# canonical-sha256: 97b455e49202c19fe6d3dd3725d05a51db2743925943f8626ce1708c9e326527
 """FSDP-trainer runtime policy of the true-on-policy contracts.
 
 For miles' FSDP backend (``miles/backends/fsdp_utils``): the names are the ones that backend
@@ -49,6 +51,7 @@ from .schema import (
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
     TrueOnPolicyContractSchema,
     UnknownContractError,
 )
@@ -64,6 +67,7 @@ QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA.name
+QWEN3_NEXT_TRUE_ON_POLICY_V1 = QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA.name
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,14 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "reduce_dtype": ("const", "float32"),
         "keep_fp32_master": ("const", True),
     },
+    "qwen3_next_true_on_policy_v1": {
+        "enabled": ("const", False),
+        "attn_implementation": ("const", False),
+        "batch_invariant_mode": ("const", False),
+        "param_dtype": ("const", False),
+        "reduce_dtype": ("const", False),
+        "keep_fp32_master": ("const", False),
+    },
 }
 
 
@@ -330,6 +342,10 @@ QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT = FsdpTrueOnPolicyContract(
 QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT = FsdpTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
 )
+QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT = FsdpTrueOnPolicyContract(
+    schema=QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
+)
+QWEN3_NEXT_TRUE_ON_POLICY_CONTRACT = QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT
 
 _CONTRACT_BY_NAME: dict[str, FsdpTrueOnPolicyContract] = {
     "llama3_dense_lora_true_on_policy_v1": LLAMA3_DENSE_LORA_TRUE_ON_POLICY_V1_CONTRACT,
@@ -342,6 +358,7 @@ _CONTRACT_BY_NAME: dict[str, FsdpTrueOnPolicyContract] = {
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
+    "qwen3_next_true_on_policy_v1": QWEN3_NEXT_TRUE_ON_POLICY_V1_CONTRACT,
 }
 
 

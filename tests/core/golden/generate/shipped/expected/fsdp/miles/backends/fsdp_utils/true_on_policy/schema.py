@@ -11,6 +11,7 @@
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
+#   contracts/qwen3_next_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   llama3_dense_lora_true_on_policy_v1 sha256:446b89a7d146604332be0e8f2ab6053c6edb4d3cade9ade57f37e2418632a5eb
 #   llama3_dense_true_on_policy_v1 sha256:604387c3daf834270420b05e37609cfecf1eb59e5f716880d02518100746c9b8
@@ -22,7 +23,8 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-# canonical-sha256: f773e934068c8dfefe713aa8eadd74c5e1c25f0131c7c90b6ec7615e946eac25
+#   qwen3_next_true_on_policy_v1 sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109
+# canonical-sha256: a5c6f8ab13988ee37ed2c444d28fcde7b37b91212da8c84aae075b7bebe91b60
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -55,6 +57,7 @@ TrueOnPolicyContractName = Literal[
     "qwen3_moe_true_on_policy_v1",
     "qwen3_moe_true_on_policy_v2",
     "qwen3_moe_true_on_policy_v3",
+    "qwen3_next_true_on_policy_v1",
 ]
 ModelFamily = Literal[
     "llama3_dense",
@@ -72,6 +75,7 @@ KernelContract = Literal[
     "qwen3_dense_sglang_math_fp32_logprobs_lora",
     "qwen3_moe_fp32_runs",
     "qwen3_moe_sglang_math",
+    "qwen3_next_gdn_math",
 ]
 LogprobContract = Literal[
     "decode",
@@ -89,6 +93,7 @@ CONTRACT_IDS: tuple[str, ...] = (
     "qwen3_moe_true_on_policy_v1",
     "qwen3_moe_true_on_policy_v2",
     "qwen3_moe_true_on_policy_v3",
+    "qwen3_next_true_on_policy_v1",
 )
 
 
@@ -179,6 +184,20 @@ class KernelPolicy:
     moe_ep_combine: str | None = None
     # dtype each expert output (reduced over TP, in dense_math_dtype) is weighted and summed in; the sum is rounded once to dense_math_dtype.
     moe_combine_dtype: str | None = None
+    # Tokens per chunk of the chunked gated delta rule; chunks start at absolute position 0 of each sequence, so a prefill, a re-score and the trainer cut one sequence alike.
+    delta_rule_chunk: int | None = None
+    # dtype of the delta rule's inputs after the conv (q, k l2-normalised, v, beta, the log-decay g) and of every intra-chunk product and the triangular solve.
+    delta_rule_chunk_dtype: str | None = None
+    # dtype the recurrent state [v_heads, k_dim, v_dim] is carried, decayed and updated in between chunks (and between decode steps).
+    delta_rule_state_dtype: str | None = None
+    # How each chunk's unit-lower-triangular system (I + strictly-lower(beta k kᵀ decay)) is inverted: 'row_substitution' (rows in ascending order, each row's sum over the earlier rows one fixed-order halving tree: the same bits on every device and batch) or 'lapack' (torch.linalg.solve_triangular, whose blocking is the library's).
+    delta_rule_solve: str | None = None
+    # dtype of the causal depthwise conv over q/k/v (taps summed oldest first) and its SiLU; the output is rounded to dense_math_dtype.
+    conv_dtype: str | None = None
+    # dtype every gate is computed and applied in: the attention output gate (sigmoid), the DeltaNet output gate (SiLU after its RMSNorm), beta (sigmoid), the log-decay (softplus) and the shared expert's gate (sigmoid); products rounded to dense_math_dtype.
+    gate_dtype: str | None = None
+    # The shared expert's place in the MoE combine: 'after_routed' (the routed combine rounded to dense_math_dtype, then the gated shared output added in dense_math_dtype: HF's order) or 'first_in_fold' (the gated shared output is the first term of the moe_combine_dtype fold, one rounding for all).
+    shared_expert_combine: str | None = None
     # dtype A and B are pre-rounded to before either side's forward (the trainer's master copies may be wider; what both engines multiply with is this).
     lora_adapter_dtype: str | None = None
     # dtype of the rank-r intermediate t = x·Aᵀ (the matmul's output dtype).
@@ -227,6 +246,22 @@ class ModelDims:
     mlp_only_layers: tuple[int, ...] | None = None
     # Reference model only: experts whose router rows the seeded init makes equal, so their router logits tie for every token and the top-k tie-break decides between them.
     tied_router_experts: tuple[int, ...] | None = None
+    # Gated DeltaNet query/key heads (HF linear_num_key_heads).
+    linear_num_key_heads: int | None = None
+    # Gated DeltaNet value heads, a multiple of the key heads (each key head serves linear_num_value_heads / linear_num_key_heads consecutive value heads).
+    linear_num_value_heads: int | None = None
+    # Width of one linear-attention query/key head.
+    linear_key_head_dim: int | None = None
+    # Width of one linear-attention value head.
+    linear_value_head_dim: int | None = None
+    # Taps of the causal depthwise conv over q/k/v.
+    linear_conv_kernel_dim: int | None = None
+    # Layer i is full (gated softmax) attention when (i + 1) is a multiple of this, else linear attention (HF's default layer_types).
+    full_attention_interval: int | None = None
+    # Fraction of each full-attention head's dims RoPE rotates (the first ones).
+    partial_rotary_factor: float | None = None
+    # FFN width of the always-on shared expert of each MoE layer (its down_proj K).
+    shared_expert_intermediate_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -3941,6 +3976,251 @@ CONTRACT_DATA: dict[str, dict] = {
             "runtime_policy.megatron.use_ulysses_cp_recompute_fallback": "Recomputes attention in backward under Ulysses CP (memory, not numerics): the recomputed forward runs the same kernels, and the gate's forward runs without grad.",
         },
     },
+    "qwen3_next_true_on_policy_v1": {
+        "description": "Qwen3-Next true-on-policy: the public v1's dense numerics and v1 MoE routing, with Gated DeltaNet layers chunked at absolute positions (64-token chunks, float32 chunk math and state, row-substitution solve), a float32 causal conv and gates, zero-centred RMSNorm, an output-gated full attention with partial RoPE, and the shared expert added after the routed combine.",
+        "family": "qwen3_next",
+        "id": "qwen3_next_true_on_policy_v1",
+        "identity": {
+            "disable_megatron_sequence_parallel": True,
+            "fsdp_attention_implementation": "flash_attention_3",
+            "kernel_contracts": [
+                "qwen3_dense_sglang_math",
+                "qwen3_moe_sglang_math",
+                "qwen3_next_gdn_math",
+            ],
+            "logprob_contract": "sglang_prefill",
+            "sglang_attention_backend": "fa3",
+        },
+        "kernel_policy": {
+            "all_reduce": "fixed_tree",
+            "attention_kv_chunk": 64,
+            "attention_softmax_dtype": "float32",
+            "conv_dtype": "float32",
+            "delta_rule_chunk": 64,
+            "delta_rule_chunk_dtype": "float32",
+            "delta_rule_solve": "row_substitution",
+            "delta_rule_state_dtype": "float32",
+            "dense_math_dtype": "bfloat16",
+            "gate_dtype": "float32",
+            "lm_head_input_dtype": "bfloat16",
+            "logsoftmax_dtype": "bfloat16",
+            "logsoftmax_vocab_block": 128,
+            "matmul_accumulation_dtype": "bfloat16",
+            "matmul_k_block": 128,
+            "matmul_tile_order": "sglang_first_level",
+            "moe_combine_dtype": "float32",
+            "moe_combine_order": "expert_id",
+            "moe_ep_combine": "gather_slots",
+            "moe_router_logits_dtype": "bfloat16",
+            "moe_router_softmax_dtype": "float32",
+            "moe_token_order": "token_index",
+            "moe_topk_normalisation": "divide_by_topk_sum",
+            "moe_topk_tie_break": "lowest_expert_id",
+            "norm_cast_before_weight": False,
+            "norm_compute_dtype": "float32",
+            "residual_dtype": "bfloat16",
+            "rope_dtype": "float32",
+            "shared_expert_combine": "after_routed",
+        },
+        "model_profile": {
+            "activation": "silu_glu",
+            "architectures": {
+                "hf": "Qwen3NextForCausalLM",
+                "megatron": "Qwen3NextModelProvider",
+                "sglang": "Qwen3NextForCausalLM",
+            },
+            "attention_bias": False,
+            "checkpoints": [
+                {
+                    "decoder_sparse_step": 1,
+                    "full_attention_interval": 4,
+                    "head_dim": 256,
+                    "hidden_size": 2048,
+                    "intermediate_size": 5120,
+                    "linear_conv_kernel_dim": 4,
+                    "linear_key_head_dim": 128,
+                    "linear_num_key_heads": 16,
+                    "linear_num_value_heads": 32,
+                    "linear_value_head_dim": 128,
+                    "max_position_embeddings": 262144,
+                    "mlp_only_layers": [],
+                    "moe_intermediate_size": 512,
+                    "name": "Qwen3-Next-80B-A3B",
+                    "norm_topk_prob": True,
+                    "num_attention_heads": 16,
+                    "num_experts": 512,
+                    "num_experts_per_tok": 10,
+                    "num_kv_heads": 2,
+                    "num_layers": 48,
+                    "partial_rotary_factor": 0.25,
+                    "shared_expert_intermediate_size": 512,
+                    "tie_word_embeddings": False,
+                    "tp_sizes": [
+                        1,
+                        2,
+                    ],
+                    "vocab_size": 151936,
+                },
+            ],
+            "norm": {
+                "eps": 1e-06,
+                "kind": "zero_centred_rmsnorm",
+            },
+            "qk_norm": True,
+            "reference_model": {
+                "decoder_sparse_step": 1,
+                "full_attention_interval": 2,
+                "head_dim": 64,
+                "hidden_size": 256,
+                "intermediate_size": 512,
+                "linear_conv_kernel_dim": 4,
+                "linear_key_head_dim": 64,
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4,
+                "linear_value_head_dim": 64,
+                "max_position_embeddings": 1024,
+                "mlp_only_layers": [
+                    1,
+                ],
+                "moe_intermediate_size": 256,
+                "name": "qwen3-next-tiny-random",
+                "norm_topk_prob": True,
+                "num_attention_heads": 4,
+                "num_experts": 8,
+                "num_experts_per_tok": 4,
+                "num_kv_heads": 2,
+                "num_layers": 4,
+                "partial_rotary_factor": 0.25,
+                "shared_expert_intermediate_size": 256,
+                "tie_word_embeddings": False,
+                "tied_router_experts": [
+                    2,
+                    5,
+                ],
+                "tp_sizes": [
+                    1,
+                    2,
+                ],
+                "vocab_size": 1000,
+            },
+            "rope": {
+                "scaling": None,
+                "style": "neox",
+                "theta": 10000000.0,
+            },
+        },
+        "parallel": {
+            "kv_heads": "divide",
+            "rollout": {
+                "dp": True,
+                "tp": [
+                    1,
+                    2,
+                ],
+            },
+            "training": {
+                "cp": {
+                    "kind": "ulysses",
+                    "sizes": [
+                        1,
+                    ],
+                },
+                "dp": True,
+                "ep": [
+                    1,
+                ],
+                "pp": [
+                    1,
+                    2,
+                ],
+                "sequence_parallel": False,
+                "tp": [
+                    1,
+                    2,
+                ],
+            },
+        },
+        "runtime_policy": {
+            "launcher": {
+                "batch_invariant_mode": True,
+                "cublas_workspace_config": ":4096:8",
+                "deterministic_mode": True,
+                "enable_deterministic_inference": True,
+                "enabled": True,
+                "nccl_algo": "Ring",
+                "no_bias_swiglu_fusion": True,
+                "no_rope_fusion": True,
+                "nvte_allow_nondeterministic_algo": False,
+                "recompute_logprobs_via_prefill": True,
+                "transformer_impl": "local",
+                "true_on_policy_mode": True,
+                "use_cpu_initialization": True,
+            },
+            "megatron": {
+                "apply_logits_contract": True,
+                "attention_backend": "fa3_varlen",
+                "batch_invariant_mode": {
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
+                "cast_attention_input_to_dense_math_dtype": True,
+                "cast_lm_head_input_to_weight_dtype": True,
+                "cast_qk_after_rope_to_dense_math_dtype": True,
+                "cast_qk_norm_input_before_weight_mul": False,
+                "cp_layout": {
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
+                "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
+                "deterministic_row_parallel_reduce": True,
+                "disable_bias_swiglu_fusion": True,
+                "disable_rope_fusion": True,
+                "enabled": True,
+                "use_sglang_backend": True,
+                "use_sglang_final_norm": True,
+                "use_sglang_residual_pair": True,
+                "use_ulysses_cp_recompute_fallback": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "ulysses_cp",
+                },
+            },
+            "sglang": {
+                "deterministic_tree_all_reduce": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+                "disable_flashinfer_allreduce_fusion": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+                "disable_fused_qk_norm_mrope": True,
+                "disable_mlp_allreduce_fusion": True,
+                "disable_reduce_scatter": True,
+                "enabled": True,
+                "force_bfloat16_dense_tensor_math": True,
+                "force_bfloat16_lm_head": True,
+                "tp_invariant_row_linear": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+            },
+        },
+        "schema_version": 1,
+        "supersedes": None,
+        "unobservable": {
+            "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
+            "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
+            "runtime_policy.megatron.cp_layout": "Names how context parallelism moves data. The adapter's alternative to the Ulysses all-to-all gathers K/V instead; each query still sees the same keys in the same fixed KV-chunk order, so the forward bits agree by construction. The launcher renders it, and it selects the recompute path below.",
+            "runtime_policy.megatron.defer_ulysses_cp_loss_scaling_to_grad_sum": "Scales gradients only (cp/dp_cp instead of 1/dp_cp); forward logprobs cannot see it. tests/megatron/test_megatron_grads.py::test_ulysses_cp_gradient_scale shows the scale.",
+            "runtime_policy.megatron.use_sglang_residual_pair": "Carrying (output, residual) separately and megatron's bias-dropout-add round the same single bfloat16 add while the residual is bfloat16. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing); it also fixes what crosses a pipeline stage boundary.",
+            "runtime_policy.megatron.use_ulysses_cp_recompute_fallback": "Recomputes attention in backward under Ulysses CP (memory, not numerics): the recomputed forward runs the same kernels, and the gate's forward runs without grad.",
+        },
+    },
 }
 
 # Numerics fingerprint of each contract: sha256 of its canonical JSON (sorted keys, no spaces,
@@ -3957,6 +4237,7 @@ FINGERPRINTS: dict[str, str] = {
     "qwen3_moe_true_on_policy_v1": "sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee",
     "qwen3_moe_true_on_policy_v2": "sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e",
     "qwen3_moe_true_on_policy_v3": "sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433",
+    "qwen3_next_true_on_policy_v1": "sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109",
 }
 
 # sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
@@ -4017,6 +4298,11 @@ POLICY_FINGERPRINTS: dict[str, dict[str, str]] = {
         "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
+        "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
+    },
+    "qwen3_next_true_on_policy_v1": {
+        "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
+        "megatron": "sha256:83d5a03540e76df981f351844efbab5ddb7eb8018c46b04b7037189bcf38fd01",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
 }
@@ -4150,6 +4436,22 @@ QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA = TrueOnPolicyContractSchema(
     fingerprint=FINGERPRINTS["qwen3_moe_true_on_policy_v3"],
     supersedes="qwen3_moe_true_on_policy_v2",
 )
+QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
+    name="qwen3_next_true_on_policy_v1",
+    model_family="qwen3_next",
+    required_kernel_contracts=(
+        "qwen3_dense_sglang_math",
+        "qwen3_moe_sglang_math",
+        "qwen3_next_gdn_math",
+    ),
+    logprob_contract="sglang_prefill",
+    sglang_attention_backend="fa3",
+    fsdp_attention_implementation="flash_attention_3",
+    disable_megatron_sequence_parallel=True,
+    schema_version=SCHEMA_VERSION,
+    fingerprint=FINGERPRINTS["qwen3_next_true_on_policy_v1"],
+    supersedes=None,
+)
 
 _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {
     LLAMA3_DENSE_LORA_TRUE_ON_POLICY_V1_SCHEMA.name: LLAMA3_DENSE_LORA_TRUE_ON_POLICY_V1_SCHEMA,
@@ -4162,6 +4464,7 @@ _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name: QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name: QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA.name: QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA.name: QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA,
 }
 
 
