@@ -1,6 +1,7 @@
 """Issue 32, the trainer's backward casts: the v3 trainer model (``bench_trainer``'s ``sglang``
-row) with the kernel library's RMSNorm, RoPE and SiLU-GLU backwards as they are, against the old
-functions (kept verbatim in ``tests/kernels/test_backward_widening.py``): every gradient bit for
+row) with the kernel library's RMSNorm, RoPE and SiLU-GLU backwards and the carrier split as they
+are, against the old functions (the backwards kept verbatim in
+``tests/kernels/test_backward_widening.py``; the split: plain slicing): every gradient bit for
 bit on the device (and the model against itself, to show the step is deterministic), then each
 one's timed backward and the step's elementwise and copy kernels under ``torch.profiler``.
 
@@ -31,11 +32,19 @@ def _legacy_module():
     return mod
 
 
+def _legacy_split_carrier(carrier, hidden_size):
+    """``layers.split_carrier`` before: two slices, autograd's backward."""
+    if carrier.shape[-1] == 2 * hidden_size:
+        return carrier[..., :hidden_size], carrier[..., hidden_size:]
+    return carrier, None
+
+
 @contextlib.contextmanager
 def legacy(on: bool):
-    """The old backwards in place of the library's while ``on``."""
+    """The old backwards and split in place of the library's while ``on``."""
     from contractgen.adapters.kernels import norm
     from contractgen.adapters.kernels.triton import mlp, rope
+    from contractgen.adapters.megatron import layers, transformer_layer
 
     if not on:
         yield
@@ -45,6 +54,8 @@ def legacy(on: bool):
         (norm, "rms_norm_backward", old._legacy_rms_norm_backward),
         (mlp, "silu_glu_backward", old._legacy_silu_glu_backward),
         (rope, "rope_backward", old._legacy_rope_backward),
+        (layers, "split_carrier", _legacy_split_carrier),
+        (transformer_layer, "split_carrier", _legacy_split_carrier),
     ]
     kept = [(m, n, getattr(m, n)) for m, n, _ in swaps]
     try:
