@@ -51,10 +51,14 @@ def rms_norm_backward(x, weight, r, dy, cast_before_weight: bool):
     """``(dx, dw)`` of ``y = w ⊙ x̂``, ``x̂ = x · r`` with ``r = 1/rms(x)`` saved by the forward:
     ``dx = r (g - x̂ · mean(g ⊙ x̂))`` with ``g = dy ⊙ w``, ``dw = Σ_rows dy ⊙ x̂`` (``x̂`` rounded to
     ``x``'s dtype first when the forward rounded it before the multiply). Math in ``x``'s dtype
-    promoted to at least float32; results in the input dtypes."""
+    promoted to at least float32; results in the input dtypes.
+
+    ``x`` and the rounded ``x̂`` enter their products in their own dtype: a product with an ``md``
+    operand is computed in ``md``, and widening to ``md`` is exact, so this is the product of the
+    widened copies, bit for bit, without writing them (two full-size casts fewer)."""
     md = torch.promote_types(x.dtype, torch.float32)
-    x_hat = x.to(md) * r.to(md)[..., None]
-    factor = x_hat.to(x.dtype).to(md) if cast_before_weight else x_hat
+    x_hat = x * r.to(md)[..., None]
+    factor = x_hat.to(x.dtype) if cast_before_weight else x_hat
     dy = dy.to(md)
     g = dy * weight.to(md)
     dx = r.to(md)[..., None] * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))

@@ -55,11 +55,15 @@ def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_glu_backward(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor):
-    """``(d gate, d up)`` of ``y = silu(gate) * up`` (float32 math, inputs' dtypes out)."""
-    g, u, d = gate.float(), up.float(), dy.float()
+    """``(d gate, d up)`` of ``y = silu(gate) * up`` (float32 math, inputs' dtypes out).
+
+    ``up`` and the rounded ``act`` enter their products with float32 ``d`` in their own dtype:
+    the product is computed in float32 from their exact widening, the bits of widening them
+    first, without writing the float32 copies."""
+    g, d = gate.float(), dy.float()
     sig = torch.sigmoid(g)
-    act = (g * sig).to(gate.dtype).float()
-    d_gate = d * u * sig * (1 + g * (1 - sig))
+    act = (g * sig).to(gate.dtype)
+    d_gate = d * up * sig * (1 + g * (1 - sig))
     return d_gate.to(gate.dtype), (d * act).to(up.dtype)
 
 

@@ -71,13 +71,15 @@ def _forward(x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor) ->
 
 
 def rope_backward(dy_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor):
-    """``dx`` of ``y = x * cos + rotate_half(x) * sin`` (float32 math, ``dy``'s dtype out)."""
+    """``dx`` of ``y = x * cos + rotate_half(x) * sin`` (float32 math, ``dy``'s dtype out).
+
+    ``dy`` (bf16 / fp16 / fp32, ``supports``) enters its products with the float32 tables in its
+    own dtype: computed in float32 from its exact widening, without writing a float32 copy."""
     half = dy_LHD.shape[-1] // 2
-    dy = dy_LHD.float()
     c, s = cos_LD.float()[:, None, :], sin_LD.float()[:, None, :]
-    ds = dy * s
+    ds = dy_LHD * s
     # rotate_half^T: (a, b) -> (b, -a)
-    dx = dy * c + torch.cat([ds[..., half:], -ds[..., :half]], dim=-1)
+    dx = dy_LHD * c + torch.cat([ds[..., half:], -ds[..., :half]], dim=-1)
     return dx.to(dy_LHD.dtype)
 
 
