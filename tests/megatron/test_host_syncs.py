@@ -40,7 +40,10 @@ def _probe_triton(contract: str, *args: str) -> list[dict]:
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.parametrize("contract", [V1, V3])
+# v3 only under the interpreter (v1's run took 39 s of the suite's 30 minutes): the two differ in
+# the matmul's reduction schedule alone, and both run the same orchestration and small-op
+# kernels; v1's trainer code is checked for host syncs on the CPU reference below.
+@pytest.mark.parametrize("contract", [V3])
 def test_triton_path_makes_no_host_sync_per_layer(contract):
     one, two, twin = _probe_triton(contract, "1", "2", "--twin", "--short")
     for phase in ("forward", "backward"):
