@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from contractgen.adapters.kernels.norm import rms_norm_backward  # noqa: E402
-from contractgen.adapters.kernels.triton.mlp import silu_glu_backward  # noqa: E402
+from contractgen.adapters.kernels.triton.mlp import torch_silu_glu_backward  # noqa: E402
 from contractgen.adapters.kernels.triton.rope import rope_backward  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -108,7 +108,7 @@ def test_silu_glu_backward_keeps_its_bits(device, gate_dtype, up_dtype):
     gate, up = torch.chunk(fc1, 2, dim=-1)  # the MLP's halves: non-contiguous
     up = up.to(up_dtype)
     dy = _values((29, 160), 3, gate_dtype, device)
-    assert _same(silu_glu_backward(gate, up, dy), _legacy_silu_glu_backward(gate, up, dy))
+    assert _same(torch_silu_glu_backward(gate, up, dy), _legacy_silu_glu_backward(gate, up, dy))
 
 
 @pytest.mark.parametrize("device", DEVICES)
