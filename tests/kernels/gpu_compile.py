@@ -185,7 +185,8 @@ def cases():
         "_rope_fwd d=128", rope._rope_fwd, dict(HALF=64, BLOCK_H=16, BLOCK_HALF=64),
         dict(num_warps=2),
     )  # fmt: skip
-    yield "_silu_glu_fwd", mlp._silu_glu_fwd, dict(BLOCK=mlp.BLOCK), dict(num_warps=4)
+    for fn in (mlp._silu_glu_fwd, mlp._silu_glu_bwd):  # rows of 1024 and more: one a tile
+        yield fn.__name__, fn, dict(BLOCK_R=1, BLOCK_N=mlp.ELEMENTS), dict(num_warps=4)
     yield (
         "_chunk_sums_fwd block=128", logsoftmax._chunk_sums_fwd,
         dict(BLOCK=128, LOG2B=7, CPP=logsoftmax.CHUNKS_PER_PROGRAM), dict(num_warps=4),

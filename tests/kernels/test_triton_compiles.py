@@ -29,7 +29,7 @@ def test_every_triton_kernel_compiles_for_sm90():
     compiled = [ln.split(":")[0][5:] for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
     for kernel in ("_mm_persistent", "_mm_runs", "_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq",
                    "_tree_sum_kernel", "_rms_norm_fwd", "_rope_fwd", "_silu_glu_fwd",
-                   "_chunk_sums_fwd"):  # fmt: skip
+                   "_silu_glu_bwd", "_chunk_sums_fwd"):  # fmt: skip
         assert any(c.startswith(kernel) for c in compiled), (kernel, proc.stdout)
     for line in proc.stdout.splitlines():  # e.g. a 128 x 128 tile past LARGE_MAX_RUNS runs
         # v3's fused persistent launch at 128 x 128 spills some of the counter's float32
@@ -75,11 +75,15 @@ def test_fused_runs_add_their_runs_with_an_opaque_add():
     assert adds > 0
 
 
-@pytest.mark.parametrize("kernel", ["_rms_norm_fwd n=1024 reciprocal=True", "_rope_fwd"])
+@pytest.mark.parametrize(
+    "kernel",
+    ["_rms_norm_fwd n=1024 reciprocal=True", "_rope_fwd", "_silu_glu_fwd", "_silu_glu_bwd"],
+)
 def test_small_ops_round_every_product(kernel):
-    """The one-kernel RMSNorm and RoPE must round each product and sum as the reference's separate
-    PyTorch kernels do: ptxas contracts a plain ``mul.f32`` and a following add into one FMA,
-    which rounds once. Their multiplies and adds are ``mul.rn.f32`` / ``add.rn.f32``
-    (``_ieee_mul``, ``_ieee_add``), so the PTX holds no FMA (the interpreter cannot show this)."""
+    """The one-kernel RMSNorm, RoPE and SiLU-GLU (forward and backward) must round each product
+    and sum as the reference's separate PyTorch kernels do: ptxas contracts a plain ``mul.f32``
+    and a following add into one FMA, which rounds once. Their multiplies and adds are
+    ``mul.rn.f32`` / ``add.rn.f32`` (``_ieee_mul``, ``_ieee_add``), so the PTX holds no FMA (the
+    interpreter cannot show this)."""
     fmas, muls = _counts(["fma.rn.f32", "mul.rn.f32"], kernel)
     assert fmas == 0 and muls > 0, (fmas, muls)
