@@ -15,6 +15,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 CUDA = torch.cuda.is_available()
 if not CUDA:
@@ -70,6 +71,61 @@ def test_rms_norm_under_autograd_keeps_the_forward_bits(kp):
         assert torch.equal(y, tnorm.triton_rms_norm(x, w, 1e-6, kp))
     y.sum().backward()
     assert x.grad is not None and w.grad is not None and torch.isfinite(x.grad).all()
+
+
+class _Copies(TorchDispatchMode):
+    """Counts the aten copies of a tensor's data (``clone``, ``contiguous``'s copy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        src = args[1] if name == "copy_" else args[0] if args else None
+        if name == "clone" or (name == "copy_" and src.dtype != torch.uint8):
+            self.copies += 1  # uint8 ``copy_``: the interpreter's own argument copies
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [BF, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("hn", [128, 100])
+def test_rms_norm_reads_the_k_heads_of_the_fused_qkv_in_place(kp, dtype, hn):
+    """QK-norm's k: megatron splits the fused QKV ``[s, b, groups, (rep + 2) * hn]`` along its
+    last dim, so k's head rows are ``(rep + 2) * hn`` apart, not ``hn``. The kernel reads them in
+    place (no copy) with the bits of the reference and of a contiguous copy. Twin: the same
+    storage read as if contiguous (what a kernel ignoring the strides would read) gives other
+    bits."""
+    s, b, groups, rep = 5, 2, 3, 2
+    mixed = _randn(s, b, groups, (rep + 2) * hn, seed=hn, dtype=dtype)
+    k = mixed[..., rep * hn : (rep + 1) * hn]
+    w = (_randn(hn, seed=hn + 1, scale=0.2) + 1).to(BF)
+    with _Copies() as seen:
+        got = tnorm.triton_rms_norm(k, w, 1e-6, kp)
+    assert seen.copies == 0
+    assert got.shape == k.shape
+    assert torch.equal(got, reference_rms_norm(k, w, 1e-6, kp))
+    assert torch.equal(got, tnorm.triton_rms_norm(k.contiguous(), w, 1e-6, kp))
+    k3 = k.view(-1, groups, hn)
+    assert k3.stride(1) == (rep + 2) * hn  # the fused row's stride: k is not contiguous
+    packed = torch.as_strided(k3, k3.shape, (groups * hn, hn, 1))
+    wrong, _ = tnorm._forward(packed, w, 1e-6, bool(kp.norm_cast_before_weight))
+    assert not torch.equal(wrong.view(k.shape), got)
+
+
+def test_silu_glu_reads_the_fc1_halves_in_place(kp):
+    """The MLP's gate and up are the two halves of the fc1 output: the forward reads them in
+    place (no copy) with the reference's bits. Twin: the contiguous copies the forward used to
+    make are seen by the counter."""
+    fc1 = _randn(2, 9, 2 * 100, seed=11, dtype=BF)
+    gate, up = torch.chunk(fc1, 2, dim=-1)
+    with _Copies() as seen:
+        got = tmlp.triton_silu_glu(gate, up, kp)
+    assert seen.copies == 0
+    assert torch.equal(got, reference_silu_glu(gate, up, kp))
+    with _Copies() as seen:
+        gate.contiguous(), up.contiguous()
+    assert seen.copies == 2
 
 
 @pytest.mark.parametrize("shape", [(32, 16, 128), (5, 8, 64), (3, 1, 6)])

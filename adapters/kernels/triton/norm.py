@@ -23,6 +23,7 @@ import triton.language as tl
 from .._dtypes import dtype_of
 from ..norm import RMSNormFunction, reference_rms_norm
 from .matmul import _ieee_add, _ieee_mul, _round
+from .rows import rows_AHn
 
 ELEMENTS = 1024  # elements of one program's [BLOCK_R, CH, C] tile: one warp's 32 registers each
 CHUNK = 32  # a row is loaded as chunks of this many columns
@@ -58,15 +59,16 @@ def _halving_sum(
 
 @triton.jit
 def _rms_norm_fwd(
-    x_ptr, w_ptr, y_ptr, r_ptr, rows, n, inv_n, eps,
+    x_ptr, w_ptr, y_ptr, r_ptr, rows, n, H, s_a, s_h, inv_n, eps,
     RECIPROCAL: tl.constexpr, CAST_BEFORE_WEIGHT: tl.constexpr, BLOCK_R: tl.constexpr,
     CH: tl.constexpr, LOG2CH: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr,
 ):  # fmt: skip
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_n = tl.arange(0, CH)[:, None] * C + tl.arange(0, C)[None, :]  # [CH, C]: the row's columns
     mask = (offs_r[:, None, None] < rows) & (offs_n[None, :, :] < n)
-    at = offs_r[:, None, None].to(tl.int64) * n + offs_n[None, :, :]
-    x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    r64 = offs_r.to(tl.int64)
+    at_x = ((r64 // H) * s_a + (r64 % H) * s_h)[:, None, None] + offs_n[None, :, :]  # x: [A, H, n]
+    x = tl.load(x_ptr + at_x, mask=mask, other=0.0).to(tl.float32)
     total = _halving_sum(_ieee_mul(x, x), BLOCK_R, CH, LOG2CH, C, LOG2C)
     if RECIPROCAL:  # torch on CUDA divides by a host scalar as a multiply by its reciprocal
         mean = _ieee_mul(total, inv_n)
@@ -80,7 +82,7 @@ def _rms_norm_fwd(
         y = _round(_ieee_mul(w.to(y_ty).to(tl.float32), _round(x_n, y_ty).to(tl.float32)), y_ty)
     else:
         y = _round(_ieee_mul(w.to(tl.float32), x_n), y_ty)
-    tl.store(y_ptr + at, y, mask=mask)
+    tl.store(y_ptr + r64[:, None, None] * n + offs_n[None, :, :], y, mask=mask)
     tl.store(r_ptr + offs_r, r, mask=offs_r < rows)
 
 
@@ -101,18 +103,21 @@ def supports(x: torch.Tensor, weight: torch.Tensor, kp) -> bool:
 RECIPROCAL: bool | None = None
 
 
-def _forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_weight: bool):
-    rows, n = x2.shape
-    recip = x2.is_cuda if RECIPROCAL is None else RECIPROCAL
+def _forward(x3: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_weight: bool):
+    """``(y [A * H, n], r [A * H])`` of ``x3`` ``[A, H, n]`` read in place (``rows_AHn``)."""
+    a, h, n = x3.shape
+    rows = a * h
+    recip = x3.is_cuda if RECIPROCAL is None else RECIPROCAL
     inv_n = float(np.float32(1.0) / np.float32(n))
     N = triton.next_power_of_2(n)
     C = min(N, CHUNK)
     block_r = max(1, ELEMENTS // N)
-    y = torch.empty_like(x2)
-    r = torch.empty(rows, dtype=torch.float32, device=x2.device)
+    y = torch.empty((rows, n), dtype=x3.dtype, device=x3.device)
+    r = torch.empty(rows, dtype=torch.float32, device=x3.device)
     _rms_norm_fwd[(triton.cdiv(rows, block_r),)](
-        x2, weight, y, r, rows, n, inv_n, eps, recip, bool(cast_before_weight), block_r, N // C,
-        (N // C).bit_length() - 1, C, C.bit_length() - 1, num_warps=max(1, block_r * N // 1024),
+        x3, weight, y, r, rows, n, h, x3.stride(0), x3.stride(1), inv_n, eps, recip,
+        bool(cast_before_weight), block_r, N // C, (N // C).bit_length() - 1, C,
+        C.bit_length() - 1, num_warps=max(1, block_r * N // 1024),
     )  # fmt: skip
     return y, r
 
@@ -120,9 +125,9 @@ def _forward(x2: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_wei
 def triton_rms_norm_r(
     x: torch.Tensor, weight: torch.Tensor, eps: float, kp
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reference_rms_norm_r`` in one kernel: ``(output, 1 / rms)``."""
-    x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    y, r = _forward(x2, weight.contiguous(), float(eps), bool(kp.norm_cast_before_weight))
+    """``reference_rms_norm_r`` in one kernel: ``(output, 1 / rms)``. ``x``'s rows are read in
+    place (the QK-norm's k heads are a strided slice of the fused QKV output)."""
+    y, r = _forward(rows_AHn(x), weight.contiguous(), float(eps), bool(kp.norm_cast_before_weight))
     return y.view(x.shape), r.view(x.shape[:-1])
 
 

@@ -1,8 +1,9 @@
 """How the small-op kernels read a tensor's rows in place: ``[A, H, n]`` with strides
 ``(s_a, s_h, 1)``, row ``r`` at ``(r // H) * s_a + (r % H) * s_h``. A view, not a copy, for the
-strided operands the trainer hands them: the halves of the fused gate/up projection (one row
-stride) and the per-head k of the fused QKV (``[tokens, kv heads, head dim]``, whose head rows are
-not one stride apart)."""
+strided operands the trainer hands them: the halves of the fused gate/up projection and the
+per-head k of the fused QKV (megatron's split of ``[s, b, groups, (rep + 2) * head_dim]``), whose
+rows are one stride apart but not ``n``. Rows two strides apart (a slice of the head dim's
+neighbour, ``[A, H + 1, n][:, :H]``) are read in place too."""
 
 from __future__ import annotations
 
