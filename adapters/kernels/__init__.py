@@ -18,11 +18,13 @@ from .matmul import binary_matmul, combine_tiles, invariant_matmul, tile_partial
 from .mlp import silu_glu
 from .moe import moe_block, route
 from .norm import rms_norm
+from .policy import KernelPolicy
 from .registry import backend_for, kernel
 from .residual import residual_add
 from .rope import apply_rope, rope_cos_sin
 
 __all__ = [
+    "KernelPolicy",
     "all_reduce_for",
     "apply_rope",
     "attention_backward",
