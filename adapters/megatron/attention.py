@@ -21,7 +21,7 @@ from megatron.core.tensor_parallel.mappings import all_to_all
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.module import MegatronModule
 
-from .kernels import kernel_module
+from .. import kernels
 from .layers import ATTENTION_INPUT_CAST
 from .packing import SGLangPackedSeqParams
 from .policy import dtype_of, kernel_policy_for, policy_for
@@ -97,12 +97,12 @@ CP_LAYOUTS: dict[str | None, tuple[Callable[..., torch.Tensor], Callable[..., to
 
 def _rope_then_dense(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
     """SGLang: rotate in ``rope_dtype``, result back in the input (dense) dtype."""
-    return kernel_module("rope").apply_rope(x, cos, sin, kp)
+    return kernels.rope.apply_rope(x, cos, sin, kp)
 
 
 def _rope_keep_rope_dtype(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
     """Without the cast: q/k stay in ``rope_dtype`` into attention."""
-    return kernel_module("rope").apply_rope(x.to(dtype_of(kp.rope_dtype)), cos, sin, kp)
+    return kernels.rope.apply_rope(x.to(dtype_of(kp.rope_dtype)), cos, sin, kp)
 
 
 def _megatron_rope(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
@@ -162,7 +162,7 @@ class KernelAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, kp, scale):
-        attn = kernel_module("attention")
+        attn = kernels.attention
         calls = _kernel_calls(params)
         sd = dtype_of(kp.attention_softmax_dtype)
         if len(calls) == 1 and isinstance(calls[0][0], slice):  # one call over the whole pack
@@ -187,7 +187,7 @@ class KernelAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
-        backward = kernel_module("attention_meta").attention_backward_known
+        backward = kernels.attention_meta.attention_backward_known
         grads = [
             (rows, keys, backward(
                 q[rows], k[keys], v[keys], out[rows], lse[rows], d_out[rows], pos, ctx.kp,
@@ -328,7 +328,7 @@ class SGLangCoreAttention(MegatronModule):
         layer with the same head dim, base, scaling and RoPE dtype reads the same table."""
         key = ("rope", self.head_dim, self.rope_theta, repr(self.rope_scaling),
                self.max_position, kp.rope_dtype)  # fmt: skip
-        return params.memoized(key, lambda: kernel_module("rope").rope_cos_sin(
+        return params.memoized(key, lambda: kernels.rope.rope_cos_sin(
             params.positions, self.head_dim, self.rope_theta, self.rope_scaling, kp,
             max_position=self.max_position,
         ))  # fmt: skip

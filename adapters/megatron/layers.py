@@ -1,7 +1,7 @@
 """SGLang-numerics layer classes that subclass megatron-core's own.
 
 Each class keeps megatron-core's constructor, parameters, state-dict names and backward, and takes
-its forward *values* from the SGLang kernels (``contractgen.adapters.sglang.kernels``) through
+its forward *values* from the SGLang kernels (``contractgen.adapters.kernels``) through
 ``autograd.kernel_value_linear`` (linears: megatron's backward, no second GEMM) or by running the
 differentiable kernel directly (norms, residual add, SwiGLU). Behaviour is chosen from the generated runtime policy and the
 contract's ``KernelPolicy`` (``policy.policy_for`` / ``policy.kernel_policy_for``); runtime-policy
@@ -20,8 +20,8 @@ from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.mlp import MLP
 
+from .. import kernels
 from .autograd import kernel_value_linear
-from .kernels import kernel_module
 from .policy import dtype_of, kernel_policy_for, policy_for
 
 # ---------------------------------------------------------------------------------------------
@@ -30,7 +30,7 @@ from .policy import dtype_of, kernel_policy_for, policy_for
 
 
 def _invariant_matmul(x: torch.Tensor, w: torch.Tensor, kp: Any) -> torch.Tensor:
-    return kernel_module("linear").column_parallel_linear(x, w, kp)
+    return kernels.linear.column_parallel_linear(x, w, kp)
 
 
 def _stock_matmul(x: torch.Tensor, w: torch.Tensor, kp: Any) -> torch.Tensor:
@@ -47,15 +47,15 @@ MATMUL_BY_BATCH_INVARIANT_MODE: dict[bool, Callable[..., torch.Tensor]] = {
 
 def _row_linear_fixed_tree(x, w, kp, group, matmul):
     if matmul is _invariant_matmul:
-        return kernel_module("linear").row_parallel_linear(x, w, kp, group)
-    return kernel_module("all_reduce").tree_all_reduce(matmul(x, w, kp), group)
+        return kernels.linear.row_parallel_linear(x, w, kp, group)
+    return kernels.all_reduce.tree_all_reduce(matmul(x, w, kp), group)
 
 
 def _row_linear_collective(x, w, kp, group, matmul):
     """megatron's own reduce: ``torch.distributed.all_reduce`` (ring / backend-chosen order) of
     the rank's local product (its K shard's runs: ``shard_policy``)."""
     tp = torch.distributed.get_world_size(group)
-    partial = matmul(x, w, kernel_module("matmul").shard_policy(kp, tp))
+    partial = matmul(x, w, kernels.matmul.shard_policy(kp, tp))
     if tp == 1:
         return partial
     partial = partial.clone()
@@ -92,7 +92,7 @@ LM_HEAD_INPUT_CAST: dict[bool, Callable[[torch.Tensor, Any], torch.Tensor]] = {
 
 def _kernel_swiglu(fc1_out: torch.Tensor, kp: Any) -> torch.Tensor:
     gate, up = torch.chunk(fc1_out, 2, dim=-1)
-    return kernel_module("mlp").silu_glu(gate, up, kp)
+    return kernels.mlp.silu_glu(gate, up, kp)
 
 
 def _megatron_bias_swiglu(fc1_out: torch.Tensor, kp: Any) -> torch.Tensor:
@@ -257,7 +257,7 @@ class SGLangNorm(torch.nn.RMSNorm):
         return kp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernel_module("norm").rms_norm(x, self.weight, self.eps, self.kernel_policy)
+        return kernels.norm.rms_norm(x, self.weight, self.eps, self.kernel_policy)
 
 
 class SGLangQKRMSNorm(SGLangNorm):
@@ -312,7 +312,7 @@ def join_carrier(output: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
 
 def residual_add(x: torch.Tensor, residual: torch.Tensor, kp: Any) -> torch.Tensor:
     """SGLang's residual add (``kernels.residual.residual_add``) in ``residual_dtype``."""
-    return kernel_module("residual").residual_add(x, residual, kp)
+    return kernels.residual.residual_add(x, residual, kp)
 
 
 class SGLangFinalRMSNorm(SGLangNorm):

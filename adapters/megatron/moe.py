@@ -49,14 +49,10 @@ from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
 
+from .. import kernels
 from .autograd import straight_through
-from .kernels import kernel_module
 from .layers import SWIGLU_BY_DISABLE_BIAS_SWIGLU_FUSION, sglang_mlp_forward
 from .policy import dtype_of, kernel_policy_for, policy_for
-
-
-def _moe_kernels():
-    return kernel_module("moe")
 
 
 class SGLangTopKRouter(TopKRouter):
@@ -80,7 +76,7 @@ class SGLangTopKRouter(TopKRouter):
         kp = self.kernel_policy
         rd = dtype_of(kp.moe_router_logits_dtype)
         return straight_through(
-            lambda: _moe_kernels().router_logits(input, self.weight, kp),
+            lambda: kernels.moe.router_logits(input, self.weight, kp),
             lambda: F.linear(input.to(rd), self.weight.to(rd)),
             [input, self.weight],
         )
@@ -88,13 +84,13 @@ class SGLangTopKRouter(TopKRouter):
     def route_topk(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights_TK, ids_TK)`` for ``[..., hidden]`` input flattened to tokens."""
         x = hidden_states.reshape(-1, self.config.hidden_size)
-        return _moe_kernels().select_experts(
+        return kernels.moe.select_experts(
             self.gating(x), self.kernel_policy, top_k=self.topk, normalize=self.normalize
         )
 
     def routing(self, logits: torch.Tensor):
         """megatron's ``(probs, routing_map)``, ``[tokens, experts]``, from given logits."""
-        weights, ids = _moe_kernels().select_experts(
+        weights, ids = kernels.moe.select_experts(
             logits, self.kernel_policy, top_k=self.topk, normalize=self.normalize
         )
         return _dense_routing(weights, ids, logits.shape[-1])
@@ -142,7 +138,7 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
                     f"expert parallelism (EP {self.ep_size}) runs the forward only: the token "
                     "exchange has no backward yet; train and take gradients at EP 1"
                 )
-            hidden_states, self.ids_all, self.counts = _moe_kernels().ep_gather_tokens(
+            hidden_states, self.ids_all, self.counts = kernels.moe.ep_gather_tokens(
                 hidden_states, self.ids_TK, self.ep_group
             )
             return hidden_states, probs
@@ -155,7 +151,7 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
         """The rows routed to this rank's experts (``kernels.moe.group_tokens``: the policy's
         token order), concatenated expert by expert, as megatron's ``permute`` lays them out.
         The experts run unweighted (the weights enter in the combine), so no probabilities."""
-        groups = _moe_kernels().group_tokens(
+        groups = kernels.moe.group_tokens(
             self.ids_all, self.config.num_moe_experts, self.kernel_policy
         )
         local = [groups[e] for e in self.local_expert_indices]
@@ -174,10 +170,10 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
     def token_combine(self, hidden_states):
         """The weighted sum in the policy's dtype and order: ``kernels.moe.combine`` (EP 1) or
         ``kernels.moe.ep_combine`` (EP > 1, which first returns each output to its token)."""
-        kernels, kp = _moe_kernels(), self.kernel_policy
+        kp = self.kernel_policy
         if self.ep_size == 1:
-            return kernels.combine(hidden_states, self.weights_TK, self.ids_TK, kp)
-        return kernels.ep_combine(
+            return kernels.moe.combine(hidden_states, self.weights_TK, self.ids_TK, kp)
+        return kernels.moe.ep_combine(
             hidden_states, self.weights_TK, self.ids_TK, kp,
             group=self.ep_group, rank=self.ep_group.rank(), counts=self.counts,
             experts_per_rank=self.num_local_experts,

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
+from .. import kernels
 from ..layout import Layout
 from .checkpoint import load_into
 from .data_parallel import dp_share
-from .kernels import kernel_module
 from .lora import attach_lora
 from .model import build_model, make_config, padded_vocab_size
 from .packing import pack_sequences
@@ -217,7 +217,7 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     )
     tp_group = ps.get_tensor_model_parallel_group()
     vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
-    lp_fn = kernel_module("logsoftmax").vocab_parallel_token_logprobs
+    lp_fn = kernels.logsoftmax.vocab_parallel_token_logprobs
     logprobs = []
     for k, path in enumerate(pack.paths):
         rows, targets = path[:-1].to(job.device), token_ids[path[1:].to(job.device)]

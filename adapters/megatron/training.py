@@ -29,12 +29,12 @@ from megatron.core.optimizer.optimizer import (
     MegatronOptimizer,
 )
 
+from .. import kernels
 from ..shared_tensors import SharedTensors
 from .checkpoint import hf_state_from_stage
 from .data_parallel import GradBuffer, replica_mismatches, replica_tensors, split_batch
 from .distributed_optimizer import ShardedAdamW
 from .grads import finalize_grads
-from .kernels import kernel_module
 from .lora import gather_adapter
 from .packing import pack_sequences
 from .pipeline import pipeline_forward_backward
@@ -476,7 +476,7 @@ def _microbatch(
 
             x = process_rows(x, scored.seq[mine], batch.sampling, kp_head, vocab_start, vocab,
                              tp_group)  # fmt: skip
-        lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
+        lp = kernels.logsoftmax.vocab_parallel_token_logprobs(
             x, targets_d, vocab_start, vocab, kp_head, tp_group
         )
         loss, stats = ppo_clip(lp.float(), old_d, adv_d, batch.clip_eps, total)

@@ -19,14 +19,14 @@ from functools import partial
 
 import torch
 
+from ..kernels import stock
+from ..kernels._dtypes import dtype_of
+from ..kernels.all_reduce import all_reduce_for
 from ..kernels.lora import lora_add
-from .kernels import stock
-from .kernels._dtypes import dtype_of
-from .kernels.all_reduce import all_reduce_for
-from .kernels.matmul import invariant_matmul, shard_policy
-from .kernels.norm import rms_norm
-from .kernels.residual import residual_add
-from .kernels.rope import apply_rope
+from ..kernels.matmul import invariant_matmul, shard_policy
+from ..kernels.norm import rms_norm
+from ..kernels.residual import residual_add
+from ..kernels.rope import apply_rope
 
 
 # ---- contract ops (signatures shared with their stock twins) ---------------------------------

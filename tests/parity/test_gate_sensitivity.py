@@ -37,8 +37,6 @@ _model.ModelArch.from_profile = classmethod(_planted)
 TRAINER_CHUNK_BUG = """
 from contractgen.adapters.megatron import attention as _attention
 
-_stock = _attention.kernel_module
-
 class _WideChunks:
     def __init__(self, module):
         self._module = module
@@ -51,11 +49,17 @@ class _WideChunks:
             kw["kv_chunk"] = 128
         return self._module.chunked_attention_lse(q, k, v, positions, kp, **kw)
 
-def _planted(name):
-    module = _stock(name)
-    return _WideChunks(module) if name == "attention" else module
+class _Kernels:
+    # the kernel library as the trainer's attention module sees it, attention planted
 
-_attention.kernel_module = _planted
+    def __init__(self, package):
+        self._package = package
+        self.attention = _WideChunks(package.attention)
+
+    def __getattr__(self, name):
+        return getattr(self._package, name)
+
+_attention.kernels = _Kernels(_attention.kernels)
 """
 
 # The scored logprobs as the gate's comparison sees them, first token of the first sequence set
