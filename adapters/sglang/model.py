@@ -48,6 +48,7 @@ from ..kernels.matmul import N_TILE
 from ..kernels.mlp import silu_glu
 from ..kernels.moe import moe_block
 from ..kernels.norm import rms_norm
+from ..kernels.policy import KernelPolicy
 from ..kernels.residual import residual_add
 from ..kernels.rope import apply_rope, rope_cos_sin
 from ..lora import LORA_ALPHA_KEY, adapter_names, split_adapter
@@ -403,7 +404,7 @@ class ReferenceModel:
         self,
         arch: ModelArch,
         weights: dict[str, torch.Tensor],
-        kp,
+        kp: KernelPolicy,
         rp,
         *,
         group=None,
@@ -424,6 +425,7 @@ class ReferenceModel:
             self._loads.setdefault(name, []).append((t, local))
             return t
 
+        kp = KernelPolicy.of(kp)  # the rollout's edge: typed from here down
         self.arch, self.kp, self.rp, self.group = arch, kp, rp, group
         self.tp = world_size(group)
         self.rank = dist.get_rank(group) if self.tp > 1 else 0

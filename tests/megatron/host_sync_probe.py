@@ -200,7 +200,7 @@ def probe(
                 attention_mask=None, packed_seq_params=params,
             )  # fmt: skip
             lp = kernels.logsoftmax.vocab_parallel_token_logprobs(
-                logits[0], targets, 0, arch.vocab_size, model.output_layer.kernel_policy
+                logits[0], targets, 0, arch.vocab_size, config.true_on_policy.kp
             )
             loss = -lp.float().sum()
         with bwd:

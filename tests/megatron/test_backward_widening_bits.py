@@ -62,7 +62,7 @@ def _run(contract: str) -> dict:
                    attention_mask=None, packed_seq_params=pack.seq_params())  # fmt: skip
     lp = kernels.logsoftmax.vocab_parallel_token_logprobs(
         logits[0], torch.roll(pack.token_ids, -1), 0, arch.vocab_size,
-        model.output_layer.kernel_policy,
+        kp,
     )  # fmt: skip
     (-lp.float().sum()).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

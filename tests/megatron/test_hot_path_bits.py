@@ -136,7 +136,7 @@ def _run(contract: str, pack, params) -> dict:
                    attention_mask=None, packed_seq_params=params)  # fmt: skip
     targets = torch.roll(pack.token_ids, -1)
     lp = kernels.logsoftmax.vocab_parallel_token_logprobs(
-        logits[0], targets, 0, arch.vocab_size, model.output_layer.kernel_policy
+        logits[0], targets, 0, arch.vocab_size, kp
     )
     (-lp.float().sum()).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -21,29 +21,14 @@ TRAINER_FLOAT32_BUG = """
 import torch
 from contractgen.adapters.megatron import attention as _attention
 
-class _Float32Chunks:
-    def __init__(self, module):
-        self._module = module
+_stock = _attention.chunked_attention_lse
 
-    def __getattr__(self, name):
-        return getattr(self._module, name)
+def _planted(q, k, v, positions, kp, **kw):
+    if q.dtype == torch.float32:
+        kw["kv_chunk"] = 2 * kp.attention_kv_chunk
+    return _stock(q, k, v, positions, kp, **kw)
 
-    def chunked_attention_lse(self, q, k, v, positions, kp, **kw):
-        if q.dtype == torch.float32:
-            kw["kv_chunk"] = 2 * kp.attention_kv_chunk
-        return self._module.chunked_attention_lse(q, k, v, positions, kp, **kw)
-
-class _Kernels:
-    # the kernel library as the trainer's attention module sees it, attention planted
-
-    def __init__(self, package):
-        self._package = package
-        self.attention = _Float32Chunks(package.attention)
-
-    def __getattr__(self, name):
-        return getattr(self._package, name)
-
-_attention.kernels = _Kernels(_attention.kernels)
+_attention.chunked_attention_lse = _planted
 """
 
 

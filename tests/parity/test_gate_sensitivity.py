@@ -37,29 +37,14 @@ _model.ModelArch.from_profile = classmethod(_planted)
 TRAINER_CHUNK_BUG = """
 from contractgen.adapters.megatron import attention as _attention
 
-class _WideChunks:
-    def __init__(self, module):
-        self._module = module
+_stock = _attention.chunked_attention_lse
 
-    def __getattr__(self, name):
-        return getattr(self._module, name)
+def _planted(q, k, v, positions, kp, **kw):
+    if int(positions.max()) >= 128:
+        kw["kv_chunk"] = 128
+    return _stock(q, k, v, positions, kp, **kw)
 
-    def chunked_attention_lse(self, q, k, v, positions, kp, **kw):
-        if int(positions.max()) >= 128:
-            kw["kv_chunk"] = 128
-        return self._module.chunked_attention_lse(q, k, v, positions, kp, **kw)
-
-class _Kernels:
-    # the kernel library as the trainer's attention module sees it, attention planted
-
-    def __init__(self, package):
-        self._package = package
-        self.attention = _WideChunks(package.attention)
-
-    def __getattr__(self, name):
-        return getattr(self._package, name)
-
-_attention.kernels = _Kernels(_attention.kernels)
+_attention.chunked_attention_lse = _planted
 """
 
 # The scored logprobs as the gate's comparison sees them, first token of the first sequence set
