@@ -35,10 +35,6 @@ from .policy import dtype_of
 # ---------------------------------------------------------------------------------------------
 
 
-def _invariant_matmul(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
-    return column_parallel_linear(x, w, kp)
-
-
 def _stock_matmul(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """megatron's own ``torch.matmul`` in the dense dtype (row-count dependent reduction)."""
     dt = dtype_of(kp.dense_math_dtype)
@@ -46,13 +42,13 @@ def _stock_matmul(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.T
 
 
 MATMUL_BY_BATCH_INVARIANT_MODE: dict[bool, Callable[..., torch.Tensor]] = {
-    True: _invariant_matmul,
+    True: column_parallel_linear,  # the kernel itself: (x, w, kp) -> x @ w.T
     False: _stock_matmul,
 }
 
 
 def _row_linear_fixed_tree(x, w, kp: KernelPolicy, group, matmul):
-    if matmul is _invariant_matmul:
+    if matmul is column_parallel_linear:
         return row_parallel_linear(x, w, kp, group)
     return tree_all_reduce(matmul(x, w, kp), group)
 
