@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..families import LAYER_PREFIX
+from ..kernels.policy import KernelPolicy
 from . import ops
 from .policy import FsdpPolicy
 
@@ -137,7 +138,7 @@ def _attach_linears(layer: nn.Module, policy: FsdpPolicy, rows: frozenset[str], 
             _set(layer, path, ops.ContractLinear(m.weight, policy.kp, path in rows, group))
 
 
-def _norm(m: nn.Module, kp: Any, output: str) -> ops.ContractRMSNorm:
+def _norm(m: nn.Module, kp: KernelPolicy, output: str) -> ops.ContractRMSNorm:
     return ops.ContractRMSNorm(m.weight, m.variance_epsilon, kp, output)
 
 

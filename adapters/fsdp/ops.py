@@ -46,6 +46,7 @@ from ..kernels.matmul import invariant_matmul, shard_policy
 from ..kernels.mlp import silu_glu
 from ..kernels.moe import moe_block
 from ..kernels.norm import rms_norm
+from ..kernels.policy import KernelPolicy
 from ..kernels.rope import apply_rope, rope_cos_sin
 
 # The name the contract's attention is registered under (the contracts' ``attn_implementation``).
@@ -70,14 +71,14 @@ def straight_through(value: Callable[[], torch.Tensor], stock: Callable[[], torc
 
 
 # ---- linears ---------------------------------------------------------------------------------
-def column_linear(x: torch.Tensor, w: torch.Tensor, kp: Any) -> torch.Tensor:
+def column_linear(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``x @ w.T`` by the invariant matmul, output in ``x``'s dtype (the rollout's column op)."""
     if not needs_grad(x, w):
         return invariant_matmul(x, w, kp)
     return straight_through(lambda: invariant_matmul(x, w, kp), lambda: F.linear(x, w))
 
 
-def row_linear(x: torch.Tensor, w: torch.Tensor, kp: Any, group: Any) -> torch.Tensor:
+def row_linear(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy, group: Any) -> torch.Tensor:
     """The rollout's row-parallel op at one rank: the tile tree in the accumulation dtype, the
     kernel policy's all-reduce over ``group`` (this rank alone: an FSDP trainer has no TP, the
     tree is whole here), then one cast to ``x``'s dtype."""
@@ -97,7 +98,7 @@ class ContractLinear(nn.Module):
     linears of the family (``o_proj``, ``down_proj``), column otherwise. Holds the HF module's
     ``weight`` parameter (same name, same tensor)."""
 
-    def __init__(self, weight: nn.Parameter, kp: Any, row: bool, group: Any) -> None:
+    def __init__(self, weight: nn.Parameter, kp: KernelPolicy, row: bool, group: Any) -> None:
         super().__init__()
         self.weight = weight
         self.kp, self.row, self.group = kp, row, group
@@ -112,7 +113,7 @@ class ContractLMHead(nn.Module):
     """The LM head: final hidden state and weight cast to ``kp.lm_head_input_dtype``, invariant
     matmul (logits in that dtype, as the rollout's)."""
 
-    def __init__(self, weight: nn.Parameter, kp: Any) -> None:
+    def __init__(self, weight: nn.Parameter, kp: KernelPolicy) -> None:
         super().__init__()
         self.weight, self.kp = weight, kp
 
@@ -128,7 +129,7 @@ class ContractEmbedding(nn.Module):
     """Token embedding in the parameters' (gathered) dtype, then cast to ``kp.residual_dtype``:
     the residual stream starts as the rollout's does."""
 
-    def __init__(self, weight: nn.Parameter, kp: Any) -> None:
+    def __init__(self, weight: nn.Parameter, kp: KernelPolicy) -> None:
         super().__init__()
         self.weight, self.kp = weight, kp
 
@@ -136,11 +137,11 @@ class ContractEmbedding(nn.Module):
         return F.embedding(ids, self.weight).to(dtype_of(self.kp.residual_dtype))
 
 
-def _keep(x: torch.Tensor, kp: Any) -> torch.Tensor:
+def _keep(x: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     return x
 
 
-def _to_dense(x: torch.Tensor, kp: Any) -> torch.Tensor:
+def _to_dense(x: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     return x.to(dtype_of(kp.dense_math_dtype))
 
 
@@ -156,7 +157,7 @@ NORM_OUTPUTS: dict[str, Callable[[torch.Tensor, Any], torch.Tensor]] = {
 class ContractRMSNorm(nn.Module):
     """``kernels.norm.rms_norm`` over the last dim with the HF module's ``weight``."""
 
-    def __init__(self, weight: nn.Parameter, eps: float, kp: Any, output: str) -> None:
+    def __init__(self, weight: nn.Parameter, eps: float, kp: KernelPolicy, output: str) -> None:
         super().__init__()
         self.weight, self.eps, self.kp = weight, eps, kp
         self.output = NORM_OUTPUTS[output]
@@ -170,7 +171,9 @@ class ContractRotary(nn.Module):
     ``kp.rope_dtype`` for the packed row's positions (``rope_cos_sin``; the model's RoPE
     scaling), handed by the HF model to every attention block as ``position_embeddings``."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: Any, max_position: int, kp: Any):
+    def __init__(
+        self, head_dim: int, theta: float, scaling: Any, max_position: int, kp: KernelPolicy
+    ):
         super().__init__()
         self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
         self.max_position, self.kp = max_position, kp
@@ -187,7 +190,7 @@ class _ChunkedAttention(torch.autograd.Function):
     """The contract's attention over a pack; backward from the saved output and log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, q_LHD, k_LKD, v_LKD, positions, cu, kp, scale):
+    def forward(ctx, q_LHD, k_LKD, v_LKD, positions, cu, kp: KernelPolicy, scale):
         out, lse = attn_kernels.chunked_attention_lse(
             q_LHD, k_LKD, v_LKD, positions, kp, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale
         )
@@ -247,7 +250,7 @@ class ContractAttention(nn.Module):
     config names (``ALL_ATTENTION_FUNCTIONS``), then ``o_proj``. Keeps the HF block's child
     modules under their names."""
 
-    def __init__(self, hf: nn.Module, kp: Any) -> None:
+    def __init__(self, hf: nn.Module, kp: KernelPolicy) -> None:
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             setattr(self, name, getattr(hf, name))
@@ -301,7 +304,7 @@ class ContractMLP(nn.Module):
     """The dense SwiGLU MLP: gate/up (column), ``silu_glu``, down (row). Keeps the HF MLP's
     ``gate_proj``/``up_proj``/``down_proj`` children."""
 
-    def __init__(self, hf: nn.Module, kp: Any) -> None:
+    def __init__(self, hf: nn.Module, kp: KernelPolicy) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = hf.gate_proj, hf.up_proj, hf.down_proj
         self.kp = kp
@@ -316,7 +319,7 @@ class ContractMoE(nn.Module):
     ``kernels.moe.moe_block`` with the dense MLP's linears: the rollout's MoE block. The
     parameters stay where transformers keeps them (the state dict is unchanged)."""
 
-    def __init__(self, hf: nn.Module, kp: Any, group: Any) -> None:
+    def __init__(self, hf: nn.Module, kp: KernelPolicy, group: Any) -> None:
         super().__init__()
         self.gate, self.experts = hf.gate, hf.experts
         self.top_k, self.normalize = hf.gate.top_k, bool(hf.gate.norm_topk_prob)
@@ -344,7 +347,7 @@ class ContractMoE(nn.Module):
         return y.reshape(hidden_states.shape)
 
 
-def _row_partial(x: torch.Tensor, w: torch.Tensor, kp: Any) -> torch.Tensor:
+def _row_partial(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """A row linear's tile tree in the accumulation dtype (the MoE block's all-reduce and cast
     finish it, as the rollout's ``row_partial``)."""
     acc = dtype_of(kp.matmul_accumulation_dtype)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..kernels.policy import KernelPolicy
 from .run_types import with_fault
 
 
@@ -23,7 +24,7 @@ def generated() -> Any:
     return load_target("fsdp")
 
 
-def float32_kernel_policy(kp: Any) -> Any:
+def float32_kernel_policy(kp: KernelPolicy) -> KernelPolicy:
     """Every dtype field of a KernelPolicy set to float32 (the gate's ``--dtype float32``)."""
     fields = {f.name: "float32" for f in dataclasses.fields(kp) if f.name.endswith("_dtype")}
     return dataclasses.replace(kp, **fields)
@@ -35,7 +36,7 @@ class FsdpPolicy:
     (``FsdpTrueOnPolicyRuntimePolicy``); ``float32`` marks the gate's float32 diagnostic mode,
     where FSDP gathers parameters in float32 too."""
 
-    kp: Any
+    kp: KernelPolicy
     rp: Any
     float32: bool = False
 
@@ -57,7 +58,7 @@ class FsdpPolicy:
 def resolve(contract_id: str, run: Any) -> FsdpPolicy:
     """The contract's policies under ``run``'s ``dtype_override`` and ``fault``."""
     gen = generated()
-    kp = gen.schema.kernel_policy_for(contract_id)
+    kp = KernelPolicy.of(gen.schema.kernel_policy_for(contract_id))
     if run.dtype_override == "float32":
         kp = float32_kernel_policy(kp)
     elif run.dtype_override not in (None, "bfloat16"):

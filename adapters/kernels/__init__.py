@@ -5,6 +5,9 @@ readable spec). Ops whose fast form differs by device (the invariant matmul, att
 through ``registry.kernel(op, device)`` to the reference or to the Triton backend (``triton/``,
 CUDA), so both sides of a parity run call the same backend on a device."""
 
+from . import (
+    attention_meta,  # noqa: F401  (the trainer's attention backward: kernels.attention_meta)
+)
 from .all_reduce import all_reduce_for, pairwise_sum, tree_all_reduce, tree_sum
 from .attention import attention_backward, chunked_attention, chunked_attention_lse
 from .linear import column_parallel_linear, row_parallel_linear
@@ -18,11 +21,13 @@ from .matmul import binary_matmul, combine_tiles, invariant_matmul, tile_partial
 from .mlp import silu_glu
 from .moe import moe_block, route
 from .norm import rms_norm
+from .policy import KernelPolicy
 from .registry import backend_for, kernel
 from .residual import residual_add
 from .rope import apply_rope, rope_cos_sin
 
 __all__ = [
+    "KernelPolicy",
     "all_reduce_for",
     "apply_rope",
     "attention_backward",

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from . import planted
 from ._dtypes import bits_view, from_bits
 from ._streams import stream_key
+from .policy import KernelPolicy
 
 
 def pairwise_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -137,7 +138,7 @@ ALL_REDUCES: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def all_reduce_for(kp) -> Callable[..., torch.Tensor]:
+def all_reduce_for(kp: KernelPolicy) -> Callable[..., torch.Tensor]:
     """The all-reduce ``kp.all_reduce`` names."""
     try:
         return ALL_REDUCES[kp.all_reduce]

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dtypes import dtype_of
+from .policy import KernelPolicy
 from .reduce import fixed_sum
 from .registry import backend_for, kernel
 
@@ -131,7 +132,7 @@ def reference_attention_lse(
     k_SKD: torch.Tensor,
     v_SKD: torch.Tensor,
     q_positions: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
@@ -160,7 +161,7 @@ def reference_attention(
     k_SKD: torch.Tensor,
     v_SKD: torch.Tensor,
     q_positions: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
@@ -214,7 +215,7 @@ def reference_attention_backward(
     lse_LH: torch.Tensor,
     do_LHD: torch.Tensor,
     q_positions: torch.Tensor,
-    kp=None,
+    kp: KernelPolicy = None,
     *,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
@@ -250,7 +251,7 @@ def chunked_attention(
     k_SKD: torch.Tensor,
     v_SKD: torch.Tensor,
     q_positions: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
@@ -274,7 +275,7 @@ def chunked_attention(
 
 
 def chunked_attention_lse(
-    q_LHD, k_SKD, v_SKD, q_positions, kp, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
+    q_LHD, k_SKD, v_SKD, q_positions, kp: KernelPolicy, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
     kv_chunk=None,
 ):  # fmt: skip
     """``(o_LHD, lse_LH)``: ``chunked_attention``'s output (the same bits) and the log-sum-exp of
@@ -285,7 +286,7 @@ def chunked_attention_lse(
 
 
 def attention_backward(
-    q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp, *, cu_seqlens_q=None,
+    q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp: KernelPolicy, *, cu_seqlens_q=None,
     cu_seqlens_k=None, scale=None, kv_chunk=None,
 ):  # fmt: skip
     """``(dq, dk, dv)`` from ``chunked_attention_lse``'s saved ``o`` and ``lse``; the registry's
@@ -302,7 +303,7 @@ def reference_decode_attention(
     v_SKD: torch.Tensor,
     positions_B: torch.Tensor,
     k_starts_B: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     max_keys: int,
     scale: float | None = None,
@@ -366,7 +367,7 @@ def decode_attention(
     v_SKD: torch.Tensor,
     positions_B: torch.Tensor,
     k_starts_B: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     max_keys: int,
     scale: float | None = None,

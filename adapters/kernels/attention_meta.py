@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import attention
+from .policy import KernelPolicy
 from .registry import backend_for, kernel
 
 
@@ -37,7 +38,7 @@ KNOWN_BY_BACKEND: dict[str, Callable[[bool | None], dict]] = {
 
 
 def attention_backward_known(
-    q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp, *, cu_seqlens_q=None,
+    q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp: KernelPolicy, *, cu_seqlens_q=None,
     cu_seqlens_k=None, scale=None, positions_contiguous: bool | None = None,
 ):  # fmt: skip
     """``attention.attention_backward`` (the registry's backend, counted as that op while a run

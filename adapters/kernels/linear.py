@@ -7,10 +7,11 @@ import torch
 from ._dtypes import dtype_of
 from .all_reduce import all_reduce_for, world_size
 from .matmul import invariant_matmul, shard_policy
+from .policy import KernelPolicy
 
 
 def row_parallel_linear(
-    x_MKlocal: torch.Tensor, w_NKlocal: torch.Tensor, kp, group=None
+    x_MKlocal: torch.Tensor, w_NKlocal: torch.Tensor, kp: KernelPolicy, group=None
 ) -> torch.Tensor:
     """Rank-local subtree ``x_local @ w_local.T`` in the accumulation dtype, then the policy
     all-reduce finishes the tree, then one cast to ``x``'s dtype.
@@ -24,7 +25,9 @@ def row_parallel_linear(
     return all_reduce_for(kp)(partial_MN, group).to(x_MKlocal.dtype)
 
 
-def column_parallel_linear(x_MK: torch.Tensor, w_NlocalK: torch.Tensor, kp) -> torch.Tensor:
+def column_parallel_linear(
+    x_MK: torch.Tensor, w_NlocalK: torch.Tensor, kp: KernelPolicy
+) -> torch.Tensor:
     """Rank-local output columns; bit-identical to the same columns of the full product whenever
     the shard starts at a multiple of ``matmul.N_TILE``."""
     return invariant_matmul(x_MK, w_NlocalK, kp)

@@ -28,13 +28,14 @@ import torch
 import torch.nn.functional as F
 
 from ._dtypes import dtype_of
+from .policy import KernelPolicy
 from .reduce import fixed_sum
 
 L2_EPS = 1e-6  # inside the l2norm's rsqrt (the FLA kernels' and HF's value)
 
 
 def causal_conv(
-    x_LC: torch.Tensor, w_CK: torch.Tensor, state_C_K1: torch.Tensor | None, kp
+    x_LC: torch.Tensor, w_CK: torch.Tensor, state_C_K1: torch.Tensor | None, kp: KernelPolicy
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU of the causal depthwise conv of one sequence's channels ``x_LC`` (taps ``w_CK``,
     the last tap on the current token), in ``kp.conv_dtype``: the taps summed oldest first (a
@@ -81,7 +82,7 @@ SOLVES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _solve(kp) -> Callable:
+def _solve(kp: KernelPolicy) -> Callable:
     try:
         return SOLVES[kp.delta_rule_solve]
     except KeyError:
@@ -90,7 +91,7 @@ def _solve(kp) -> Callable:
         ) from None
 
 
-def _prepare(q_LHD, k_LHD, v_LHD, g_LH, beta_LH, kp):
+def _prepare(q_LHD, k_LHD, v_LHD, g_LH, beta_LH, kp: KernelPolicy):
     """Heads first, in the chunk dtype; q/k l2-normalised, q scaled; key heads repeated to the
     value heads (each key head serves consecutive value heads)."""
     cd = dtype_of(kp.delta_rule_chunk_dtype)
@@ -107,7 +108,7 @@ def chunked_delta_rule(
     g_LH: torch.Tensor,
     beta_LH: torch.Tensor,
     state_HKV: torch.Tensor | None,
-    kp,
+    kp: KernelPolicy,
     *,
     start: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +163,7 @@ def recurrent_delta_rule(
     g_LH: torch.Tensor,
     beta_LH: torch.Tensor,
     state_HKV: torch.Tensor | None,
-    kp,
+    kp: KernelPolicy,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule one token at a time (decode): the recurrence in the module docstring in
     the chunk dtype, the state rounded to the state dtype after every token. Other roundings
@@ -185,7 +186,11 @@ def recurrent_delta_rule(
 
 
 def decay_and_beta(
-    a_LH: torch.Tensor, b_LH: torch.Tensor, A_log_H: torch.Tensor, dt_bias_H: torch.Tensor, kp
+    a_LH: torch.Tensor,
+    b_LH: torch.Tensor,
+    A_log_H: torch.Tensor,
+    dt_bias_H: torch.Tensor,
+    kp: KernelPolicy,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``, in
     ``kp.gate_dtype``."""
@@ -194,14 +199,14 @@ def decay_and_beta(
     return g, torch.sigmoid(b_LH.to(gd))
 
 
-def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor, kp) -> torch.Tensor:
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``x * sigmoid(gate)`` in ``kp.gate_dtype``, rounded to ``x``'s dtype (the attention output
     gate, the shared expert's gate)."""
     gd = dtype_of(kp.gate_dtype)
     return (x.to(gd) * torch.sigmoid(gate.to(gd))).to(x.dtype)
 
 
-def silu_gate(x: torch.Tensor, gate: torch.Tensor, kp) -> torch.Tensor:
+def silu_gate(x: torch.Tensor, gate: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``x * silu(gate)`` in ``kp.gate_dtype``, rounded to ``x``'s dtype (after the DeltaNet
     output's RMSNorm)."""
     gd = dtype_of(kp.gate_dtype)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ._dtypes import dtype_of
 from .all_reduce import all_gather_exact, world_size
 from .audit import contract_op
+from .policy import KernelPolicy
 from .reduce import fixed_sum
 from .registry import kernel
 
@@ -57,7 +58,7 @@ def _pairwise_over_chunks(s_TC: torch.Tensor) -> torch.Tensor:
 
 
 @contract_op("full_logprobs")
-def full_logprobs(logits_TV: torch.Tensor, kp, vocab_size: int) -> torch.Tensor:
+def full_logprobs(logits_TV: torch.Tensor, kp: KernelPolicy, vocab_size: int) -> torch.Tensor:
     """The whole log-softmax ``[T, vocab_size]`` (same per-element formula as ``token_logprobs``)."""
     ld = dtype_of(kp.logsoftmax_dtype)
     x = logits_TV[..., :vocab_size].to(ld).to(_compute_dtype(ld))
@@ -71,7 +72,9 @@ def full_logprobs(logits_TV: torch.Tensor, kp, vocab_size: int) -> torch.Tensor:
 _BLOCK_ELEMENTS = 1 << 24
 
 
-def _token_logprobs_rows(x_TV: torch.Tensor, ids_T: torch.Tensor, kp, vocab_size: int):
+def _token_logprobs_rows(
+    x_TV: torch.Tensor, ids_T: torch.Tensor, kp: KernelPolicy, vocab_size: int
+):
     ld = dtype_of(kp.logsoftmax_dtype)
     x = x_TV[..., :vocab_size].to(ld).to(_compute_dtype(ld))
     m = x.amax(-1)
@@ -82,7 +85,7 @@ def _token_logprobs_rows(x_TV: torch.Tensor, ids_T: torch.Tensor, kp, vocab_size
 
 @contract_op("token_logprobs")
 def token_logprobs(
-    logits_TV: torch.Tensor, token_ids_T: torch.Tensor, kp, vocab_size: int
+    logits_TV: torch.Tensor, token_ids_T: torch.Tensor, kp: KernelPolicy, vocab_size: int
 ) -> torch.Tensor:
     """``log p(token_ids[t] | logits[t])`` in ``kp.logsoftmax_dtype``, in blocks of rows."""
     rows = max(1, _BLOCK_ELEMENTS // max(1, vocab_size))
@@ -97,7 +100,11 @@ def token_logprobs(
 
 
 def lm_head_token_logprobs(
-    h_TH: torch.Tensor, w_VH: torch.Tensor, token_ids_T: torch.Tensor, kp, vocab_size: int
+    h_TH: torch.Tensor,
+    w_VH: torch.Tensor,
+    token_ids_T: torch.Tensor,
+    kp: KernelPolicy,
+    vocab_size: int,
 ) -> torch.Tensor:
     """LM head and scored-token logprob together, in blocks of tokens: the ``[tokens, vocab]``
     logits exist one block at a time (the invariant matmul and the log-softmax are both per row,
@@ -169,7 +176,7 @@ def vocab_parallel_token_logprobs(
     token_ids_T: torch.Tensor,
     vocab_start: int,
     vocab_size: int,
-    kp,
+    kp: KernelPolicy,
     group=None,
 ) -> torch.Tensor:
     """``token_logprobs`` over a vocab shard per rank (columns ``vocab_start ..``), same bits.
@@ -207,7 +214,7 @@ def _vocab_parallel_token_logprobs(
     token_ids_T: torch.Tensor,
     vocab_start: int,
     vocab_size: int,
-    kp,
+    kp: KernelPolicy,
     group,
 ) -> torch.Tensor:
     """``vocab_parallel_token_logprobs`` of one block of rows."""

@@ -36,13 +36,18 @@ import torch
 from ._dtypes import dtype_of
 from .all_reduce import all_reduce_for, world_size
 from .matmul import invariant_matmul, shard_policy
+from .policy import KernelPolicy
 
 
-def _invariant_mm(x: torch.Tensor, w: torch.Tensor, kp, out_dtype: torch.dtype) -> torch.Tensor:
+def _invariant_mm(
+    x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy, out_dtype: torch.dtype
+) -> torch.Tensor:
     return invariant_matmul(x, w, kp, out_dtype=out_dtype)
 
 
-def _stock_mm(x: torch.Tensor, w: torch.Tensor, kp, out_dtype: torch.dtype) -> torch.Tensor:
+def _stock_mm(
+    x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy, out_dtype: torch.dtype
+) -> torch.Tensor:
     """``torch.matmul`` in the operands' dtype (its reduction order is the library's)."""
     return torch.matmul(x, w.to(x.dtype).t()).to(out_dtype)
 
@@ -54,18 +59,18 @@ LORA_MATMULS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def lora_scale(alpha: float, rank: int, kp) -> torch.Tensor:
+def lora_scale(alpha: float, rank: int, kp: KernelPolicy) -> torch.Tensor:
     """``alpha / rank`` held in ``lora_scale_dtype`` (a 0-d tensor)."""
     return torch.tensor(alpha / rank, dtype=dtype_of(kp.lora_scale_dtype))
 
 
-def _scaled(t: torch.Tensor, scale: torch.Tensor, kp) -> torch.Tensor:
+def _scaled(t: torch.Tensor, scale: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``t · s`` in the scale's dtype, rounded back to ``t``'s."""
     sd = dtype_of(kp.lora_scale_dtype)
     return (t.to(sd) * scale.to(t.device)).to(t.dtype)
 
 
-def _scale_none(t: torch.Tensor, scale: torch.Tensor, kp) -> torch.Tensor:
+def _scale_none(t: torch.Tensor, scale: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     return t
 
 
@@ -76,13 +81,17 @@ SCALE_AT: dict[str, tuple[Callable, Callable]] = {
 }
 
 
-def low_rank_column(x_MK: torch.Tensor, a_rK: torch.Tensor, kp, group=None) -> torch.Tensor:
+def low_rank_column(
+    x_MK: torch.Tensor, a_rK: torch.Tensor, kp: KernelPolicy, group=None
+) -> torch.Tensor:
     """``t = x·Aᵀ`` for a column-parallel linear (``A`` whole on every rank)."""
     mm = LORA_MATMULS[kp.lora_matmul]
     return mm(x_MK, a_rK, kp, dtype_of(kp.lora_low_rank_dtype))
 
 
-def low_rank_row(x_MKlocal: torch.Tensor, a_rKlocal: torch.Tensor, kp, group=None) -> torch.Tensor:
+def low_rank_row(
+    x_MKlocal: torch.Tensor, a_rKlocal: torch.Tensor, kp: KernelPolicy, group=None
+) -> torch.Tensor:
     """``t = x·Aᵀ`` for a row-parallel linear: this rank's K shard's subtree in the accumulation
     dtype, the contract's all-reduce over TP, then one cast (TP=1: the whole tree)."""
     mm = LORA_MATMULS[kp.lora_matmul]
@@ -105,7 +114,7 @@ def lora_delta(
     a_rK: torch.Tensor,
     b_Nr: torch.Tensor,
     scale: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     split: str,
     group=None,
@@ -122,7 +131,7 @@ def lora_delta(
     return d.reshape(*lead, b_Nr.shape[0])
 
 
-def lora_add(base: torch.Tensor, delta: torch.Tensor, kp) -> torch.Tensor:
+def lora_add(base: torch.Tensor, delta: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``round_dense(base + d)``, the add in ``lora_add_dtype``."""
     add = dtype_of(kp.lora_add_dtype)
     return (base.to(add) + delta.to(add)).to(dtype_of(kp.dense_math_dtype))
@@ -134,7 +143,11 @@ def merged_delta(a_rK: torch.Tensor, b_Nr: torch.Tensor, scale: torch.Tensor) ->
 
 
 def merged_weight(
-    w_NK: torch.Tensor, a_rK: torch.Tensor, b_Nr: torch.Tensor, scale: torch.Tensor, kp
+    w_NK: torch.Tensor,
+    a_rK: torch.Tensor,
+    b_Nr: torch.Tensor,
+    scale: torch.Tensor,
+    kp: KernelPolicy,
 ) -> torch.Tensor:
     """``W + s·B·A`` in float32, rounded to the dense dtype: merged serving (another numerics;
     fault injection only). Local shards in, local shard out (``B`` rows x ``A`` columns)."""

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from ..tile_order import first_level_block
 from ._dtypes import dtype_of
 from .all_reduce import pairwise_sum
+from .policy import KernelPolicy
 from .registry import kernel
 
 M_TILE = 64  # rows per GEMM call
@@ -176,7 +177,7 @@ def _run_length(order: str, num_tiles: int) -> int:
     return first_level_block(num_tiles) if order == "sglang_first_level" else 1
 
 
-def fixed_run_width(k: int, kp) -> int:
+def fixed_run_width(k: int, kp: KernelPolicy) -> int:
     """K per run under ``fixed_runs``: ``k / kp.matmul_k_runs``, whole ``matmul_k_block`` tiles.
     ``k`` is the K this call sees: a row-parallel rank passes ``shard_policy(kp, tp)``."""
     runs, block = getattr(kp, "matmul_k_runs", None), kp.matmul_k_block
@@ -193,7 +194,7 @@ def fixed_run_width(k: int, kp) -> int:
 _SHARD_POLICIES: dict[tuple[int, int], tuple[object, object]] = {}
 
 
-def shard_policy(kp, tp: int):
+def shard_policy(kp: KernelPolicy, tp: int):
     """The policy a row-parallel rank of ``tp`` runs on its K shard. Under ``fixed_runs`` the
     full K's ``matmul_k_runs`` runs are split over the ranks, so a rank's K holds
     ``matmul_k_runs / tp`` of them (a whole subtree; the tree all-reduce adds the top). The other
@@ -302,7 +303,7 @@ def tile_partials(
 def reference_matmul(
     x_MK: torch.Tensor,
     w_NK: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     out_dtype: torch.dtype | None = None,
     tile_order: str | None = None,
@@ -325,7 +326,7 @@ def reference_matmul(
 def invariant_matmul(
     x_MK: torch.Tensor,
     w_NK: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     out_dtype: torch.dtype | None = None,
     tile_order: str | None = None,
@@ -341,6 +342,6 @@ def invariant_matmul(
     return impl(x_MK, w_NK, kp, out_dtype=out_dtype, tile_order=tile_order)
 
 
-def binary_matmul(x_MK: torch.Tensor, w_NK: torch.Tensor, kp, **kw) -> torch.Tensor:
+def binary_matmul(x_MK: torch.Tensor, w_NK: torch.Tensor, kp: KernelPolicy, **kw) -> torch.Tensor:
     """The same tiles combined by a plain binary tree over all tiles (Megatron's public order)."""
     return invariant_matmul(x_MK, w_NK, kp, tile_order="binary", **kw)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from . import planted
+from .policy import KernelPolicy
 from .registry import kernel
 
 
-def silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
+def silu_glu(gate: torch.Tensor, up: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``silu(gate) * up`` by the backend the registry names for ``gate``'s device
     (``reference_silu_glu`` is the contract; a planted sign flip runs the reference)."""
     if planted.active("silu_glu_sign_flip"):
@@ -16,7 +17,7 @@ def silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
     return kernel("silu_glu", gate.device)(gate, up, kp)
 
 
-def reference_silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
+def reference_silu_glu(gate: torch.Tensor, up: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``silu(gate) * up``: silu in float32 as ``g / (1 + exp(-g))``, rounded to ``gate``'s dtype,
     then multiplied by ``up`` in that dtype (HF's ``act_fn(gate) * up`` cast order).
 

@@ -39,12 +39,13 @@ import torch.nn.functional as F
 
 from ._dtypes import dtype_of
 from .matmul import invariant_matmul
+from .policy import KernelPolicy
 from .reduce import fixed_sum
 
 _E_PAD = 64  # softmax rows padded to a multiple of this many experts
 
 
-def router_logits(x_TH: torch.Tensor, w_EH: torch.Tensor, kp) -> torch.Tensor:
+def router_logits(x_TH: torch.Tensor, w_EH: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``[T, E]`` router logits: the batch-invariant matmul (the contract's K block and tile
     order) with operands, tile partials and result all in ``kp.moe_router_logits_dtype`` (a
     float32 router is float32 through and through, whatever the dense accumulation dtype)."""
@@ -105,7 +106,7 @@ def _lookup(table: dict, field: str, value: str):
 
 
 def route(
-    x_TH: torch.Tensor, w_EH: torch.Tensor, kp, *, top_k: int, normalize: bool
+    x_TH: torch.Tensor, w_EH: torch.Tensor, kp: KernelPolicy, *, top_k: int, normalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights_TK, ids_TK)``: each token's ``top_k`` experts, best first (ties as the policy
     says), and their weights in ``kp.moe_router_softmax_dtype``."""
@@ -113,7 +114,7 @@ def route(
 
 
 def select_experts(
-    logits_TE: torch.Tensor, kp, *, top_k: int, normalize: bool
+    logits_TE: torch.Tensor, kp: KernelPolicy, *, top_k: int, normalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``route`` from the router logits on: softmax, top-k, weights. Split out so a caller that
     computes the logits itself (the trainer's router, whose gradient is megatron's gating
@@ -140,7 +141,9 @@ def _unordered(tok: torch.Tensor, slot: torch.Tensor):
 TOKEN_ORDERS: dict[str, Callable] = {"token_index": _token_index, "unordered": _unordered}
 
 
-def group_tokens(ids_TK: torch.Tensor, num_experts: int, kp) -> list[tuple[torch.Tensor, ...]]:
+def group_tokens(
+    ids_TK: torch.Tensor, num_experts: int, kp: KernelPolicy
+) -> list[tuple[torch.Tensor, ...]]:
     """Per expert ``e``: the ``(token, slot)`` pairs routed to it, in ``kp.moe_token_order``."""
     order = _lookup(TOKEN_ORDERS, "moe_token_order", kp.moe_token_order)
     return [order(*(ids_TK == e).nonzero(as_tuple=True)) for e in range(num_experts)]
@@ -164,7 +167,7 @@ def combine(
     y_TKH: torch.Tensor,
     weights_TK: torch.Tensor,
     ids_TK: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     shared_TH: torch.Tensor | None = None,
 ):
     """``sum_k w_k * y_k`` per token in ``kp.moe_combine_dtype``, a left fold over the slots in
@@ -177,12 +180,12 @@ def combine(
     return how(y_TKH, weights_TK, ids_TK, kp, shared_TH)
 
 
-def _shared_after_routed(y_TKH, weights_TK, ids_TK, kp, shared_TH):
+def _shared_after_routed(y_TKH, weights_TK, ids_TK, kp: KernelPolicy, shared_TH):
     dense = dtype_of(kp.dense_math_dtype)
     return _fold(y_TKH, weights_TK, ids_TK, kp).to(dense) + shared_TH.to(dense)
 
 
-def _shared_first_in_fold(y_TKH, weights_TK, ids_TK, kp, shared_TH):
+def _shared_first_in_fold(y_TKH, weights_TK, ids_TK, kp: KernelPolicy, shared_TH):
     dense = dtype_of(kp.dense_math_dtype)
     return _fold(y_TKH, weights_TK, ids_TK, kp, first_TH=shared_TH).to(dense)
 
@@ -197,7 +200,7 @@ def _fold(
     y_TKH,
     weights_TK,
     ids_TK,
-    kp,
+    kp: KernelPolicy,
     keep_TK: torch.Tensor | None = None,
     first_TH: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -246,7 +249,9 @@ def ep_gather_tokens(
     return x_all, ids_all, counts
 
 
-def _gather_slots(y_TKH, weights_TK, ids_TK, kp, *, group, rank, counts, experts_per_rank):
+def _gather_slots(
+    y_TKH, weights_TK, ids_TK, kp: KernelPolicy, *, group, rank, counts, experts_per_rank
+):
     from .all_reduce import all_gather_exact
 
     parts = torch.stack(all_gather_exact(y_TKH, group))  # [EP, T_all, k, H]
@@ -260,7 +265,9 @@ def _gather_slots(y_TKH, weights_TK, ids_TK, kp, *, group, rank, counts, experts
     return combine(y_mine, weights_TK, ids_TK, kp)
 
 
-def _sum_partials(y_TKH, weights_TK, ids_TK, kp, *, group, rank, counts, experts_per_rank):
+def _sum_partials(
+    y_TKH, weights_TK, ids_TK, kp: KernelPolicy, *, group, rank, counts, experts_per_rank
+):
     from .all_reduce import all_gather_exact
 
     # every rank's routes, in the order ep_gather_tokens laid out y_TKH
@@ -282,7 +289,7 @@ def ep_combine(
     y_TKH: torch.Tensor,
     weights_TK: torch.Tensor,
     ids_TK: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     group,
     rank: int,
@@ -304,7 +311,7 @@ def moe_block(
     x_TH: torch.Tensor,
     w_router_EH: torch.Tensor,
     experts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-    kp,
+    kp: KernelPolicy,
     *,
     top_k: int,
     normalize: bool,

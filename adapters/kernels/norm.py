@@ -14,20 +14,21 @@ from collections.abc import Callable
 import torch
 
 from ._dtypes import dtype_of
+from .policy import KernelPolicy
 from .reduce import fixed_mean
 from .registry import kernel
 
 NormForward = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kp) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kp: KernelPolicy) -> torch.Tensor:
     """``weight * normalize(x)`` over the last dim, output in ``x``'s dtype, by the backend the
     registry names for ``x``'s device (see ``reference_rms_norm_r`` for the contract)."""
     return kernel("rms_norm", x.device)(x, weight, eps, kp)
 
 
 def reference_rms_norm_r(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, kp
+    x: torch.Tensor, weight: torch.Tensor, eps: float, kp: KernelPolicy
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weight * normalize(x), 1 / rms)`` over the last dim; the output in ``x``'s dtype, the
     reciprocal RMS per row (``x.shape[:-1]``) in ``kp.norm_compute_dtype``.
@@ -70,7 +71,7 @@ class RMSNormFunction(torch.autograd.Function):
     """A backend's forward (``forward_r``: output and ``1/rms``), ``rms_norm_backward``'s gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, kp, forward_r: NormForward):
+    def forward(ctx, x, weight, eps, kp: KernelPolicy, forward_r: NormForward):
         y, r = forward_r(x, weight, eps, kp)
         ctx.save_for_backward(x, weight, r)
         ctx.cast_before_weight = bool(kp.norm_cast_before_weight)
@@ -83,7 +84,9 @@ class RMSNormFunction(torch.autograd.Function):
         return dx, dw, None, None, None
 
 
-def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kp) -> torch.Tensor:
+def reference_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, kp: KernelPolicy
+) -> torch.Tensor:
     """The PyTorch backend of ``rms_norm``: ``reference_rms_norm_r``'s output, with the analytic
     backward under autograd."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):

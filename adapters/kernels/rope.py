@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ._dtypes import dtype_of
+from .policy import KernelPolicy
 from .registry import kernel
 
 
@@ -98,7 +99,13 @@ def rope_params(scaling) -> dict:
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, scaling, kp, *, max_position: int = 0
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    scaling,
+    kp: KernelPolicy,
+    *,
+    max_position: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos_LD, sin_LD`` for absolute ``positions`` (neox layout: the frequencies repeated for
     both halves), in ``kp.rope_dtype``. Each position's row depends only on that position."""
@@ -120,14 +127,16 @@ def rope_cos_sin(
     return cos.to(rd), sin.to(rd)
 
 
-def apply_rope(x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp) -> torch.Tensor:
+def apply_rope(
+    x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp: KernelPolicy
+) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` in ``kp.rope_dtype``, rounded back to ``x``'s dtype, by
     the backend the registry names for ``x``'s device (``reference_apply_rope`` is the contract)."""
     return kernel("apply_rope", x_LHD.device)(x_LHD, cos_LD, sin_LD, kp)
 
 
 def reference_apply_rope(
-    x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp
+    x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp: KernelPolicy
 ) -> torch.Tensor:
     """The PyTorch backend of ``apply_rope``: ``x * cos + rotate_half(x) * sin`` in
     ``kp.rope_dtype`` (each product and the sum rounded there), rounded back to ``x``'s dtype."""

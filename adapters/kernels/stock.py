@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from ._dtypes import dtype_of
 from .all_reduce import all_gather_exact, nccl_all_reduce, world_size
 from .attention import chunked_attention
+from .policy import KernelPolicy
 from .rope import apply_rope
 
 __all__ = [
@@ -29,12 +30,16 @@ __all__ = [
 ]
 
 
-def plain_matmul(x_MK: torch.Tensor, w_NK: torch.Tensor, kp, *, out_dtype=None) -> torch.Tensor:
+def plain_matmul(
+    x_MK: torch.Tensor, w_NK: torch.Tensor, kp: KernelPolicy, *, out_dtype=None
+) -> torch.Tensor:
     """``torch.matmul`` in ``x``'s dtype: kernel (and K order) chosen by shape, not invariant."""
     return torch.matmul(x_MK, w_NK.to(x_MK.dtype).T).to(out_dtype or x_MK.dtype)
 
 
-def fp32_linear(x_MK: torch.Tensor, w_NK: torch.Tensor, kp, *, out_dtype=None) -> torch.Tensor:
+def fp32_linear(
+    x_MK: torch.Tensor, w_NK: torch.Tensor, kp: KernelPolicy, *, out_dtype=None
+) -> torch.Tensor:
     """Dense math not forced to the policy dtype: one float32 GEMM, rounded once."""
     return torch.matmul(x_MK.float(), w_NK.float().T).to(out_dtype or x_MK.dtype)
 
@@ -71,7 +76,12 @@ def reduce_scatter_all_gather(t: torch.Tensor, group=None) -> torch.Tensor:
 
 
 def fused_all_reduce_residual(
-    partial: torch.Tensor, residual: torch.Tensor, kp, group=None, all_reduce=None, delta=None
+    partial: torch.Tensor,
+    residual: torch.Tensor,
+    kp: KernelPolicy,
+    group=None,
+    all_reduce=None,
+    delta=None,
 ) -> torch.Tensor:
     """All-reduce fused with the residual add: rank partials (and a LoRA ``delta``, if any) and
     residual summed in float32, rounded once to the residual dtype (no rounding of the reduced
@@ -86,7 +96,7 @@ def fused_all_reduce_residual(
 
 
 def fused_qk_norm_rope(
-    x_LHD: torch.Tensor, weight: torch.Tensor, eps: float, cos, sin, kp
+    x_LHD: torch.Tensor, weight: torch.Tensor, eps: float, cos, sin, kp: KernelPolicy
 ) -> torch.Tensor:
     """QK-norm and RoPE in one float32 pass: no rounding between the norm and the rotation."""
     x = x_LHD.float()
@@ -95,12 +105,14 @@ def fused_qk_norm_rope(
     return apply_rope(x_n, cos, sin, ns).to(x_LHD.dtype)
 
 
-def other_chunk_attention(q, k, v, q_positions, kp, *, kv_chunk: int = 16, **kw) -> torch.Tensor:
+def other_chunk_attention(
+    q, k, v, q_positions, kp: KernelPolicy, *, kv_chunk: int = 16, **kw
+) -> torch.Tensor:
     """The contract attention with another KV chunk (a split-KV tiling change)."""
     return chunked_attention(q, k, v, q_positions, kp, kv_chunk=kv_chunk, **kw)
 
 
-def sdpa_attention(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw) -> torch.Tensor:
+def sdpa_attention(q_LHD, k_SKD, v_SKD, q_positions, kp: KernelPolicy, **kw) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` (GEMM-based, shape-dependent order); one sequence."""
     rep = q_LHD.shape[1] // k_SKD.shape[1]
     q = q_LHD.transpose(0, 1)
@@ -111,7 +123,12 @@ def sdpa_attention(q_LHD, k_SKD, v_SKD, q_positions, kp, **kw) -> torch.Tensor:
 
 
 def stock_token_logprobs(
-    logits_TV: torch.Tensor, token_ids_T: torch.Tensor, kp, vocab_size: int, *, dtype="float32"
+    logits_TV: torch.Tensor,
+    token_ids_T: torch.Tensor,
+    kp: KernelPolicy,
+    vocab_size: int,
+    *,
+    dtype="float32",
 ) -> torch.Tensor:
     """``torch.log_softmax`` in another dtype (e.g. float32 where the contract says bfloat16)."""
     lp = torch.log_softmax(logits_TV[..., :vocab_size].to(dtype_of(dtype)), dim=-1)

@@ -6,7 +6,7 @@ Public API (see README.md in this folder):
   the parity gate calls.
 - ``SGLangSpecProvider``, ``get_sglang_block_spec`` (``provider.py``) and the layer classes
   (``layers.py``, ``attention.py``, ``transformer_layer.py``) for building a model yourself.
-- ``TrueOnPolicyTransformerConfig``, ``policy_for``, ``kernel_policy_for`` (``policy.py``).
+- ``TrueOnPolicyTransformerConfig`` and its resolved ``MegatronPolicy`` (``policy.py``).
 
 Submodules import torch and megatron-core; this package file imports nothing heavy.
 """

@@ -21,10 +21,13 @@ from megatron.core.tensor_parallel.mappings import all_to_all
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.module import MegatronModule
 
-from .kernels import kernel_module
+from ..kernels.attention import chunked_attention_lse
+from ..kernels.attention_meta import attention_backward_known
+from ..kernels.policy import KernelPolicy
+from ..kernels.rope import apply_rope, rope_cos_sin
 from .layers import ATTENTION_INPUT_CAST
 from .packing import SGLangPackedSeqParams
-from .policy import dtype_of, kernel_policy_for, policy_for
+from .policy import dtype_of
 
 
 class SGLangSelfAttention(SelfAttention):
@@ -33,8 +36,8 @@ class SGLangSelfAttention(SelfAttention):
 
     def __init__(self, config: Any, submodules: Any, layer_number: int, **kwargs: Any) -> None:
         super().__init__(config, submodules, layer_number, **kwargs)
-        self.runtime_policy = policy_for(config)
-        self.kernel_policy = kernel_policy_for(config)
+        self.runtime_policy = config.true_on_policy.rp
+        self.kernel_policy = config.true_on_policy.kernel
         self._input_cast = ATTENTION_INPUT_CAST[
             bool(self.runtime_policy.cast_attention_input_to_dense_math_dtype)
         ]
@@ -95,17 +98,17 @@ CP_LAYOUTS: dict[str | None, tuple[Callable[..., torch.Tensor], Callable[..., to
 # ---------------------------------------------------------------------------------------------
 
 
-def _rope_then_dense(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
+def _rope_then_dense(x: torch.Tensor, cos, sin, kp: KernelPolicy) -> torch.Tensor:
     """SGLang: rotate in ``rope_dtype``, result back in the input (dense) dtype."""
-    return kernel_module("rope").apply_rope(x, cos, sin, kp)
+    return apply_rope(x, cos, sin, kp)
 
 
-def _rope_keep_rope_dtype(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
+def _rope_keep_rope_dtype(x: torch.Tensor, cos, sin, kp: KernelPolicy) -> torch.Tensor:
     """Without the cast: q/k stay in ``rope_dtype`` into attention."""
-    return kernel_module("rope").apply_rope(x.to(dtype_of(kp.rope_dtype)), cos, sin, kp)
+    return apply_rope(x.to(dtype_of(kp.rope_dtype)), cos, sin, kp)
 
 
-def _megatron_rope(x: torch.Tensor, cos, sin, kp) -> torch.Tensor:
+def _megatron_rope(x: torch.Tensor, cos, sin, kp: KernelPolicy) -> torch.Tensor:
     """megatron-core's unfused rotary (``_apply_rotary_pos_emb_bshd``): cos/sin cast to the input
     dtype and the rotation done there (what runs with rope fusion left to megatron)."""
     from megatron.core.models.common.embeddings.rope_utils import _rotate_half
@@ -161,13 +164,12 @@ class KernelAttention(torch.autograd.Function):
     zero-filled buffer and copy)."""
 
     @staticmethod
-    def forward(ctx, q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, kp, scale):
-        attn = kernel_module("attention")
+    def forward(ctx, q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams, kp: KernelPolicy, scale):
         calls = _kernel_calls(params)
         sd = dtype_of(kp.attention_softmax_dtype)
         if len(calls) == 1 and isinstance(calls[0][0], slice):  # one call over the whole pack
             _, _, cu, pos, _ = calls[0]
-            out, lse = attn.chunked_attention_lse(
+            out, lse = chunked_attention_lse(
                 q_THD, k_TKD, v_TKD, pos, kp, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale
             )
             lse = lse.to(sd)
@@ -175,7 +177,7 @@ class KernelAttention(torch.autograd.Function):
             out = q_THD.new_zeros(q_THD.shape)
             lse = q_THD.new_zeros(q_THD.shape[:2], dtype=sd)
             for rows, keys, cu, pos, _ in calls:
-                o, l_ = attn.chunked_attention_lse(
+                o, l_ = chunked_attention_lse(
                     q_THD[rows], k_TKD[keys], v_TKD[keys], pos, kp,
                     cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale,
                 )  # fmt: skip
@@ -187,7 +189,7 @@ class KernelAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
-        backward = kernel_module("attention_meta").attention_backward_known
+        backward = attention_backward_known
         grads = [
             (rows, keys, backward(
                 q[rows], k[keys], v[keys], out[rows], lse[rows], d_out[rows], pos, ctx.kp,
@@ -242,11 +244,11 @@ def path_reference_attention(q_THD, k_TKD, v_TKD, params: SGLangPackedSeqParams,
     return out.index_copy(0, torch.cat(rows_all), torch.cat(outs).to(out.dtype))
 
 
-def _kernel_attention_backend(q, k, v, params, kp, scale):
+def _kernel_attention_backend(q, k, v, params, kp: KernelPolicy, scale):
     return KernelAttention.apply(q, k, v, params, kp, scale)
 
 
-def _sdpa_backend(q, k, v, params, kp, scale):
+def _sdpa_backend(q, k, v, params, kp: KernelPolicy, scale):
     """Stock attention (one fused softmax, no fixed KV chunking)."""
     return path_reference_attention(q, k, v, params, scale)
 
@@ -281,8 +283,8 @@ class SGLangCoreAttention(MegatronModule):
     ) -> None:
         super().__init__(config=config)
         self.layer_number = layer_number
-        self.runtime_policy = policy_for(config)
-        self.kernel_policy = kernel_policy_for(config)
+        self.runtime_policy = config.true_on_policy.rp
+        self.kernel_policy = config.true_on_policy.kernel
         if pg_collection is None:
             from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -323,12 +325,14 @@ class SGLangCoreAttention(MegatronModule):
             )
         return self._forward(query, key, value, packed_seq_params)
 
-    def _rope_table(self, params: SGLangPackedSeqParams, kp: Any) -> tuple[torch.Tensor, ...]:
+    def _rope_table(
+        self, params: SGLangPackedSeqParams, kp: KernelPolicy
+    ) -> tuple[torch.Tensor, ...]:
         """``rope_cos_sin`` at the pack's positions, once per microbatch (``memoized``): every
         layer with the same head dim, base, scaling and RoPE dtype reads the same table."""
         key = ("rope", self.head_dim, self.rope_theta, repr(self.rope_scaling),
                self.max_position, kp.rope_dtype)  # fmt: skip
-        return params.memoized(key, lambda: kernel_module("rope").rope_cos_sin(
+        return params.memoized(key, lambda: rope_cos_sin(
             params.positions, self.head_dim, self.rope_theta, self.rope_scaling, kp,
             max_position=self.max_position,
         ))  # fmt: skip

@@ -1,10 +1,10 @@
 """SGLang-numerics layer classes that subclass megatron-core's own.
 
 Each class keeps megatron-core's constructor, parameters, state-dict names and backward, and takes
-its forward *values* from the SGLang kernels (``contractgen.adapters.sglang.kernels``) through
+its forward *values* from the SGLang kernels (``contractgen.adapters.kernels``) through
 ``autograd.kernel_value_linear`` (linears: megatron's backward, no second GEMM) or by running the
 differentiable kernel directly (norms, residual add, SwiGLU). Behaviour is chosen from the generated runtime policy and the
-contract's ``KernelPolicy`` (``policy.policy_for`` / ``policy.kernel_policy_for``); runtime-policy
+contract's ``KernelPolicy`` (``config.true_on_policy``, resolved once by ``make_config``); runtime-policy
 booleans select implementations through the lookup tables below, never by testing the contract.
 """
 
@@ -20,42 +20,44 @@ from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.mlp import MLP
 
+from ..kernels.all_reduce import tree_all_reduce
+from ..kernels.linear import column_parallel_linear, row_parallel_linear
+from ..kernels.matmul import shard_policy
+from ..kernels.mlp import silu_glu
+from ..kernels.norm import rms_norm
+from ..kernels.policy import KernelPolicy
+from ..kernels.residual import residual_add
 from .autograd import kernel_value_linear
-from .kernels import kernel_module
-from .policy import dtype_of, kernel_policy_for, policy_for
+from .policy import dtype_of
 
 # ---------------------------------------------------------------------------------------------
 # Lookup tables: runtime-policy value -> implementation.
 # ---------------------------------------------------------------------------------------------
 
 
-def _invariant_matmul(x: torch.Tensor, w: torch.Tensor, kp: Any) -> torch.Tensor:
-    return kernel_module("linear").column_parallel_linear(x, w, kp)
-
-
-def _stock_matmul(x: torch.Tensor, w: torch.Tensor, kp: Any) -> torch.Tensor:
+def _stock_matmul(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """megatron's own ``torch.matmul`` in the dense dtype (row-count dependent reduction)."""
     dt = dtype_of(kp.dense_math_dtype)
     return torch.matmul(x.to(dt), w.to(dt).t())
 
 
 MATMUL_BY_BATCH_INVARIANT_MODE: dict[bool, Callable[..., torch.Tensor]] = {
-    True: _invariant_matmul,
+    True: column_parallel_linear,  # the kernel itself: (x, w, kp) -> x @ w.T
     False: _stock_matmul,
 }
 
 
-def _row_linear_fixed_tree(x, w, kp, group, matmul):
-    if matmul is _invariant_matmul:
-        return kernel_module("linear").row_parallel_linear(x, w, kp, group)
-    return kernel_module("all_reduce").tree_all_reduce(matmul(x, w, kp), group)
+def _row_linear_fixed_tree(x, w, kp: KernelPolicy, group, matmul):
+    if matmul is column_parallel_linear:
+        return row_parallel_linear(x, w, kp, group)
+    return tree_all_reduce(matmul(x, w, kp), group)
 
 
-def _row_linear_collective(x, w, kp, group, matmul):
+def _row_linear_collective(x, w, kp: KernelPolicy, group, matmul):
     """megatron's own reduce: ``torch.distributed.all_reduce`` (ring / backend-chosen order) of
     the rank's local product (its K shard's runs: ``shard_policy``)."""
     tp = torch.distributed.get_world_size(group)
-    partial = matmul(x, w, kernel_module("matmul").shard_policy(kp, tp))
+    partial = matmul(x, w, shard_policy(kp, tp))
     if tp == 1:
         return partial
     partial = partial.clone()
@@ -70,13 +72,13 @@ ROW_REDUCE_BY_DETERMINISTIC_ROW_PARALLEL_REDUCE: dict[bool, Callable[..., torch.
 
 
 def _cast_to(dtype_name_field: str) -> Callable[[torch.Tensor, Any], torch.Tensor]:
-    def cast(x: torch.Tensor, kp: Any) -> torch.Tensor:
+    def cast(x: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
         return x.to(dtype_of(getattr(kp, dtype_name_field)))
 
     return cast
 
 
-def _keep(x: torch.Tensor, kp: Any) -> torch.Tensor:
+def _keep(x: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     return x
 
 
@@ -90,12 +92,12 @@ LM_HEAD_INPUT_CAST: dict[bool, Callable[[torch.Tensor, Any], torch.Tensor]] = {
 }
 
 
-def _kernel_swiglu(fc1_out: torch.Tensor, kp: Any) -> torch.Tensor:
+def _kernel_swiglu(fc1_out: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     gate, up = torch.chunk(fc1_out, 2, dim=-1)
-    return kernel_module("mlp").silu_glu(gate, up, kp)
+    return silu_glu(gate, up, kp)
 
 
-def _megatron_bias_swiglu(fc1_out: torch.Tensor, kp: Any) -> torch.Tensor:
+def _megatron_bias_swiglu(fc1_out: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """megatron-core's fused ``bias_swiglu_impl`` (what runs without the contract)."""
     return bias_swiglu_impl(fc1_out, None)
 
@@ -123,8 +125,8 @@ class SGLangColumnParallelLinear(ColumnParallelLinear):
 
     def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
         super().__init__(*args, config=config, **kwargs)
-        self.runtime_policy = policy_for(config)
-        self.kernel_policy = kernel_policy_for(config)
+        self.runtime_policy = config.true_on_policy.rp
+        self.kernel_policy = config.true_on_policy.kernel
         self._matmul = MATMUL_BY_BATCH_INVARIANT_MODE[
             bool(self.runtime_policy.batch_invariant_mode)
         ]
@@ -202,8 +204,8 @@ class SGLangRowParallelLinear(RowParallelLinear):
                 "true-on-policy contracts disable sequence parallel (schema: "
                 "disable_megatron_sequence_parallel); got config.sequence_parallel=True"
             )
-        self.runtime_policy = policy_for(config)
-        self.kernel_policy = kernel_policy_for(config)
+        self.runtime_policy = config.true_on_policy.rp
+        self.kernel_policy = config.true_on_policy.kernel
         self._matmul = MATMUL_BY_BATCH_INVARIANT_MODE[
             bool(self.runtime_policy.batch_invariant_mode)
         ]
@@ -248,23 +250,23 @@ class SGLangNorm(torch.nn.RMSNorm):
     def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> None:
         super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
         self.config = config
-        self.runtime_policy = policy_for(config)
-        self.kernel_policy = self._norm_kernel_policy(kernel_policy_for(config))
+        self.runtime_policy = config.true_on_policy.rp
+        self.kernel_policy = self._norm_kernel_policy(config.true_on_policy.kernel)
         for p in self.parameters():
             p.sequence_parallel = bool(config.sequence_parallel)
 
-    def _norm_kernel_policy(self, kp: Any) -> Any:
+    def _norm_kernel_policy(self, kp: KernelPolicy) -> Any:
         return kp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernel_module("norm").rms_norm(x, self.weight, self.eps, self.kernel_policy)
+        return rms_norm(x, self.weight, self.eps, self.kernel_policy)
 
 
 class SGLangQKRMSNorm(SGLangNorm):
     """Per-head q/k RMSNorm; ``cast_qk_norm_input_before_weight_mul`` picks whether the normalised
     value is rounded to the input dtype before the weight multiply (``norm_cast_before_weight``)."""
 
-    def _norm_kernel_policy(self, kp: Any) -> Any:
+    def _norm_kernel_policy(self, kp: KernelPolicy) -> Any:
         return dataclasses.replace(
             kp,
             norm_cast_before_weight=bool(self.runtime_policy.cast_qk_norm_input_before_weight_mul),
@@ -310,11 +312,6 @@ def join_carrier(output: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return torch.cat([output, residual], dim=-1)
 
 
-def residual_add(x: torch.Tensor, residual: torch.Tensor, kp: Any) -> torch.Tensor:
-    """SGLang's residual add (``kernels.residual.residual_add``) in ``residual_dtype``."""
-    return kernel_module("residual").residual_add(x, residual, kp)
-
-
 class SGLangFinalRMSNorm(SGLangNorm):
     """Final norm that consumes the residual-pair carrier as SGLang's ``norm(hidden, residual)``
     does: residual add, then RMSNorm. A plain hidden state is normalised directly."""
@@ -355,8 +352,8 @@ class SGLangMLP(MLP):
 
     def __init__(self, config: Any, submodules: Any, **kwargs: Any) -> None:
         super().__init__(config, submodules, **kwargs)
-        self.runtime_policy = policy_for(config)
-        self.kernel_policy = kernel_policy_for(config)
+        self.runtime_policy = config.true_on_policy.rp
+        self.kernel_policy = config.true_on_policy.kernel
         self._swiglu = SWIGLU_BY_DISABLE_BIAS_SWIGLU_FUSION[
             bool(self.runtime_policy.disable_bias_swiglu_fusion)
         ]
@@ -365,7 +362,7 @@ class SGLangMLP(MLP):
         return sglang_mlp_forward(self, hidden_states, self._swiglu, self.kernel_policy)
 
 
-def sglang_mlp_forward(mlp: MLP, hidden_states: torch.Tensor, swiglu: Callable, kp: Any):
+def sglang_mlp_forward(mlp: MLP, hidden_states: torch.Tensor, swiglu: Callable, kp: KernelPolicy):
     """SGLang's MLP on a megatron ``MLP``'s linears: input rounded to the dense math dtype (as
     SGLang rounds the norm output before gate/up), ``linear_fc1`` ([gate; up]), ``swiglu``,
     ``linear_fc2``. Returns ``linear_fc2``'s ``(output, bias)``. Shared by the dense MLP and each

@@ -33,6 +33,7 @@ from contractgen.adapters.families import LAYER_PREFIX
 
 from ..kernels.lora import lora_add, lora_delta, lora_scale, merged_delta
 from ..kernels.planted import active
+from ..kernels.policy import KernelPolicy
 from ..lora import LORA_ALPHA_KEY, adapter_names, split_adapter
 from .autograd import straight_through
 from .policy import dtype_of
@@ -64,7 +65,7 @@ class LoraBranch(torch.nn.Module):
 
     def __init__(
         self, roles: tuple[str, ...], pairs: list[tuple[torch.Tensor, torch.Tensor]],
-        split: str, fuse: Callable, groups: int, alpha: float, kp: Any, tp_group: Any,
+        split: str, fuse: Callable, groups: int, alpha: float, kp: KernelPolicy, tp_group: Any,
         names: list[tuple[str, str]] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
@@ -127,7 +128,7 @@ def attach_lora(
     model: torch.nn.Module,
     weights: Mapping[str, torch.Tensor] | Any,
     arch: Any,
-    kp: Any,
+    kp: KernelPolicy,
     *,
     tp_rank: int,
     tp_size: int,

@@ -10,6 +10,7 @@ tied-embedding attributes, is carried over unchanged).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.enums import AttnBackend
 
+from contractgen.adapters.kernels.policy import KernelPolicy
 from contractgen.adapters.layout import Layout
 from contractgen.adapters.sglang.model import ModelArch
 
@@ -51,7 +53,7 @@ def checkpoint_arch(contract_id: str, path: str | Path) -> ModelArch:
     return ModelArch.from_profile(profile, check_checkpoint(path, profile))
 
 
-def padded_vocab_size(arch: ModelArch, tp: int, kp: Any) -> int:
+def padded_vocab_size(arch: ModelArch, tp: int, kp: KernelPolicy) -> int:
     """Vocab padded so every TP shard is a whole number of log-softmax vocab blocks (which are
     themselves whole matmul column tiles), as vocab-parallel log-softmax requires."""
     unit = int(kp.logsoftmax_vocab_block) * tp
@@ -64,11 +66,14 @@ def make_config(
     layout: Layout,
     *,
     runtime_policy: Any = None,
-    kernel_policy: Any = None,
+    kernel_policy: KernelPolicy | None = None,
+    runtime_changes: Mapping[str, Any] | None = None,
 ) -> TrueOnPolicyTransformerConfig:
     """``TransformerConfig`` for the contract on the given layout (CPU-capable settings:
-    ``use_cpu_initialization``, ``transformer_impl='local'``, no fusions, no dropout)."""
-    kp = (
+    ``use_cpu_initialization``, ``transformer_impl='local'``, no fusions, no dropout), its
+    policies resolved once into ``config.true_on_policy``: ``runtime_policy`` / ``kernel_policy``
+    replace the contract's, ``runtime_changes`` flips fields of the resolved runtime policy."""
+    kp = KernelPolicy.of(
         kernel_policy
         if kernel_policy is not None
         else generated().schema.kernel_policy_for(contract_id)
@@ -117,7 +122,8 @@ def make_config(
         true_on_policy_rope_scaling=arch.rope_scaling,
         true_on_policy_max_position_embeddings=arch.max_position_embeddings,
         true_on_policy_runtime_policy_override=runtime_policy,
-        true_on_policy_kernel_policy_override=kernel_policy,
+        true_on_policy_runtime_policy_changes=dict(runtime_changes or {}),
+        true_on_policy_kernel_policy_override=kp,
         **moe_config_fields(arch, kp),
     )
 
@@ -126,7 +132,7 @@ def make_config(
 MOE_ROUTER_DTYPE = {"bfloat16": None, "float32": "fp32", "float64": "fp64"}
 
 
-def moe_config_fields(arch: ModelArch, kp: Any) -> dict[str, Any]:
+def moe_config_fields(arch: ModelArch, kp: KernelPolicy) -> dict[str, Any]:
     """megatron's MoE fields for ``arch``: ``moe_layer_freq`` as the family's per-layer pattern
     (1 where ``Family.layer_blocks`` has ``"moe"``), and, when some layer is MoE, the experts'
     dims. ``norm_topk_prob`` is megatron's ``moe_router_pre_softmax=False`` (select on the

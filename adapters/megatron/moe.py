@@ -49,14 +49,17 @@ from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
 
+from ..kernels.moe import (
+    combine,
+    ep_combine,
+    ep_gather_tokens,
+    group_tokens,
+    router_logits,
+    select_experts,
+)
 from .autograd import straight_through
-from .kernels import kernel_module
 from .layers import SWIGLU_BY_DISABLE_BIAS_SWIGLU_FUSION, sglang_mlp_forward
-from .policy import dtype_of, kernel_policy_for, policy_for
-
-
-def _moe_kernels():
-    return kernel_module("moe")
+from .policy import dtype_of
 
 
 class SGLangTopKRouter(TopKRouter):
@@ -67,7 +70,7 @@ class SGLangTopKRouter(TopKRouter):
 
     def __init__(self, config: Any, pg_collection: Any = None) -> None:
         super().__init__(config=config, pg_collection=pg_collection or get_default_pg_collection())
-        self.kernel_policy = kernel_policy_for(config)
+        self.kernel_policy = config.true_on_policy.kernel
         norm = getattr(config, "true_on_policy_moe_norm_topk_prob", None)
         self.normalize = not config.moe_router_pre_softmax if norm is None else norm
 
@@ -80,7 +83,7 @@ class SGLangTopKRouter(TopKRouter):
         kp = self.kernel_policy
         rd = dtype_of(kp.moe_router_logits_dtype)
         return straight_through(
-            lambda: _moe_kernels().router_logits(input, self.weight, kp),
+            lambda: router_logits(input, self.weight, kp),
             lambda: F.linear(input.to(rd), self.weight.to(rd)),
             [input, self.weight],
         )
@@ -88,13 +91,13 @@ class SGLangTopKRouter(TopKRouter):
     def route_topk(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights_TK, ids_TK)`` for ``[..., hidden]`` input flattened to tokens."""
         x = hidden_states.reshape(-1, self.config.hidden_size)
-        return _moe_kernels().select_experts(
+        return select_experts(
             self.gating(x), self.kernel_policy, top_k=self.topk, normalize=self.normalize
         )
 
     def routing(self, logits: torch.Tensor):
         """megatron's ``(probs, routing_map)``, ``[tokens, experts]``, from given logits."""
-        weights, ids = _moe_kernels().select_experts(
+        weights, ids = select_experts(
             logits, self.kernel_policy, top_k=self.topk, normalize=self.normalize
         )
         return _dense_routing(weights, ids, logits.shape[-1])
@@ -124,7 +127,7 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
 
     def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
         super().__init__(*args, config=config, **kwargs)
-        self.kernel_policy = kernel_policy_for(config)
+        self.kernel_policy = config.true_on_policy.kernel
 
     def dispatch_preprocess(self, hidden_states, routing_map, probs):
         """``routing_map`` is ``ids_TK``, ``probs`` is ``weights_TK`` (top-k form)."""
@@ -142,7 +145,7 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
                     f"expert parallelism (EP {self.ep_size}) runs the forward only: the token "
                     "exchange has no backward yet; train and take gradients at EP 1"
                 )
-            hidden_states, self.ids_all, self.counts = _moe_kernels().ep_gather_tokens(
+            hidden_states, self.ids_all, self.counts = ep_gather_tokens(
                 hidden_states, self.ids_TK, self.ep_group
             )
             return hidden_states, probs
@@ -155,9 +158,7 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
         """The rows routed to this rank's experts (``kernels.moe.group_tokens``: the policy's
         token order), concatenated expert by expert, as megatron's ``permute`` lays them out.
         The experts run unweighted (the weights enter in the combine), so no probabilities."""
-        groups = _moe_kernels().group_tokens(
-            self.ids_all, self.config.num_moe_experts, self.kernel_policy
-        )
+        groups = group_tokens(self.ids_all, self.config.num_moe_experts, self.kernel_policy)
         local = [groups[e] for e in self.local_expert_indices]
         self.tok = torch.cat([tok for tok, _ in local])
         self.slot = torch.cat([slot for _, slot in local])
@@ -174,10 +175,10 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
     def token_combine(self, hidden_states):
         """The weighted sum in the policy's dtype and order: ``kernels.moe.combine`` (EP 1) or
         ``kernels.moe.ep_combine`` (EP > 1, which first returns each output to its token)."""
-        kernels, kp = _moe_kernels(), self.kernel_policy
+        kp = self.kernel_policy
         if self.ep_size == 1:
-            return kernels.combine(hidden_states, self.weights_TK, self.ids_TK, kp)
-        return kernels.ep_combine(
+            return combine(hidden_states, self.weights_TK, self.ids_TK, kp)
+        return ep_combine(
             hidden_states, self.weights_TK, self.ids_TK, kp,
             group=self.ep_group, rank=self.ep_group.rank(), counts=self.counts,
             experts_per_rank=self.num_local_experts,
@@ -194,9 +195,9 @@ class SGLangSequentialMLP(SequentialMLP):
     def __init__(self, num_local_experts: int, config: Any, submodules: Any, **kwargs: Any):
         kwargs.setdefault("pg_collection", get_default_pg_collection())
         super().__init__(num_local_experts, config, submodules, **kwargs)
-        self.kernel_policy = kernel_policy_for(config)
+        self.kernel_policy = config.true_on_policy.kernel
         self._swiglu = SWIGLU_BY_DISABLE_BIAS_SWIGLU_FUSION[
-            bool(policy_for(config).disable_bias_swiglu_fusion)
+            bool(config.true_on_policy.rp.disable_bias_swiglu_fusion)
         ]
 
     def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
@@ -219,7 +220,7 @@ class SGLangMoELayer(MoELayer):
     def __init__(self, config: Any, submodules: Any = None, layer_number=None, pg_collection=None):
         pg_collection = pg_collection or get_default_pg_collection()
         super().__init__(config, submodules, layer_number, pg_collection)
-        self.kernel_policy = kernel_policy_for(config)
+        self.kernel_policy = config.true_on_policy.kernel
         self.token_dispatcher = SGLangTokenDispatcher(
             self.num_local_experts,
             self.local_expert_indices,

@@ -1,23 +1,29 @@
-"""Contract resolution for the Megatron side: config field -> generated runtime policy + KernelPolicy.
+"""Contract resolution for the Megatron side: config fields -> one ``MegatronPolicy``.
 
 Everything here reads the *generated* modules (``contractgen.codegen.vendored.load_target("megatron")``),
 the same code the Megatron-LM fork vendors, never the pydantic models.
 
 ``TrueOnPolicyTransformerConfig`` is megatron-core's ``TransformerConfig`` with the two fields the
-public fork adds (``true_on_policy_contract``, ``true_on_policy_vocab_size``) plus two optional
-fault-injection overrides; ``policy_for(config)`` / ``kernel_policy_for(config)`` are the only way
-layer classes learn what to do.
+public fork adds (``true_on_policy_contract``, ``true_on_policy_vocab_size``) plus optional
+fault-injection inputs. Making the config resolves its policies once (``resolve``, from
+``__post_init__``) into ``config.true_on_policy``, a ``MegatronPolicy``: the typed
+``KernelPolicy`` and the generated runtime policy. Layer classes read that attribute; nothing
+below the config looks a policy up again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import torch
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+from ..kernels.policy import KernelPolicy
+from .run_types import with_fault
 
 
 @lru_cache(maxsize=1)
@@ -50,40 +56,65 @@ class TrueOnPolicyTransformerConfig(TransformerConfig):
     true_on_policy_runtime_policy_override: Any = None
     """Fault injection / diagnostics: a replaced ``MegatronTrueOnPolicyRuntimePolicy``."""
 
+    true_on_policy_runtime_policy_changes: Mapping[str, Any] = field(default_factory=dict)
+    """Fault injection: runtime-policy fields flipped on the resolved policy (a trainer fault)."""
+
     true_on_policy_kernel_policy_override: Any = None
-    """Fault injection / diagnostics: a replaced ``KernelPolicy``."""
+    """The ``KernelPolicy`` to run instead of the contract's (``make_config`` passes the one it
+    resolved, a run's dtype override and faults applied)."""
 
     true_on_policy_moe_norm_topk_prob: bool | None = None
     """The checkpoint's ``norm_topk_prob`` (top-k weights renormalised), where megatron's
     ``moe_router_pre_softmax`` cannot say it: at top-1 megatron requires pre-softmax, while a
     renormalised single weight is 1. ``None``: ``not moe_router_pre_softmax``."""
 
+    true_on_policy: MegatronPolicy | None = field(default=None, init=False)
+    """The policies this config runs under, resolved once when the config is made."""
 
-def policy_for(config: Any) -> Any:
-    """The runtime policy this config runs under (``DEFAULT_RUNTIME_POLICY`` without a contract)."""
-    override = getattr(config, "true_on_policy_runtime_policy_override", None)
-    rp = generated().runtime_policy
-    if override is not None:
-        return override if override.enabled else rp.DEFAULT_RUNTIME_POLICY
-    contract = getattr(config, "true_on_policy_contract", None)
-    if contract is None:
-        return rp.DEFAULT_RUNTIME_POLICY
-    policy = rp.policy_for(contract, config)
-    return policy if policy.enabled else rp.DEFAULT_RUNTIME_POLICY
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.true_on_policy = resolve(self)
 
 
-def kernel_policy_for(config: Any) -> Any:
-    """The contract's ``KernelPolicy`` (override first); stock megatron has none."""
-    override = getattr(config, "true_on_policy_kernel_policy_override", None)
-    if override is not None:
-        return override
-    contract = getattr(config, "true_on_policy_contract", None)
-    if contract is None:
-        raise ValueError(
-            "config.true_on_policy_contract is None: SGLang layer classes need a contract "
-            f"(known: {', '.join(generated().schema.CONTRACT_IDS)})"
+@dataclass(frozen=True)
+class MegatronPolicy:
+    """One model's policies: ``kp`` (the contract's ``KernelPolicy``; ``None`` for stock megatron,
+    which names no contract) and ``rp`` (``MegatronTrueOnPolicyRuntimePolicy``, or
+    ``DEFAULT_RUNTIME_POLICY`` when disabled or without a contract)."""
+
+    kp: KernelPolicy | None
+    rp: Any
+
+    @property
+    def kernel(self) -> KernelPolicy:
+        """``kp``, for the SGLang layer classes, which need a contract."""
+        if self.kp is None:
+            raise ValueError(
+                "config.true_on_policy_contract is None: SGLang layer classes need a contract "
+                f"(known: {', '.join(generated().schema.CONTRACT_IDS)})"
+            )
+        return self.kp
+
+
+def resolve(config: Any) -> MegatronPolicy:
+    """The policies ``config`` names: its overrides first, then its contract, faults applied."""
+    rp_module = generated().runtime_policy
+    contract = config.true_on_policy_contract
+    rp = config.true_on_policy_runtime_policy_override
+    if rp is None:
+        rp = (
+            rp_module.DEFAULT_RUNTIME_POLICY
+            if contract is None
+            else rp_module.policy_for(contract, config)
         )
-    return generated().schema.kernel_policy_for(contract)
+    if config.true_on_policy_runtime_policy_changes:
+        rp = with_fault(rp, config.true_on_policy_runtime_policy_changes)
+    if not rp.enabled:
+        rp = rp_module.DEFAULT_RUNTIME_POLICY
+    kp = config.true_on_policy_kernel_policy_override
+    if kp is None and contract is not None:
+        kp = generated().schema.kernel_policy_for(contract)
+    return MegatronPolicy(kp=None if kp is None else KernelPolicy.of(kp), rp=rp)
 
 
 def model_profile_for(contract_id: str) -> Any:
@@ -96,7 +127,7 @@ def dtype_of(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def float32_kernel_policy(kp: Any) -> Any:
+def float32_kernel_policy(kp: KernelPolicy) -> KernelPolicy:
     """Every dtype field of a KernelPolicy set to float32 (the gate's ``--dtype float32``)."""
     fields = {f.name: "float32" for f in dataclasses.fields(kp) if f.name.endswith("_dtype")}
     return dataclasses.replace(kp, **fields)

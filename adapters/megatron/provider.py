@@ -36,7 +36,6 @@ from .layers import (
     SGLangRowParallelLinear,
 )
 from .moe import SGLangMoELayer, SGLangSequentialMLP, SGLangTopKRouter
-from .policy import policy_for
 from .transformer_layer import SGLangTransformerLayer
 
 
@@ -140,7 +139,7 @@ def moe_layer_pattern(config: Any) -> list[int]:
 def get_sglang_layer_spec(config: Any, moe: int = 0) -> ModuleSpec:
     """One decoder layer's spec (RMSNorm, QK-norm when the family has it, no bias, GQA), with the
     MLP slot of megatron's pattern entry ``moe`` (0: SwiGLU MLP, 1: routed experts)."""
-    policy = policy_for(config)
+    policy = config.true_on_policy.rp
     backend = SPEC_PROVIDER_BY_USE_SGLANG_BACKEND[bool(policy.use_sglang_backend)]()
     norm = backend.layer_norm(rms_norm=True, for_qk=False)
     qk_norm = backend.layer_norm(rms_norm=True, for_qk=True)
@@ -170,7 +169,7 @@ def get_sglang_layer_spec(config: Any, moe: int = 0) -> ModuleSpec:
 def get_sglang_block_spec(config: Any, vp_stage: int | None = None) -> TransformerBlockSubmodules:
     """The decoder block spec for this pipeline stage (each layer's MLP slot from megatron's MoE
     layer pattern at its global index), final norm included."""
-    policy = policy_for(config)
+    policy = config.true_on_policy.rp
     offset = get_transformer_layer_offset(config, vp_stage)
     pattern = moe_layer_pattern(config)
     n = get_num_layers_to_build(config, vp_stage)

@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
+from ..kernels.logsoftmax import vocab_parallel_token_logprobs
+from ..kernels.policy import KernelPolicy
 from ..layout import Layout
 from .checkpoint import load_into
 from .data_parallel import dp_share
-from .kernels import kernel_module
 from .lora import attach_lora
 from .model import build_model, make_config, padded_vocab_size
 from .packing import pack_sequences
-from .policy import float32_kernel_policy, generated, policy_for
+from .policy import MegatronPolicy, float32_kernel_policy, generated
 from .run_types import BACKENDS, TrainerResult, with_fault
 
 
@@ -63,9 +64,9 @@ def pp_rank() -> int:
     return ps.get_pipeline_model_parallel_rank()
 
 
-def resolve_kernel_policy(contract_id: str, run: Any) -> Any:
+def resolve_kernel_policy(contract_id: str, run: Any) -> KernelPolicy:
     """The contract's KernelPolicy under the run's dtype override and kernel-policy fault."""
-    kp = generated().schema.kernel_policy_for(contract_id)
+    kp = KernelPolicy.of(generated().schema.kernel_policy_for(contract_id))
     if run.dtype_override == "float32":
         kp = float32_kernel_policy(kp)
     elif run.dtype_override not in (None, "bfloat16"):
@@ -77,17 +78,27 @@ def resolve_kernel_policy(contract_id: str, run: Any) -> Any:
     return kp
 
 
-def build_stage(job: Any, run: Any) -> tuple[Any, Any, int]:
-    """This rank's model stage with weights loaded: ``(model, config, padded_vocab)``."""
+class Stage(NamedTuple):
+    """This rank's model stage with weights loaded, and the config and policies it was built with
+    (``policy``: resolved once by ``make_config``; the same object every layer holds)."""
+
+    model: Any
+    config: Any
+    padded_vocab: int
+    policy: MegatronPolicy
+
+
+def build_stage(job: Any, run: Any) -> Stage:
+    """This rank's model stage with weights loaded (see ``Stage``)."""
     kp = resolve_kernel_policy(job.contract_id, run)
-    config = make_config(job.contract_id, job.arch, job.layout, kernel_policy=kp)
+    changes = run.fault.runtime_policy if run.fault is not None else None
+    config = make_config(
+        job.contract_id, job.arch, job.layout, kernel_policy=kp, runtime_changes=changes
+    )
+    policy = config.true_on_policy
     # megatron's random init stays on although ``load_into`` overwrites every parameter: it is
     # also what marks the TP-sharded parameters (``tensor_model_parallel``, ``partition_dim``)
     # that gathering weights and gradients back to HF names reads
-    if run.fault is not None and run.fault.runtime_policy:
-        config.true_on_policy_runtime_policy_override = with_fault(
-            policy_for(config), run.fault.runtime_policy
-        )
     padded = padded_vocab_size(job.arch, job.layout.tp, kp)
     torch.manual_seed(0)
     model = build_model(
@@ -112,7 +123,7 @@ def build_stage(job: Any, run: Any) -> tuple[Any, Any, int]:
         tp_group=ps.get_tensor_model_parallel_group(),
     )  # fmt: skip
     model.eval()
-    return model, config, padded
+    return Stage(model, config, padded, policy)
 
 
 def _all_gather_cat(t: torch.Tensor, group: Any, dim: int) -> torch.Tensor:
@@ -159,8 +170,8 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     from .layers import residual_add, split_carrier
     from .pipeline import pipeline_forward
 
-    model, config, padded = build_stage(job, run)
-    policy = policy_for(config)
+    model, config, padded, policies = build_stage(job, run)
+    policy, kp = policies.rp, policies.kp
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     whole = dp == 1 or run.dump_layers
@@ -185,11 +196,10 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     cp_group = ps.get_context_parallel_group()
     dumps: dict[str, torch.Tensor] = {}
     if run.dump_layers:
-        kp_dump = model.decoder.layers[0].kernel_policy if len(model.decoder.layers) else None
 
         def record(name: str, carrier: torch.Tensor) -> None:
             out, residual = split_carrier(carrier[:, 0], config.hidden_size)
-            stream = out if residual is None else residual_add(out, residual, kp_dump)
+            stream = out if residual is None else residual_add(out, residual, kp)
             dumps[name] = _all_gather_cat(stream, cp_group, dim=0).cpu()
 
         for layer in model.decoder.layers:
@@ -210,14 +220,13 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
         per_seq = [{k: v[path] for k, v in dumps.items()} for path in pack.paths]
     if out is None:
         return None, per_seq
-    kp = model.output_layer.kernel_policy
     logits = _all_gather_cat(out[0], cp_group, dim=0)  # [T, V/tp]
     vocab = LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT[bool(policy.apply_logits_contract)](
         config.true_on_policy_vocab_size, padded
     )
     tp_group = ps.get_tensor_model_parallel_group()
     vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
-    lp_fn = kernel_module("logsoftmax").vocab_parallel_token_logprobs
+    lp_fn = vocab_parallel_token_logprobs
     logprobs = []
     for k, path in enumerate(pack.paths):
         rows, targets = path[:-1].to(job.device), token_ids[path[1:].to(job.device)]
@@ -246,13 +255,13 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     from .pipeline import pipeline_forward_backward
     from .training import gather_hf, gather_stages, tied_embedding_group
 
-    model, config, padded = build_stage(job, run)
+    model, config, padded, policies = build_stage(job, run)
     model.train()
     lora = torch.nn.ModuleList(model.lora_branches) if model.lora_branches else None
     if lora is not None:  # LoRA: the base is frozen as in training; A and B take gradients
         for p in model.parameters():
             p.requires_grad_(False)
-    policy = policy_for(config)
+    policy = policies.rp
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
     pack = pack_sequences(job.sequences, pad_to_multiple=cp)
     params = pack.seq_params().to(job.device)

@@ -29,16 +29,16 @@ from megatron.core.optimizer.optimizer import (
     MegatronOptimizer,
 )
 
+from ..kernels.logsoftmax import vocab_parallel_token_logprobs
 from ..shared_tensors import SharedTensors
 from .checkpoint import hf_state_from_stage
 from .data_parallel import GradBuffer, replica_mismatches, replica_tensors, split_batch
 from .distributed_optimizer import ShardedAdamW
 from .grads import finalize_grads
-from .kernels import kernel_module
 from .lora import gather_adapter
 from .packing import pack_sequences
 from .pipeline import pipeline_forward_backward
-from .policy import policy_for
+from .policy import MegatronPolicy
 from .ppo import ppo_clip
 from .run_types import OptimizerSettings, TrainBatch, TrainerRun, TrainInit, TrainStepResult
 from .runtime import LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT, build_stage
@@ -116,6 +116,8 @@ class TrainState:
     model: Any
     config: Any
     padded_vocab: int
+    policy: MegatronPolicy
+    """The stage's policies (``build_stage``: resolved once with the config)."""
     optimizer: Any
     """megatron-core's mixed-precision optimizer (``make_optimizer``) or, with the distributed
     optimizer, ``ShardedAdamW``."""
@@ -150,7 +152,7 @@ def init_state(job: Any, init: TrainInit) -> TrainState:
             "exchange has no backward, and the weight gather assumes every expert on a rank); "
             "train at EP 1"
         )
-    model, config, padded = build_stage(job, TrainerRun(fault=init.fault))
+    model, config, padded, policy = build_stage(job, TrainerRun(fault=init.fault))
     model.train()
     lora = None
     if model.lora_branches:  # LoRA: only A and B train; the base is frozen
@@ -171,7 +173,7 @@ def init_state(job: Any, init: TrainInit) -> TrainState:
     else:
         optimizer = make_optimizer(trainable, init.optimizer, job.device)
     return TrainState(
-        model, config, padded, optimizer, tuple(init.planted_bugs), init.microbatches,
+        model, config, padded, policy, optimizer, tuple(init.planted_bugs), init.microbatches,
         grads, init.desync_dp, init.distributed_optimizer, lora,
     )  # fmt: skip
 
@@ -442,7 +444,7 @@ def _microbatch(
     ``total`` response tokens; gradients finalised over CP/TP/tied embedding (DP is the
     ``GradBuffer``'s, or ``finalize_grads``' without one). ``None`` off the last stage."""
     model, config, device = state.model, state.config, job.device
-    policy = policy_for(config)
+    policy, kp = state.policy.rp, state.policy.kp
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
     cp_group, tp_group = ps.get_context_parallel_group(), ps.get_tensor_model_parallel_group()
     pack = pack_sequences([list(s) for s in batch.sequences], pad_to_multiple=cp)
@@ -464,7 +466,6 @@ def _microbatch(
     params = pack.seq_params().to(device)
 
     def loss_fn(out: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        kp_head = model.output_layer.kernel_policy
         logits = out[0]  # [T/cp, V/tp]
         vocab = LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT[bool(policy.apply_logits_contract)](
             config.true_on_policy_vocab_size, state.padded_vocab
@@ -474,11 +475,9 @@ def _microbatch(
         if batch.sampling is not None:  # the processed distribution the sampler drew from
             from ..sglang.sampling import process_rows
 
-            x = process_rows(x, scored.seq[mine], batch.sampling, kp_head, vocab_start, vocab,
+            x = process_rows(x, scored.seq[mine], batch.sampling, kp, vocab_start, vocab,
                              tp_group)  # fmt: skip
-        lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
-            x, targets_d, vocab_start, vocab, kp_head, tp_group
-        )
+        lp = vocab_parallel_token_logprobs(x, targets_d, vocab_start, vocab, kp, tp_group)
         loss, stats = ppo_clip(lp.float(), old_d, adv_d, batch.clip_eps, total)
         return loss, (lp.detach(), stats)
 

@@ -17,7 +17,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.utils import make_viewless_tensor
 
 from .layers import join_carrier, residual_add, split_carrier
-from .policy import dtype_of, kernel_policy_for, policy_for
+from .policy import dtype_of
 
 
 def _kernel_add(layer: SGLangTransformerLayer, output: torch.Tensor, residual: torch.Tensor):
@@ -52,8 +52,8 @@ class SGLangTransformerLayer(TransformerLayer):
 
     def __init__(self, config: Any, submodules: Any, **kwargs: Any) -> None:
         super().__init__(config, submodules, **kwargs)
-        self.runtime_policy = policy_for(config)
-        self.kernel_policy = kernel_policy_for(config)
+        self.runtime_policy = config.true_on_policy.rp
+        self.kernel_policy = config.true_on_policy.kernel
         self._add, self._emit = RESIDUAL_BY_USE_SGLANG_RESIDUAL_PAIR[
             bool(self.runtime_policy.use_sglang_residual_pair)
         ]

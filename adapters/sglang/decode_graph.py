@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels._dtypes import dtype_of
-from .kernels.attention import decode_attention
-from .kernels.rope import rope_cos_sin
+from ..kernels._dtypes import dtype_of
+from ..kernels.attention import decode_attention
+from ..kernels.rope import rope_cos_sin
 from .model import KVCache, KVPool, ReferenceModel
 
 

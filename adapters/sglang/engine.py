@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..kernels import audit
+from ..kernels.logsoftmax import token_logprobs
 from .decode_graph import DecodeRunner, unsupported
-from .kernels.logsoftmax import token_logprobs
 from .model import KVCache, ReferenceModel
 from .sampling import SamplingParams, draw_key, draw_keys, process, sample_rows
 
@@ -295,7 +295,7 @@ class RolloutEngine:
 
     @property
     def _lp_dtype(self) -> torch.dtype:
-        from .kernels._dtypes import dtype_of
+        from ..kernels._dtypes import dtype_of
 
         return dtype_of(self.kp.logsoftmax_dtype)
 

@@ -32,6 +32,9 @@ import torch
 import torch.distributed as dist
 
 from ..families import LAYER_PREFIX, Family, family_for
+from ..kernels._dtypes import dtype_of
+from ..kernels.all_reduce import all_gather_exact, world_size
+from ..kernels.attention import chunked_attention
 from ..kernels.linear_attention import (
     causal_conv,
     chunked_delta_rule,
@@ -41,16 +44,14 @@ from ..kernels.linear_attention import (
     silu_gate,
 )
 from ..kernels.lora import lora_add, lora_delta, lora_scale, merged_weight
+from ..kernels.matmul import N_TILE
+from ..kernels.mlp import silu_glu
 from ..kernels.moe import moe_block
+from ..kernels.norm import rms_norm
+from ..kernels.policy import KernelPolicy
+from ..kernels.residual import residual_add
+from ..kernels.rope import apply_rope, rope_cos_sin
 from ..lora import LORA_ALPHA_KEY, adapter_names, split_adapter
-from .kernels._dtypes import dtype_of
-from .kernels.all_reduce import all_gather_exact, world_size
-from .kernels.attention import chunked_attention
-from .kernels.matmul import N_TILE
-from .kernels.mlp import silu_glu
-from .kernels.norm import rms_norm
-from .kernels.residual import residual_add
-from .kernels.rope import apply_rope, rope_cos_sin
 from .ops import resolve_ops
 
 ACTIVATIONS = {"silu_glu": silu_glu}
@@ -403,7 +404,7 @@ class ReferenceModel:
         self,
         arch: ModelArch,
         weights: dict[str, torch.Tensor],
-        kp,
+        kp: KernelPolicy,
         rp,
         *,
         group=None,
@@ -424,6 +425,7 @@ class ReferenceModel:
             self._loads.setdefault(name, []).append((t, local))
             return t
 
+        kp = KernelPolicy.of(kp)  # the rollout's edge: typed from here down
         self.arch, self.kp, self.rp, self.group = arch, kp, rp, group
         self.tp = world_size(group)
         self.rank = dist.get_rank(group) if self.tp > 1 else 0

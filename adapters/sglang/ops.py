@@ -19,22 +19,23 @@ from functools import partial
 
 import torch
 
+from ..kernels import stock
+from ..kernels._dtypes import dtype_of
+from ..kernels.all_reduce import all_reduce_for
 from ..kernels.lora import lora_add
-from .kernels import stock
-from .kernels._dtypes import dtype_of
-from .kernels.all_reduce import all_reduce_for
-from .kernels.matmul import invariant_matmul, shard_policy
-from .kernels.norm import rms_norm
-from .kernels.residual import residual_add
-from .kernels.rope import apply_rope
+from ..kernels.matmul import invariant_matmul, shard_policy
+from ..kernels.norm import rms_norm
+from ..kernels.policy import KernelPolicy
+from ..kernels.residual import residual_add
+from ..kernels.rope import apply_rope
 
 
 # ---- contract ops (signatures shared with their stock twins) ---------------------------------
-def _column_linear(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
+def _column_linear(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     return invariant_matmul(x, w, kp)
 
 
-def _row_partial(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
+def _row_partial(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """The rank's subtree in the accumulation dtype (the all-reduce finishes the tree)."""
     return invariant_matmul(x, w, kp, out_dtype=dtype_of(kp.matmul_accumulation_dtype))
 
@@ -42,22 +43,27 @@ def _row_partial(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
 def _row_partial_of_shard(tp: int) -> Callable:
     """``_row_partial`` on a rank of ``tp``: its K is ``shard_policy(kp, tp)``'s runs."""
 
-    def row_partial(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
+    def row_partial(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
         return _row_partial(x, w, shard_policy(kp, tp))
 
     return row_partial
 
 
-def _stock_row_partial(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
+def _stock_row_partial(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     return stock.plain_matmul(x, w, kp)
 
 
-def _stock_column_linear(x: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
+def _stock_column_linear(x: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     return stock.fp32_linear(x, w, kp)
 
 
 def _reduce_then_residual(
-    partial_: torch.Tensor, residual: torch.Tensor, kp, group=None, all_reduce=None, delta=None
+    partial_: torch.Tensor,
+    residual: torch.Tensor,
+    kp: KernelPolicy,
+    group=None,
+    all_reduce=None,
+    delta=None,
 ) -> torch.Tensor:
     """All-reduce (fixed tree), round to the dense dtype, add a LoRA ``delta`` if any
     (``kernels.lora.lora_add``), then the residual add."""
@@ -67,18 +73,18 @@ def _reduce_then_residual(
     return residual_add(reduced, residual, kp)
 
 
-def _qk_norm_then_rope(x_LHD, weight, eps, cos, sin, kp) -> torch.Tensor:
+def _qk_norm_then_rope(x_LHD, weight, eps, cos, sin, kp: KernelPolicy) -> torch.Tensor:
     """QK-norm rounded to the activation dtype, then RoPE (``disable_fused_qk_norm_mrope``)."""
     return apply_rope(rms_norm(x_LHD, weight, eps, kp), cos, sin, kp)
 
 
-def _lm_head(h: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
+def _lm_head(h: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """Final hidden state and LM-head weight cast to ``kp.lm_head_input_dtype``, invariant matmul."""
     lm = dtype_of(kp.lm_head_input_dtype)
     return invariant_matmul(h.to(lm), w.to(lm), kp)
 
 
-def _stock_lm_head(h: torch.Tensor, w: torch.Tensor, kp) -> torch.Tensor:
+def _stock_lm_head(h: torch.Tensor, w: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     return stock.fp32_linear(h, w, kp, out_dtype=torch.float32)
 
 
@@ -145,7 +151,7 @@ def switch_states(rp, tp_size: int) -> dict[str, bool]:
     }
 
 
-def resolve_ops(kp, rp, tp_size: int) -> RolloutOps:
+def resolve_ops(kp: KernelPolicy, rp, tp_size: int) -> RolloutOps:
     """Look every op up in ``SWITCHES`` (the only reader of the runtime policy)."""
     on = switch_states(rp, tp_size)
     chosen = {

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels._dtypes import dtype_of
+from ..kernels.policy import KernelPolicy
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ GREEDY = SamplingParams(temperature=0.0)
 PLAIN = SamplingParams()
 
 
-def scale(x_TV: torch.Tensor, params: SamplingParams, kp) -> torch.Tensor:
+def scale(x_TV: torch.Tensor, params: SamplingParams, kp: KernelPolicy) -> torch.Tensor:
     """``x`` in ``kp.logsoftmax_dtype``, divided by the temperature (float32 division, rounded
     back). Differentiable; elementwise, so a vocab shard's columns equal the whole row's."""
     ld = dtype_of(kp.logsoftmax_dtype)
@@ -119,7 +120,10 @@ def keep_mask(scaled_TV: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def process(
-    x_TV: torch.Tensor, params: SamplingParams, kp, keep_TV: torch.Tensor | None = None
+    x_TV: torch.Tensor,
+    params: SamplingParams,
+    kp: KernelPolicy,
+    keep_TV: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The processed logits (see the module docstring); ``keep_TV`` (this shard's columns of
     ``keep_mask``) is required for truncating params when ``x_TV`` is a vocab shard."""
@@ -212,7 +216,7 @@ def sample_rows(
     logits_BV: torch.Tensor,
     params: Sequence[SamplingParams],
     keys_B2: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     vocab_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tokens [B] int64, their logprobs [B] in kp.logsoftmax_dtype)`` on the rows' device, for
@@ -249,7 +253,12 @@ def sample_rows(
 
 
 def sample(
-    logits_V: torch.Tensor, params: SamplingParams, kp, vocab_size: int, seed: int, index: int
+    logits_V: torch.Tensor,
+    params: SamplingParams,
+    kp: KernelPolicy,
+    vocab_size: int,
+    seed: int,
+    index: int,
 ) -> tuple[int, torch.Tensor]:
     """``(token, its logprob as the sampler saw it)`` for one row of whole-vocab logits
     (``sample_rows`` of that row alone)."""
@@ -261,7 +270,7 @@ def sample(
 def process_shard(
     x_TVl: torch.Tensor,
     params: SamplingParams,
-    kp,
+    kp: KernelPolicy,
     vocab_start: int,
     vocab_size: int,
     group=None,
@@ -289,7 +298,7 @@ def process_rows(
     x_TVl: torch.Tensor,
     seq_T: torch.Tensor,
     params: tuple[SamplingParams, ...],
-    kp,
+    kp: KernelPolicy,
     vocab_start: int,
     vocab_size: int,
     group=None,

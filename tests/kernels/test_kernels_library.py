@@ -39,13 +39,21 @@ def test_registry_names_the_valid_choices(monkeypatch):
         registry.kernel("softmax", "cpu")
 
 
-def test_old_import_paths_are_the_same_modules():
-    import contractgen.adapters.sglang.kernels as old
-    from contractgen.adapters.sglang.kernels import matmul as old_matmul
+def test_layers_reach_the_kernels_by_import_only():
+    """One way from a layer to its kernel: no alias package, no module looked up by a string."""
+    import importlib.util
+    from pathlib import Path
 
-    assert old_matmul is matmul
-    assert old.invariant_matmul is K.invariant_matmul
-    assert old.all_reduce is K.all_reduce
+    assert importlib.util.find_spec("contractgen.adapters.sglang.kernels") is None
+    adapters = Path(K.__file__).parent.parent
+    lookups = [
+        f"{p.relative_to(adapters)}:{n}"
+        for target in ("megatron", "sglang", "fsdp")
+        for p in sorted((adapters / target).glob("*.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if "kernel_module(" in line or ("import_module(" in line and "kernels" in line)
+    ]
+    assert lookups == []
 
 
 def _expanded_partials(x_MK, w_NK, k_block, acc):

@@ -155,8 +155,8 @@ def probe(
     from megatron_reference import random_sequences, tiny_arch, weights_for
     from megatron_testing import single_process_megatron
 
+    from contractgen.adapters import kernels
     from contractgen.adapters.megatron.checkpoint import load_into
-    from contractgen.adapters.megatron.kernels import kernel_module
     from contractgen.adapters.megatron.model import (
         Layout,
         build_model,
@@ -199,8 +199,8 @@ def probe(
                 input_ids=pack.token_ids[None], position_ids=pack.positions[None],
                 attention_mask=None, packed_seq_params=params,
             )  # fmt: skip
-            lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
-                logits[0], targets, 0, arch.vocab_size, model.output_layer.kernel_policy
+            lp = kernels.logsoftmax.vocab_parallel_token_logprobs(
+                logits[0], targets, 0, arch.vocab_size, config.true_on_policy.kp
             )
             loss = -lp.float().sum()
         with bwd:

@@ -14,9 +14,9 @@ from host_sync_probe import same_bits
 from megatron_reference import random_sequences, tiny_arch, weights_for
 from megatron_testing import single_process_megatron
 
+from contractgen.adapters import kernels
 from contractgen.adapters.kernels import norm as norm_mod
 from contractgen.adapters.megatron.checkpoint import load_into
-from contractgen.adapters.megatron.kernels import kernel_module
 from contractgen.adapters.megatron.model import Layout, build_model, make_config, padded_vocab_size
 from contractgen.adapters.megatron.packing import pack_sequences
 from contractgen.adapters.megatron.policy import generated
@@ -60,9 +60,9 @@ def _run(contract: str) -> dict:
     pack = pack_sequences(random_sequences((70, 9, 33), 1000, seed=1))
     logits = model(input_ids=pack.token_ids[None], position_ids=pack.positions[None],
                    attention_mask=None, packed_seq_params=pack.seq_params())  # fmt: skip
-    lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
+    lp = kernels.logsoftmax.vocab_parallel_token_logprobs(
         logits[0], torch.roll(pack.token_ids, -1), 0, arch.vocab_size,
-        model.output_layer.kernel_policy,
+        kp,
     )  # fmt: skip
     (-lp.float().sum()).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

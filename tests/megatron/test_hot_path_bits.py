@@ -21,9 +21,9 @@ from host_sync_probe import same_bits
 from megatron_reference import random_sequences, tiny_arch, weights_for
 from megatron_testing import single_process_megatron
 
+from contractgen.adapters import kernels
 from contractgen.adapters.megatron import attention as attn_mod
 from contractgen.adapters.megatron.checkpoint import load_into
-from contractgen.adapters.megatron.kernels import kernel_module
 from contractgen.adapters.megatron.model import Layout, build_model, make_config, padded_vocab_size
 from contractgen.adapters.megatron.packing import SGLangPackedSeqParams, pack_sequences
 from contractgen.adapters.megatron.policy import dtype_of, generated
@@ -53,7 +53,7 @@ class _LegacyKernelAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_THD, k_TKD, v_TKD, params, kp, scale):
         LEGACY_CALLS["forward"] += 1
-        attn = kernel_module("attention")
+        attn = kernels.attention
         out = q_THD.new_zeros(q_THD.shape)
         lse = q_THD.new_zeros(q_THD.shape[:2], dtype=dtype_of(kp.attention_softmax_dtype))
         calls = _legacy_kernel_calls(params)
@@ -71,7 +71,7 @@ class _LegacyKernelAttention(torch.autograd.Function):
     def backward(ctx, d_out):
         LEGACY_CALLS["backward"] += 1
         q, k, v, out, lse = ctx.saved_tensors
-        backward = kernel_module("attention").attention_backward
+        backward = kernels.attention.attention_backward
         grads = [
             (rows, keys, backward(
                 q[rows], k[keys], v[keys], out[rows], lse[rows], d_out[rows], ctx.positions[rows],
@@ -92,7 +92,7 @@ class _LegacyKernelAttention(torch.autograd.Function):
 
 def _legacy_rope_table(self, params, kp):
     """Every layer computes the table again (the old ``_forward``'s call)."""
-    return kernel_module("rope").rope_cos_sin(
+    return kernels.rope.rope_cos_sin(
         params.positions, self.head_dim, self.rope_theta, self.rope_scaling, kp,
         max_position=self.max_position,
     )  # fmt: skip
@@ -135,8 +135,8 @@ def _run(contract: str, pack, params) -> dict:
     logits = model(input_ids=pack.token_ids[None], position_ids=pack.positions[None],
                    attention_mask=None, packed_seq_params=params)  # fmt: skip
     targets = torch.roll(pack.token_ids, -1)
-    lp = kernel_module("logsoftmax").vocab_parallel_token_logprobs(
-        logits[0], targets, 0, arch.vocab_size, model.output_layer.kernel_policy
+    lp = kernels.logsoftmax.vocab_parallel_token_logprobs(
+        logits[0], targets, 0, arch.vocab_size, kp
     )
     (-lp.float().sum()).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from megatron_testing import single_process_megatron
 
+from contractgen.adapters import kernels as K
 from contractgen.adapters.megatron import attention as attn_mod
 from contractgen.adapters.megatron import layers as L
 from contractgen.adapters.megatron.model import Layout, make_config
 from contractgen.adapters.megatron.packing import pack_sequences
-from contractgen.adapters.megatron.policy import float32_kernel_policy, generated, policy_for
-from contractgen.adapters.sglang import kernels as K
+from contractgen.adapters.megatron.policy import float32_kernel_policy, generated
 
 V1 = "qwen3_dense_true_on_policy_v1"
 
@@ -31,12 +31,7 @@ def _kp():
 
 
 def _config(arch, *, kp=None, **runtime_changes):
-    config = make_config(V1, arch, Layout(), kernel_policy=kp)
-    if runtime_changes:
-        config.true_on_policy_runtime_policy_override = dataclasses.replace(
-            policy_for(config), **runtime_changes
-        )
-    return config
+    return make_config(V1, arch, Layout(), kernel_policy=kp, runtime_changes=runtime_changes)
 
 
 def _rand(*shape, seed, dtype=torch.bfloat16, scale=1.0):

@@ -21,25 +21,14 @@ TRAINER_FLOAT32_BUG = """
 import torch
 from contractgen.adapters.megatron import attention as _attention
 
-_stock = _attention.kernel_module
+_stock = _attention.chunked_attention_lse
 
-class _Float32Chunks:
-    def __init__(self, module):
-        self._module = module
+def _planted(q, k, v, positions, kp, **kw):
+    if q.dtype == torch.float32:
+        kw["kv_chunk"] = 2 * kp.attention_kv_chunk
+    return _stock(q, k, v, positions, kp, **kw)
 
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-    def chunked_attention_lse(self, q, k, v, positions, kp, **kw):
-        if q.dtype == torch.float32:
-            kw["kv_chunk"] = 2 * kp.attention_kv_chunk
-        return self._module.chunked_attention_lse(q, k, v, positions, kp, **kw)
-
-def _planted(name):
-    module = _stock(name)
-    return _Float32Chunks(module) if name == "attention" else module
-
-_attention.kernel_module = _planted
+_attention.chunked_attention_lse = _planted
 """
 
 

@@ -37,25 +37,14 @@ _model.ModelArch.from_profile = classmethod(_planted)
 TRAINER_CHUNK_BUG = """
 from contractgen.adapters.megatron import attention as _attention
 
-_stock = _attention.kernel_module
+_stock = _attention.chunked_attention_lse
 
-class _WideChunks:
-    def __init__(self, module):
-        self._module = module
+def _planted(q, k, v, positions, kp, **kw):
+    if int(positions.max()) >= 128:
+        kw["kv_chunk"] = 128
+    return _stock(q, k, v, positions, kp, **kw)
 
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-    def chunked_attention_lse(self, q, k, v, positions, kp, **kw):
-        if int(positions.max()) >= 128:
-            kw["kv_chunk"] = 128
-        return self._module.chunked_attention_lse(q, k, v, positions, kp, **kw)
-
-def _planted(name):
-    module = _stock(name)
-    return _WideChunks(module) if name == "attention" else module
-
-_attention.kernel_module = _planted
+_attention.chunked_attention_lse = _planted
 """
 
 # The scored logprobs as the gate's comparison sees them, first token of the first sequence set

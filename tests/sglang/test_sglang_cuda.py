@@ -8,14 +8,14 @@ import dataclasses
 import pytest
 import torch
 
-from contractgen.adapters.sglang.engine import Request, RolloutEngine
-from contractgen.adapters.sglang.kernels import (
+from contractgen.adapters.kernels import (
     chunked_attention,
     invariant_matmul,
     token_logprobs,
     tree_sum,
 )
-from contractgen.adapters.sglang.kernels.stock import plain_matmul
+from contractgen.adapters.kernels.stock import plain_matmul
+from contractgen.adapters.sglang.engine import Request, RolloutEngine
 from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
 
 pytestmark = [

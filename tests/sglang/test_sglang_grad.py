@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
-from contractgen.adapters.sglang.kernels import (
+from contractgen.adapters.kernels import (
     apply_rope,
     chunked_attention,
     invariant_matmul,

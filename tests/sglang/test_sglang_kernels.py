@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from contractgen.adapters.sglang.kernels import all_reduce as ar
-from contractgen.adapters.sglang.kernels import (
+from contractgen.adapters.kernels import all_reduce as ar
+from contractgen.adapters.kernels import (
     apply_rope,
     chunked_attention,
     full_logprobs,

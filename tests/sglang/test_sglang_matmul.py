@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from contractgen.adapters.sglang.kernels import invariant_matmul, tree_sum
-from contractgen.adapters.sglang.kernels.matmul import first_level_block
-from contractgen.adapters.sglang.kernels.stock import plain_matmul
+from contractgen.adapters.kernels import invariant_matmul, tree_sum
+from contractgen.adapters.kernels.matmul import first_level_block
+from contractgen.adapters.kernels.stock import plain_matmul
 
 SHAPES = [(7, 256, 96), (33, 384, 130), (20, 1024, 64), (5, 200, 40)]
 

@@ -9,13 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contractgen.adapters.sglang.kernels import (
+from contractgen.adapters.kernels import (
     chunked_attention,
     invariant_matmul,
     rms_norm,
     token_logprobs,
 )
-from contractgen.adapters.sglang.kernels.reduce import fixed_sum
+from contractgen.adapters.kernels.reduce import fixed_sum
 
 SETTINGS = settings(max_examples=20, deadline=None)
 DTYPES = st.sampled_from(["bfloat16", "float32"])

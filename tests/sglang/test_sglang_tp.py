@@ -14,15 +14,15 @@ import torch
 import torch.distributed as dist
 import tp_helpers as tp
 
-from contractgen.adapters.sglang.engine import Request, RolloutEngine
-from contractgen.adapters.sglang.kernels import (
+from contractgen.adapters.kernels import (
     row_parallel_linear,
     stock,
     token_logprobs,
     tree_all_reduce,
     vocab_parallel_token_logprobs,
 )
-from contractgen.adapters.sglang.kernels.matmul import invariant_matmul
+from contractgen.adapters.kernels.matmul import invariant_matmul
+from contractgen.adapters.sglang.engine import Request, RolloutEngine
 from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
 
 pytestmark = pytest.mark.slow

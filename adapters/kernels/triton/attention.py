@@ -28,6 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._dtypes import dtype_of
 from ..attention import key_rows, reference_attention, reference_attention_lse
+from ..policy import KernelPolicy
 from .matmul import INTERPRET, _round, descriptor_fits, interpreter_dot
 
 # One launch shape for every call: the fastest of benchmarks/tune_attention.py's sweep on an H200
@@ -230,7 +231,7 @@ def _kv_descriptor(t: torch.Tensor, chunk: int) -> TensorDescriptor:
                             block_shape=[chunk, D])  # fmt: skip
 
 
-def supports(q_LHD: torch.Tensor, k_SKD: torch.Tensor, kp, chunk: int) -> bool:
+def supports(q_LHD: torch.Tensor, k_SKD: torch.Tensor, kp: KernelPolicy, chunk: int) -> bool:
     """bf16/fp16 q, k, v of one dtype, float32 softmax, power-of-two head dim and chunk >= 16."""
     D = q_LHD.shape[-1]
     return (
@@ -245,7 +246,7 @@ def supports(q_LHD: torch.Tensor, k_SKD: torch.Tensor, kp, chunk: int) -> bool:
 
 
 def triton_attention_lse(
-    q_LHD, k_SKD, v_SKD, q_positions, kp, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
+    q_LHD, k_SKD, v_SKD, q_positions, kp: KernelPolicy, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
     kv_chunk=None, k_starts=None,
 ):  # fmt: skip
     """The Triton backend of ``chunked_attention_lse``: ``(o_LHD, lse_LH)``, the attention output
@@ -261,7 +262,7 @@ def triton_attention_lse(
 
 
 def _attention_lse(
-    q_LHD, k_SKD, v_SKD, q_positions, kp, *, cu_seqlens_q, cu_seqlens_k, scale, kv_chunk, k_starts
+    q_LHD, k_SKD, v_SKD, q_positions, kp: KernelPolicy, *, cu_seqlens_q, cu_seqlens_k, scale, kv_chunk, k_starts
 ):  # fmt: skip
     """The kernel launch of ``triton_attention_lse``, for inputs ``supports`` accepts."""
     chunk = kv_chunk or kp.attention_kv_chunk
@@ -301,7 +302,7 @@ def _attention_lse(
 
 
 def triton_attention(
-    q_LHD, k_SKD, v_SKD, q_positions, kp, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
+    q_LHD, k_SKD, v_SKD, q_positions, kp: KernelPolicy, *, cu_seqlens_q=None, cu_seqlens_k=None, scale=None,
     kv_chunk=None, k_starts=None,
 ):  # fmt: skip
     """The Triton backend of ``chunked_attention`` (same signature); inputs it cannot put on
@@ -314,7 +315,7 @@ def triton_attention(
 
 
 def triton_decode_attention(
-    q_BHD, k_SKD, v_SKD, positions_B, k_starts_B, kp, *, max_keys, scale=None, kv_chunk=None
+    q_BHD, k_SKD, v_SKD, positions_B, k_starts_B, kp: KernelPolicy, *, max_keys, scale=None, kv_chunk=None
 ):  # fmt: skip
     """The Triton backend of ``decode_attention``: ``_attn_fwd`` with one block per query (what
     ``triton_attention`` launches for a decode step), its block table ``[q, q + 1, k_starts[q],

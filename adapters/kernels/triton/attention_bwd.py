@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ..attention import reference_attention_backward
+from ..policy import KernelPolicy
 from . import attention as forward
 from .attention import _dot, _kv_rows
 from .matmul import INTERPRET, _round
@@ -279,7 +280,7 @@ def _dq_blocks(cu_q, cu_k, device) -> torch.Tensor:
 
 
 def triton_attention_backward(
-    q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp, *, cu_seqlens_q=None,
+    q_LHD, k_SKD, v_SKD, o_LHD, lse_LH, do_LHD, q_positions, kp: KernelPolicy, *, cu_seqlens_q=None,
     cu_seqlens_k=None, scale=None, kv_chunk=None, positions_contiguous: bool | None = None,
 ):  # fmt: skip
     """The Triton backend of ``attention_backward`` (same signature and results as

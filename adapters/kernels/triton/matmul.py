@@ -49,6 +49,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .._dtypes import dtype_of
 from .._streams import stream_key
 from ..matmul import _run_length, fixed_run_width, reference_matmul
+from ..policy import KernelPolicy
 
 # Triton's CPU interpreter (CI): same kernels, each tile's dot through ``interpreter_dot``.
 INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -745,7 +746,7 @@ def _descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
                             block_shape=[rows, cols])  # fmt: skip
 
 
-def _tiles_per_run(k: int, kp, order: str) -> tuple[int, bool]:
+def _tiles_per_run(k: int, kp: KernelPolicy, order: str) -> tuple[int, bool]:
     """(K tiles per run, fused) for ``order``: ``fixed_runs`` has ``matmul_k_runs`` fused runs
     (``fixed_run_width``); the other orders round every tile (``_run_length``)."""
     if order == "fixed_runs":
@@ -753,7 +754,7 @@ def _tiles_per_run(k: int, kp, order: str) -> tuple[int, bool]:
     return _run_length(order, max(1, math.ceil(k / kp.matmul_k_block))), False
 
 
-def supports(x_MK: torch.Tensor, w_NK: torch.Tensor, kp, order: str) -> bool:
+def supports(x_MK: torch.Tensor, w_NK: torch.Tensor, kp: KernelPolicy, order: str) -> bool:
     """Tensor-core tiles need 16-bit operands of one dtype; the counter needs a power-of-two run
     count (always so for ``sglang_first_level`` and ``fixed_runs``; ``binary`` over a
     non-power-of-two tile count runs the reference)."""
@@ -788,7 +789,7 @@ class _Matmul(torch.autograd.Function):
 def triton_matmul(
     x_MK: torch.Tensor,
     w_NK: torch.Tensor,
-    kp,
+    kp: KernelPolicy,
     *,
     out_dtype: torch.dtype | None = None,
     tile_order: str | None = None,

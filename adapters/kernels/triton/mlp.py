@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ..policy import KernelPolicy
 from .matmul import INTERPRET, _ieee_add, _ieee_mul, _round
 from .rows import rows_AHn
 
@@ -170,7 +171,7 @@ class _SiluGlu(torch.autograd.Function):
         return silu_glu_backward(gate, up, dy)
 
 
-def triton_silu_glu(gate: torch.Tensor, up: torch.Tensor, kp) -> torch.Tensor:
+def triton_silu_glu(gate: torch.Tensor, up: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """The Triton backend of ``silu_glu`` (same signature and bits); what it does not take runs
     the reference. Under autograd, ``silu_glu_backward``'s gradient."""
     from ..mlp import reference_silu_glu

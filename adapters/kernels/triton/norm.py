@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .._dtypes import dtype_of
 from ..norm import RMSNormFunction, reference_rms_norm
+from ..policy import KernelPolicy
 from .matmul import _ieee_add, _ieee_mul, _round
 from .rows import rows_AHn
 
@@ -86,7 +87,7 @@ def _rms_norm_fwd(
     tl.store(r_ptr + offs_r, r, mask=offs_r < rows)
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor, kp) -> bool:
+def supports(x: torch.Tensor, weight: torch.Tensor, kp: KernelPolicy) -> bool:
     """float32 compute, a bf16/fp16/fp32 input and weight, rows of at most ``MAX_N``."""
     floats = (torch.bfloat16, torch.float16, torch.float32)
     return (
@@ -123,7 +124,7 @@ def _forward(x3: torch.Tensor, weight: torch.Tensor, eps: float, cast_before_wei
 
 
 def triton_rms_norm_r(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, kp
+    x: torch.Tensor, weight: torch.Tensor, eps: float, kp: KernelPolicy
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``reference_rms_norm_r`` in one kernel: ``(output, 1 / rms)``. ``x``'s rows are read in
     place (the QK-norm's k heads are a strided slice of the fused QKV output)."""
@@ -131,7 +132,9 @@ def triton_rms_norm_r(
     return y.view(x.shape), r.view(x.shape[:-1])
 
 
-def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kp) -> torch.Tensor:
+def triton_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, kp: KernelPolicy
+) -> torch.Tensor:
     """The Triton backend of ``rms_norm`` (same signature, cast order and bits); inputs it does
     not take, and those above ``FUSED_MAX_ELEMENTS``, run the reference. Under autograd, the
     analytic backward of ``kernels.norm`` (``RMSNormFunction``)."""

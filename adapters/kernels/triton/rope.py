@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .._dtypes import dtype_of
+from ..policy import KernelPolicy
 from .matmul import _ieee_add, _ieee_mul, _round
 
 
@@ -44,7 +45,7 @@ def _rope_fwd(
     tl.store(y_ptr + row + HALF, _round(y2, y_ty), mask=mask)
 
 
-def supports(x_LHD: torch.Tensor, cos_LD: torch.Tensor, kp) -> bool:
+def supports(x_LHD: torch.Tensor, cos_LD: torch.Tensor, kp: KernelPolicy) -> bool:
     """float32 rope math, a 3-d ``x`` of an even head dim, one ``cos`` row per token."""
     floats = (torch.bfloat16, torch.float16, torch.float32)
     return (
@@ -95,7 +96,9 @@ class _Rope(torch.autograd.Function):
         return rope_backward(dy_LHD, cos_LD, sin_LD), None, None
 
 
-def triton_apply_rope(x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp):
+def triton_apply_rope(
+    x_LHD: torch.Tensor, cos_LD: torch.Tensor, sin_LD: torch.Tensor, kp: KernelPolicy
+):
     """The Triton backend of ``apply_rope`` (same signature and bits); what it does not take runs
     the reference. Under autograd, ``rope_backward``'s gradient."""
     from ..rope import reference_apply_rope
