@@ -327,7 +327,8 @@ def moe_block(
     the all-reduce are the dense MLP's. ``shared_TH``: a shared expert's gated output, combined
     as ``kp.shared_expert_combine`` says."""
     T, H = x_TH.shape
-    weights_TK, ids_TK = route(x_TH, w_router_EH, kp, top_k=top_k, normalize=normalize)
+    logits_TE = router_logits(x_TH, w_router_EH, kp)  # ``route``, inlined: one hop fewer
+    weights_TK, ids_TK = select_experts(logits_TE, kp, top_k=top_k, normalize=normalize)
     acc = dtype_of(kp.matmul_accumulation_dtype)
     partial_TKH = x_TH.new_zeros((T, top_k, H), dtype=acc)
     for (tok, slot), (gate, up, down) in zip(
