@@ -18,6 +18,11 @@ chunk falls): with ``G`` the in-chunk cumulative log-decay, ``D_ij = exp(G_i - G
 ``kp.delta_rule_chunk_dtype``, the carried ``S`` in ``kp.delta_rule_state_dtype``. The PyTorch
 reference is the only implementation (no Triton kernel, not in ``registry.BACKENDS``): on CUDA
 these device-generic torch ops run beside the Triton backend's other ops, on both sides alike.
+
+Every pointwise op here gives each row bits that depend on that row alone (``sigmoid``,
+``silu``, ``softplus`` below, not torch's CPU kernels), so a sequence scored alone and in a
+packed batch agree bit for bit; only the conv and the delta rule see more than one token, and
+they run per sequence.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def causal_conv(
     acc = full[:, 0:L] * w[:, 0:1]
     for j in range(1, K):
         acc = acc + full[:, j : j + L] * w[:, j : j + 1]
-    out = F.silu(acc).t().to(x_LC.dtype)
+    out = silu(acc).t().to(x_LC.dtype)
     return out, full_CT[:, full_CT.shape[1] - (K - 1) :].contiguous()
 
 
@@ -185,6 +190,37 @@ def recurrent_delta_rule(
     return o_HLD.transpose(0, 1).to(v_LHD.dtype), S
 
 
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``1 / (1 + exp(-x))`` for ``x >= 0``, ``e / (1 + e)`` with ``e = exp(x)`` below, in ``x``'s
+    dtype: every element by ``exp`` and correctly rounded adds and divides, so its bits depend
+    on its value alone. ``torch.sigmoid`` (and ``F.silu``, ``F.softplus``) on CPU compute the
+    vector body and the scalar tail of a tensor with different ``exp`` code that differ in the
+    last bit, so a token's gate would depend on where its row falls in the batch (one sequence
+    alone vs packed; ``tests/kernels/test_linear_attention_kernels.py``). ``exp`` is one
+    vectorised function for every element, tail included. The ``exp`` argument is ``-|x|`` (no
+    overflow, no NaN in the gradient of the branch ``where`` drops), written as a ``where`` so
+    the gradient at 0 is right."""
+    pos = x >= 0
+    e = torch.exp(torch.where(pos, -x, x))
+    return torch.where(pos, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """``x * sigmoid(x)`` (``sigmoid`` above: bits by value, not by place in the tensor)."""
+    return x * sigmoid(x)
+
+
+SOFTPLUS_THRESHOLD = 20.0  # F.softplus's: above it softplus(x) is x (HF's call leaves it so)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """``log1p(exp(x))``, ``x`` itself above ``SOFTPLUS_THRESHOLD`` (``F.softplus``'s formula,
+    from ``exp`` and ``log1p``, each one function for every element; see ``sigmoid``). The
+    ``exp`` argument is clamped at the threshold: no overflow in the branch ``where`` drops."""
+    t = SOFTPLUS_THRESHOLD
+    return torch.where(x > t, x, torch.log1p(torch.exp(x.clamp(max=t))))
+
+
 def decay_and_beta(
     a_LH: torch.Tensor,
     b_LH: torch.Tensor,
@@ -193,21 +229,21 @@ def decay_and_beta(
     kp: KernelPolicy,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``, in
-    ``kp.gate_dtype``."""
+    ``kp.gate_dtype`` (each token's row depends on that row alone)."""
     gd = dtype_of(kp.gate_dtype)
-    g = -torch.exp(A_log_H.to(gd)) * F.softplus(a_LH.to(gd) + dt_bias_H.to(gd))
-    return g, torch.sigmoid(b_LH.to(gd))
+    g = -torch.exp(A_log_H.to(gd)) * softplus(a_LH.to(gd) + dt_bias_H.to(gd))
+    return g, sigmoid(b_LH.to(gd))
 
 
 def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``x * sigmoid(gate)`` in ``kp.gate_dtype``, rounded to ``x``'s dtype (the attention output
     gate, the shared expert's gate)."""
     gd = dtype_of(kp.gate_dtype)
-    return (x.to(gd) * torch.sigmoid(gate.to(gd))).to(x.dtype)
+    return (x.to(gd) * sigmoid(gate.to(gd))).to(x.dtype)
 
 
 def silu_gate(x: torch.Tensor, gate: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """``x * silu(gate)`` in ``kp.gate_dtype``, rounded to ``x``'s dtype (after the DeltaNet
     output's RMSNorm)."""
     gd = dtype_of(kp.gate_dtype)
-    return (x.to(gd) * F.silu(gate.to(gd))).to(x.dtype)
+    return (x.to(gd) * silu(gate.to(gd))).to(x.dtype)

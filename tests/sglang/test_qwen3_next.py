@@ -190,6 +190,43 @@ def test_request_alone_equals_in_a_mixed_batch_and_runs_repeat(small, policy):
     assert torch.equal(both[len(a) :], alone)
 
 
+def _int_bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def test_float32_sequence_alone_equals_packed_on_the_reference_model(policy):
+    """The parity gate's float32 check: every kernel dtype float32, each sequence scored alone
+    (the rollout's re-score) equals its rows of one packed forward of several (a trainer-style
+    pack), bit for bit (integer views), after every layer and in the logits. The contract's
+    reference model (hidden 256; linear, full, linear, full; layer 1 dense; MoE with router
+    rows 2 and 5 tied and a shared expert), 64-token chunks; 70 tokens span two chunks, and the
+    pack shifts each sequence's rows against the vector loops of its tensors. The gates used
+    ``torch.sigmoid``/``F.softplus``, whose CPU scalar tail differs from their vector body: the
+    split this test was written for (the decay and beta, the shared expert's [T, 1] gate)."""
+    arch = ModelArch.from_profile(policy.profile)
+    assert (arch.hidden_size, arch.tied_router_experts) == (256, (2, 5))
+    model = ReferenceModel(arch, random_weights(arch, seed=0), fp32_variant(policy.kp), policy.rp)
+    g = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g) for n in (70, 37, 13)]
+    packed_layers: list = []
+    packed = model.forward(
+        torch.cat(seqs), [KVCache() for _ in seqs], [len(s) for s in seqs], all_logits=True,
+        layer_outputs=packed_layers,
+    )  # fmt: skip
+    assert packed.dtype == torch.float32 and len(packed_layers) == arch.num_layers
+    lo = 0
+    for j, ids in enumerate(seqs):
+        rows = slice(lo, lo + len(ids))
+        alone_layers: list = []
+        alone = model.forward(
+            ids, [KVCache()], [len(ids)], all_logits=True, layer_outputs=alone_layers
+        )
+        for i, (a, p) in enumerate(zip(alone_layers, packed_layers, strict=True)):
+            assert torch.equal(_int_bits(a), _int_bits(p[rows])), f"sequence {j}, layer {i}"
+        assert torch.equal(_int_bits(alone), _int_bits(packed[rows])), f"sequence {j}, logits"
+        lo += len(ids)
+
+
 FLIPS = {
     "delta_rule_chunk": 8,
     "delta_rule_chunk_dtype": "bfloat16",
