@@ -114,9 +114,10 @@ CPU_BLOCKS_PER_CALL = 256
 
 def _tile_product(x_MK: torch.Tensor, w_NK: torch.Tensor, t: int, k_block: int) -> torch.Tensor:
     """``P_MN = x[:, tile t] @ w[:, tile t].T`` in float32 (float64 stays float64), every GEMM a
-    fixed ``M_TILE x k_block x N_TILE`` block, batched ``BLOCKS_PER_CALL`` blocks a call, so no
-    library ever picks a kernel, or a summation order, by M or N. Only this tile is upcast, for
-    this call; the operands of one call are gathered (bounded memory)."""
+    fixed ``M_TILE x k_block x N_TILE`` block, batched (``_gathered_calls`` on CUDA,
+    ``_broadcast_calls`` elsewhere), so no library ever picks a kernel, or a summation order, by
+    M or N. Only this tile is upcast, for this call; the operands of one call are copied out
+    (bounded memory)."""
     M, N = x_MK.shape[0], w_NK.shape[0]
     gd = _gemm_dtype(torch.promote_types(x_MK.dtype, w_NK.dtype))
     nM, nN = math.ceil(M / M_TILE), math.ceil(N / N_TILE)
@@ -124,23 +125,59 @@ def _tile_product(x_MK: torch.Tensor, w_NK: torch.Tensor, t: int, k_block: int) 
         return torch.zeros((M, N), dtype=gd, device=x_MK.device)
     x_m_Mt_kb = _k_tile(x_MK, t, k_block, nM * M_TILE, gd).view(nM, M_TILE, k_block)
     w_n_kb_Nt = _k_tile(w_NK, t, k_block, nN * N_TILE, gd).view(nN, N_TILE, k_block).transpose(1, 2)
-    idx = torch.arange(nM * nN, device=x_MK.device)
-    # CUDA: exactly BLOCKS_PER_CALL blocks a call (cuBLAS picks kernels by batch count). CPU: the
-    # BLAS runs each block of a batch as its own fixed-shape GEMM whatever the count (the bitwise
-    # batch-invariance tests show it), so calls are not padded there: padding a decode step's few
-    # blocks to 64 made small-M linears 3-11x slower.
-    per_call = BLOCKS_PER_CALL if x_MK.is_cuda else CPU_BLOCKS_PER_CALL
+    if x_MK.is_cuda:
+        p_B_Mt_Nt = _gathered_calls(x_m_Mt_kb, w_n_kb_Nt, BLOCKS_PER_CALL, pad=True)
+        p = p_B_Mt_Nt.view(nM, nN, M_TILE, N_TILE).permute(0, 2, 1, 3).reshape(nM * M_TILE, -1)
+    else:
+        p = _broadcast_calls(x_m_Mt_kb, w_n_kb_Nt).view(nM * M_TILE, nN * N_TILE)
+    return p[:M, :N]
+
+
+def _gathered_calls(
+    x_m_Mt_kb: torch.Tensor, w_n_kb_Nt: torch.Tensor, per_call: int, pad: bool
+) -> torch.Tensor:
+    """Every ``(m, n)`` block pair gathered, ``per_call`` blocks a ``bmm``; ``pad``: the last
+    call zero padded to ``per_call`` too (CUDA: cuBLAS picks kernels by batch count).
+    ``[nM * nN, Mt, Nt]``."""
+    nM, nN = x_m_Mt_kb.shape[0], w_n_kb_Nt.shape[0]
+    idx = torch.arange(nM * nN, device=x_m_Mt_kb.device)
     blocks = []
     for lo in range(0, nM * nN, per_call):
         part = idx[lo : lo + per_call]
-        pad = BLOCKS_PER_CALL - part.shape[0] if x_MK.is_cuda else 0
+        short = per_call - part.shape[0] if pad else 0
         a, b = x_m_Mt_kb[part // nN], w_n_kb_Nt[part % nN]
-        if pad:
-            a, b = F.pad(a, (0, 0, 0, 0, 0, pad)), F.pad(b, (0, 0, 0, 0, 0, pad))
+        if short:
+            a, b = F.pad(a, (0, 0, 0, 0, 0, short)), F.pad(b, (0, 0, 0, 0, 0, short))
         blocks.append(torch.bmm(a, b)[: part.shape[0]])
-    p_B_Mt_Nt = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-    p = p_B_Mt_Nt.view(nM, nN, M_TILE, N_TILE).permute(0, 2, 1, 3).reshape(nM * M_TILE, -1)
-    return p[:M, :N]
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+
+
+def _broadcast_calls(x_m_Mt_kb: torch.Tensor, w_n_kb_Nt: torch.Tensor) -> torch.Tensor:
+    """CPU: the same fixed-shape block GEMMs as ``_gathered_calls``, unpadded (the BLAS runs each
+    block of a batch as its own GEMM whatever the count: the bitwise batch-invariance tests show
+    it; padding a decode step's few blocks to 64 made small-M linears 3-11x slower), over a grid
+    of at most ``CPU_BLOCKS_PER_CALL`` blocks a call. Each operand is expanded over the other's
+    blocks (one copy each, not an index gather per pair; never a broadcasting ``matmul``, which
+    folds a single row block into another GEMM shape), and each call's blocks are written
+    straight into the output's row-major layout. ``[nM, Mt, nN, Nt]``; the same bits as
+    ``_gathered_calls`` unpadded (how this path ran before) in every dtype (``tests/kernels/test_matmul_block_calls.py``)."""
+    nM, nN = x_m_Mt_kb.shape[0], w_n_kb_Nt.shape[0]
+    out = x_m_Mt_kb.new_empty((nM, M_TILE, nN, N_TILE))
+    n_step = min(nN, CPU_BLOCKS_PER_CALL)
+    m_step = max(1, CPU_BLOCKS_PER_CALL // n_step)
+    for m0 in range(0, nM, m_step):
+        for n0 in range(0, nN, n_step):
+            a = x_m_Mt_kb[m0 : m0 + m_step, None]
+            b = w_n_kb_Nt[None, n0 : n0 + n_step]
+            grid = (a.shape[0], b.shape[1])
+            a = a.expand(*grid, -1, -1).reshape(-1, M_TILE, a.shape[-1])
+            # copied as [Nt, kb] blocks, then transposed: the layout a gather gives
+            # the BLAS (float64 GEMMs differ in bits between the two layouts)
+            b = b.transpose(-1, -2).expand(*grid, -1, -1).reshape(-1, N_TILE, b.shape[-2])
+            b = b.transpose(1, 2)
+            p = torch.bmm(a, b).view(*grid, M_TILE, N_TILE)
+            out[m0 : m0 + m_step, :, n0 : n0 + n_step] = p.transpose(1, 2)
+    return out
 
 
 class _RunStack:
