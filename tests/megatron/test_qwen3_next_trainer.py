@@ -70,6 +70,19 @@ def test_trainer_scores_with_the_rollout_bits(arch, weights, sequences, rollout,
     assert _same_bits(got, rollout)
 
 
+def test_prefix_tree_pack_scores_with_the_rollout_bits(arch, weights, rollout, sequences):
+    """Two responses to one prompt packed as a prefix tree (the prompt's rows once): each
+    path's delta rule runs over its own rows from position 0, so the bits are each sequence's
+    own re-score's."""
+    prompt = sequences[0][:80]
+    seqs = [prompt + sequences[2][:30], prompt + sequences[1]]
+    want = rollout_rescore(NEXT, arch, weights, seqs)
+    run = TrainerRun(prefix_tree=True, prompt_lens=(80, 80))
+    with TrainerSession(NEXT, weights, (1, 1, 1), arch=arch) as s:
+        got = s.logprobs(seqs, run).logprobs
+    assert _same_bits(got, want)
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("delta_rule_chunk", 32), ("gate_dtype", "bfloat16"), ("conv_dtype", "bfloat16")],
