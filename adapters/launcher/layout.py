@@ -262,6 +262,17 @@ CP_KINDS: Mapping[str, CpKind] = {
 }
 
 
+def _cp_linear_attention(s: Subject, c: int) -> str | None:
+    """The reason a hybrid family's contract allows CP 1 only, said where a user asks for more."""
+    if c == 1 or "linear_attention" not in s.family.mlp_blocks(s.dims):
+        return None
+    return (
+        f"context parallelism over {s.family.name}'s linear-attention layers is not built "
+        "(their recurrent state runs through every token in order and would have to pass "
+        "between CP ranks)"
+    )
+
+
 def _cp_kind(s: Subject, c: int) -> str | None:
     if c == 1 or s.support.train_cp_kind in CP_KINDS:
         return None
@@ -325,7 +336,12 @@ AXES: tuple[Axis, ...] = (
     Axis(
         "--cp",
         lambda lay: lay.cp,
-        (_allowed("train_cp_sizes", "parallel.training.cp.sizes"), _cp_kind, _cp_kind_rules),
+        (
+            _allowed("train_cp_sizes", "parallel.training.cp.sizes"),
+            _cp_linear_attention,
+            _cp_kind,
+            _cp_kind_rules,
+        ),
         lambda s: s.support.train_cp_sizes,
     ),
     Axis(

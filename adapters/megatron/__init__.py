@@ -11,10 +11,11 @@ Public API (see README.md in this folder):
 Submodules import torch and megatron-core; this package file imports nothing heavy.
 """
 
-# The MLP blocks (``Family.layer_blocks``) the trainer's layer spec implements (``provider.py``:
-# ``SGLangMLP``, and megatron's ``MoELayer`` tree with the ``moe.py`` subclasses); the parity gate
-# refuses a contract whose models need another.
-MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
+# The layer blocks (``Family.layer_blocks``: MLP blocks, and a hybrid family's token mixers) the
+# trainer's layer spec implements (``provider.py``: ``SGLangMLP``, megatron's ``MoELayer`` tree
+# with the ``moe.py`` subclasses, ``SGLangSelfAttention`` and ``linear_attention.py``'s Gated
+# DeltaNet); the parity gate refuses a contract whose models need another.
+MLP_BLOCKS = frozenset({"dense_mlp", "moe", "full_attention", "linear_attention"})
 
 # The layout axes this trainer runs (``adapters.layout.Layout``): model parallelism and its
 # data parallelism (``dp``: DDP replicas), not fsdpN.

@@ -23,6 +23,7 @@ from megatron.core.transformer.module import MegatronModule
 
 from ..kernels.attention import chunked_attention_lse
 from ..kernels.attention_meta import attention_backward_known
+from ..kernels.linear_attention import sigmoid_gate
 from ..kernels.policy import KernelPolicy
 from ..kernels.rope import apply_rope, rope_cos_sin
 from .layers import ATTENTION_INPUT_CAST
@@ -46,6 +47,11 @@ class SGLangSelfAttention(SelfAttention):
         return super().get_query_key_value_tensors(
             self._input_cast(hidden_states, self.kernel_policy), key_value_states, **kwargs
         )
+
+    def _apply_output_gate(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """megatron's output gate (``attention_output_gate``: ``x * sigmoid(gate)``) by the
+        rollout's kernel, in ``kp.gate_dtype``."""
+        return sigmoid_gate(x, gate.contiguous().view(*x.shape), self.kernel_policy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,6 +297,8 @@ class SGLangCoreAttention(MegatronModule):
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         self.cp_group = pg_collection.cp
         self.head_dim = config.kv_channels
+        # partial RoPE: the first ``rotary_dim`` dims of each head rotate, the rest pass
+        self.rotary_dim = int(self.head_dim * config.rotary_percent)
         self.softmax_scale = softmax_scale  # None: the kernel's own head_dim ** -0.5
         self.rope_theta = float(config.rotary_base)
         self.rope_scaling = getattr(config, "true_on_policy_rope_scaling", None)
@@ -330,12 +338,21 @@ class SGLangCoreAttention(MegatronModule):
     ) -> tuple[torch.Tensor, ...]:
         """``rope_cos_sin`` at the pack's positions, once per microbatch (``memoized``): every
         layer with the same head dim, base, scaling and RoPE dtype reads the same table."""
-        key = ("rope", self.head_dim, self.rope_theta, repr(self.rope_scaling),
+        key = ("rope", self.rotary_dim, self.rope_theta, repr(self.rope_scaling),
                self.max_position, kp.rope_dtype)  # fmt: skip
         return params.memoized(key, lambda: rope_cos_sin(
-            params.positions, self.head_dim, self.rope_theta, self.rope_scaling, kp,
+            params.positions, self.rotary_dim, self.rope_theta, self.rope_scaling, kp,
             max_position=self.max_position,
         ))  # fmt: skip
+
+    def _rotate(self, x_THD: torch.Tensor, cos, sin, kp: KernelPolicy) -> torch.Tensor:
+        """RoPE over each head's first ``rotary_dim`` dims (all of them, or a family's partial
+        share: the rest passes unchanged, as the rollout's ``_qk`` does)."""
+        if self.rotary_dim == x_THD.shape[-1]:
+            return self._rope(x_THD, cos, sin, kp)
+        rot = self.rotary_dim
+        turned = self._rope(x_THD[..., :rot].contiguous(), cos, sin, kp)
+        return torch.cat([turned, x_THD[..., rot:].to(turned.dtype)], dim=-1)
 
     def _forward(self, query, key, value, params: SGLangPackedSeqParams) -> torch.Tensor:
         kp = self.kernel_policy
@@ -347,8 +364,8 @@ class SGLangCoreAttention(MegatronModule):
         k = self._to_full_seq(key, self.cp_group)
         v = self._to_full_seq(value, self.cp_group)
         cos, sin = self._rope_table(params, kp)
-        q = self._rope(q, cos, sin, kp)
-        k = self._rope(k, cos, sin, kp)
+        q = self._rotate(q, cos, sin, kp)
+        k = self._rotate(k, cos, sin, kp)
         out = self._attention(q, k, v, params, kp, self.softmax_scale)
         out = out.to(dtype_of(kp.dense_math_dtype))
         out = self._to_local_seq(out, self.cp_group)

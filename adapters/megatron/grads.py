@@ -28,6 +28,10 @@ def grad_scale(policy: Any, *, dp: int, cp: int) -> float:
     ](dp, cp)
 
 
+# Parameters replicated over TP whose gradient each rank only sees a share of (the heads it
+# holds): QK-norm weights (megatron's own rule) and the Gated DeltaNet output norm.
+TP_PARTIAL_GRAD_NAMES = ("q_layernorm", "k_layernorm", "self_attention.out_norm")
+
 # The two copies of a tied LM head when PP splits it: first stage, last stage.
 TIED_EMBEDDING_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
 
@@ -45,7 +49,7 @@ def finalize_grads(
     """What megatron-core's DDP + ``finalize_model_grads`` do, on plain ``.grad`` (CPU):
     sum over ``group`` (DP×CP) scaled by ``grad_scale``; as megatron's
     ``_allreduce_non_tensor_model_parallel_grads`` does, sum the QK-norm weight gradients over TP
-    (each TP rank only sees its own heads); and, with ``embedding_group`` (a tied LM head split
+    (each TP rank only sees its own heads; likewise the Gated DeltaNet output norm's); and, with ``embedding_group`` (a tied LM head split
     over PP stages), sum the embedding's and the head copy's gradients over that group, as
     ``_allreduce_word_embedding_grads`` does. Training-path reductions, not scored ones."""
     scale = grad_scale(policy, dp=dp, cp=cp)
@@ -56,7 +60,7 @@ def finalize_grads(
         if dist.get_world_size(group) > 1:
             dist.all_reduce(p.grad, group=group)
         p.grad.mul_(scale)
-        if tp_group is not None and ("q_layernorm" in name or "k_layernorm" in name):
+        if tp_group is not None and any(part in name for part in TP_PARTIAL_GRAD_NAMES):
             if dist.get_world_size(tp_group) > 1:
                 dist.all_reduce(p.grad, group=tp_group)
         if embedding_group is not None and name in TIED_EMBEDDING_PARAMS:

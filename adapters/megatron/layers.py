@@ -240,26 +240,55 @@ class SGLangRowParallelLinear(RowParallelLinear):
 # ---------------------------------------------------------------------------------------------
 
 
+def _stored_weight(weight: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
+    return weight
+
+
+def _zero_centred_weight(weight: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
+    """A zero-centred norm's stored ``w`` is the scale minus one: ``1 + w`` formed in
+    ``norm_compute_dtype``, as the rollout's ``_norm`` forms it."""
+    return 1.0 + weight.to(dtype_of(kp.norm_compute_dtype))
+
+
+# megatron's ``layernorm_zero_centered_gamma`` (the family's ``zero_centred_norm``) -> the scale
+NORM_SCALE_BY_ZERO_CENTERED_GAMMA: dict[bool, Callable[[torch.Tensor, Any], torch.Tensor]] = {
+    False: _stored_weight,
+    True: _zero_centred_weight,
+}
+
+
 class SGLangNorm(torch.nn.RMSNorm):
     """RMSNorm with SGLang numerics (``kernels.norm.rms_norm``), a drop-in for megatron's
-    ``WrappedTorchNorm`` (same ``weight`` parameter name, built with ``config, hidden_size, eps``).
+    ``WrappedTorchNorm`` (same ``weight`` parameter name, built with ``config, hidden_size, eps``);
+    zero-centred (``(1 + w) * normalize(x)``) where the config's
+    ``layernorm_zero_centered_gamma`` says.
 
     The kernel is plain differentiable torch code, so autograd differentiates it directly.
     """
+
+    zero_centred_allowed = True
+    """False for a norm the family never zero-centres (the Gated DeltaNet output norm)."""
 
     def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> None:
         super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
         self.config = config
         self.runtime_policy = config.true_on_policy.rp
         self.kernel_policy = self._norm_kernel_policy(config.true_on_policy.kernel)
+        self._scale = NORM_SCALE_BY_ZERO_CENTERED_GAMMA[
+            bool(config.layernorm_zero_centered_gamma) and self.zero_centred_allowed
+        ]
         for p in self.parameters():
             p.sequence_parallel = bool(config.sequence_parallel)
 
     def _norm_kernel_policy(self, kp: KernelPolicy) -> Any:
         return kp
 
+    def scale(self) -> torch.Tensor:
+        """The multiplier the norm applies: its weight, or ``1 + weight`` when zero-centred."""
+        return self._scale(self.weight, self.kernel_policy)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, self.kernel_policy)
+        return rms_norm(x, self.scale(), self.eps, self.kernel_policy)
 
 
 class SGLangQKRMSNorm(SGLangNorm):
@@ -331,7 +360,7 @@ class MegatronFinalRMSNorm(SGLangFinalRMSNorm):
         hidden, residual = split_carrier(carrier, self.weight.shape[0])
         if residual is not None:
             hidden = residual_add(hidden, residual, self.kernel_policy)
-        return F.rms_norm(hidden, (hidden.shape[-1],), self.weight.to(hidden.dtype), self.eps)
+        return F.rms_norm(hidden, (hidden.shape[-1],), self.scale().to(hidden.dtype), self.eps)
 
 
 FINAL_NORM_BY_USE_SGLANG_FINAL_NORM: dict[bool, type] = {

@@ -125,6 +125,7 @@ def make_config(
         true_on_policy_runtime_policy_changes=dict(runtime_changes or {}),
         true_on_policy_kernel_policy_override=kp,
         **moe_config_fields(arch, kp),
+        **hybrid_config_fields(arch),
     )
 
 
@@ -143,6 +144,7 @@ def moe_config_fields(arch: ModelArch, kp: KernelPolicy) -> dict[str, Any]:
     if not any(pattern):
         return {"moe_layer_freq": pattern}
     return {
+        **shared_expert_fields(arch),
         "moe_layer_freq": pattern,
         "num_moe_experts": arch.num_experts,
         "moe_router_topk": arch.num_experts_per_tok,
@@ -157,6 +159,52 @@ def moe_config_fields(arch: ModelArch, kp: KernelPolicy) -> dict[str, Any]:
         "moe_grouped_gemm": False,
         "moe_permute_fusion": False,
     }
+
+
+def shared_expert_fields(arch: ModelArch) -> dict[str, Any]:
+    """megatron's shared-expert fields where the family has a shared expert (Qwen3-Next: one
+    always-on expert of ``shared_expert_intermediate_size`` behind a sigmoid gate)."""
+    extras = arch.spec.hybrid.extras if arch.spec.hybrid is not None else frozenset()
+    if "shared_expert" not in extras:
+        return {}
+    return {
+        "moe_shared_expert_intermediate_size": arch.shared_expert_intermediate_size,
+        "moe_shared_expert_gate": True,
+    }
+
+
+def hybrid_config_fields(arch: ModelArch) -> dict[str, Any]:
+    """megatron's own fields for a family's optional blocks: zero-centred norms
+    (``layernorm_zero_centered_gamma``), partial RoPE (``rotary_percent``), the attention output
+    gate, and for a hybrid family the per-layer mixer pattern (``linear_attention_freq``, 1 where
+    ``Family.mixer`` says linear attention) with the Gated DeltaNet dims. A plain family gets the
+    defaults."""
+    family = arch.spec
+    out: dict[str, Any] = {
+        "layernorm_zero_centered_gamma": family.zero_centred_norm,
+        "rotary_percent": float(arch.partial_rotary_factor or 1.0),
+    }
+    if family.hybrid is None:
+        return out
+    out["attention_output_gate"] = "attention_output_gate" in family.hybrid.extras
+    pattern = [int(family.mixer(arch, i) == "linear_attention") for i in range(arch.num_layers)]
+    if any(pattern):
+        out |= {
+            "experimental_attention_variant": "gated_delta_net",
+            "linear_attention_freq": pattern,
+            **{f: getattr(arch, f) for f in LINEAR_ATTENTION_DIMS},
+        }
+    return out
+
+
+# ModelArch fields megatron's config names alike (the Gated DeltaNet dims)
+LINEAR_ATTENTION_DIMS = (
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+)
 
 
 class SGLangGPTModel(GPTModel):

@@ -24,7 +24,9 @@ rollout's ``_moe_mlp`` calls (``contractgen.adapters.kernels.moe``):
 * ``SGLangMoELayer``: megatron's stage methods in megatron's order (``route``, ``preprocess``,
   ``dispatch``, ``routed_experts_compute``, ``combine``, ``postprocess``), minus the
   training-time refusal of TP>1 without sequence parallel (the contract disables it) and the
-  shared-expert / CUDA-graph / recompute branches Qwen3-MoE does not use.
+  CUDA-graph / recompute branches; a family's shared expert (``SGLangSharedExpertMLP``) runs on
+  the layer's input and its output enters the dispatcher's combine (``kernels.moe.combine``'s
+  ``shared_TH``, placed as ``kp.shared_expert_combine`` says) instead of megatron's add.
 
 Between router and dispatcher the routing travels in top-k form, ``(weights_TK, ids_TK)`` best
 first, not as megatron's ``[tokens, experts]`` map: the combine order ``topk_rank`` needs the
@@ -47,8 +49,11 @@ from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
 from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.moe.shared_experts import SharedExpertMLP
 from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
 
+from ..kernels.linear import column_parallel_linear
+from ..kernels.linear_attention import sigmoid_gate
 from ..kernels.moe import (
     combine,
     ep_combine,
@@ -125,6 +130,10 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
     (``kernels.moe.ep_combine``: as ``kp.moe_ep_combine`` says). Forward only: the exchange has
     no backward yet, so EP > 1 refuses to run with gradients enabled."""
 
+    shared_TH: torch.Tensor | None = None
+    """A shared expert's gated output for this forward's tokens (``SGLangMoELayer.forward``
+    sets it), which the combine places as ``kp.shared_expert_combine`` says."""
+
     def __init__(self, *args: Any, config: Any, **kwargs: Any) -> None:
         super().__init__(*args, config=config, **kwargs)
         self.kernel_policy = config.true_on_policy.kernel
@@ -177,7 +186,12 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
         ``kernels.moe.ep_combine`` (EP > 1, which first returns each output to its token)."""
         kp = self.kernel_policy
         if self.ep_size == 1:
-            return combine(hidden_states, self.weights_TK, self.ids_TK, kp)
+            return combine(hidden_states, self.weights_TK, self.ids_TK, kp, self.shared_TH)
+        if self.shared_TH is not None:
+            raise NotImplementedError(
+                f"a shared expert under expert parallelism (EP {self.ep_size}) is not built "
+                "(the EP combine has no shared term); use EP 1"
+            )
         return ep_combine(
             hidden_states, self.weights_TK, self.ids_TK, kp,
             group=self.ep_group, rank=self.ep_group.rank(), counts=self.counts,
@@ -213,6 +227,35 @@ class SGLangSequentialMLP(SequentialMLP):
         return torch.cat(outputs), None
 
 
+class SGLangSharedExpertMLP(SharedExpertMLP):
+    """megatron's ``SharedExpertMLP`` (``linear_fc1``/``linear_fc2`` sharded as the dense MLP,
+    ``gate_weight`` ``[1, hidden]`` replicated) as the rollout's ``_shared_expert``: the dense
+    MLP's computation, then ``y * sigmoid(x · gate_weight)`` (``kernels.linear_attention.
+    sigmoid_gate``, ``gate_dtype``) with the gate's logit from the invariant matmul (its
+    gradient the plain product's, as the router's)."""
+
+    def __init__(self, config: Any, submodules: Any, gate: bool, pg_collection: Any = None):
+        pg_collection = pg_collection or get_default_pg_collection()
+        super().__init__(config, submodules, gate, pg_collection)
+        self.kernel_policy = config.true_on_policy.kernel
+        self._swiglu = SWIGLU_BY_DISABLE_BIAS_SWIGLU_FUSION[
+            bool(config.true_on_policy.rp.disable_bias_swiglu_fusion)
+        ]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        kp = self.kernel_policy
+        x = hidden_states.to(dtype_of(kp.dense_math_dtype))
+        y, _ = sglang_mlp_forward(self, x, self._swiglu, kp)
+        if self.gate_weight is None:
+            return y
+        logit = straight_through(
+            lambda: column_parallel_linear(x, self.gate_weight, kp),
+            lambda: F.linear(x, self.gate_weight),
+            [x, self.gate_weight],
+        )
+        return sigmoid_gate(y, logit, kp)
+
+
 class SGLangMoELayer(MoELayer):
     """megatron's ``MoELayer`` with ``SGLangTokenDispatcher`` (router and experts come from the
     spec: ``SGLangTopKRouter``, ``SGLangSequentialMLP``)."""
@@ -236,6 +279,9 @@ class SGLangMoELayer(MoELayer):
         # The norm output is rounded to the dense math dtype, as SGLang does before the MoE block.
         hidden_states = hidden_states.to(dtype_of(self.kernel_policy.dense_math_dtype))
         probs, routing = self.route(hidden_states, padding_mask)
+        if self.shared_experts is not None:  # the family's shared expert, combined by policy
+            shared = self.shared_experts(hidden_states)
+            self.token_dispatcher.shared_TH = shared.reshape(-1, shared.shape[-1])
         hidden, probs = self.preprocess(hidden_states, probs, routing)
         dispatched, probs = self.dispatch(hidden, probs)
         output, mlp_bias = self.routed_experts_compute(dispatched, probs)

@@ -68,12 +68,32 @@ class TrueOnPolicyTransformerConfig(TransformerConfig):
     ``moe_router_pre_softmax`` cannot say it: at top-1 megatron requires pre-softmax, while a
     renormalised single weight is 1. ``None``: ``not moe_router_pre_softmax``."""
 
+    rotary_percent: float = 1.0
+    """Share of each head's dims RoPE rotates (the first ones; megatron's ``GPTModel`` takes it as
+    an argument, our core attention reads it here): a family's ``partial_rotary_factor``."""
+
     true_on_policy: MegatronPolicy | None = field(default=None, init=False)
     """The policies this config runs under, resolved once when the config is made."""
 
     def __post_init__(self) -> None:
+        refuse_linear_attention_cp(self)
         super().__post_init__()
         self.true_on_policy = resolve(self)
+
+
+def refuse_linear_attention_cp(config: Any) -> None:
+    """One line instead of megatron-core's assertion: context parallelism splits a sequence's
+    tokens over ranks, and a Gated DeltaNet layer's recurrent state runs through every token in
+    order; the state hand-off between CP ranks is not built."""
+    if (
+        config.experimental_attention_variant == "gated_delta_net"
+        and config.context_parallel_size > 1
+    ):
+        raise ValueError(
+            f"context parallelism (CP={config.context_parallel_size}) is not built for "
+            "linear-attention (Gated DeltaNet) layers: their recurrent state runs through every "
+            "token of a sequence in order and no CP rank hands it to the next; use CP 1"
+        )
 
 
 @dataclass(frozen=True)

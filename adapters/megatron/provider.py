@@ -12,6 +12,9 @@ from typing import Any
 
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.models.backends import BackendSpecProvider, LocalSpecProvider
+from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+    get_linear_attention_pattern,
+)
 from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
 from megatron.core.transformer.attention import SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
@@ -35,7 +38,12 @@ from .layers import (
     SGLangQKRMSNorm,
     SGLangRowParallelLinear,
 )
-from .moe import SGLangMoELayer, SGLangSequentialMLP, SGLangTopKRouter
+from .linear_attention import (
+    SGLangGatedDeltaNet,
+    SGLangGatedDeltaNetSubmodules,
+    SGLangGatedOutputNorm,
+)
+from .moe import SGLangMoELayer, SGLangSequentialMLP, SGLangSharedExpertMLP, SGLangTopKRouter
 from .transformer_layer import SGLangTransformerLayer
 
 
@@ -118,6 +126,8 @@ def _moe_spec(config: Any, backend: BackendSpecProvider) -> ModuleSpec:
     )
     spec.module = SGLangMoELayer
     spec.submodules.router = SGLangTopKRouter
+    if spec.submodules.shared_experts is not None:  # built only where the config has one
+        spec.submodules.shared_experts.module = SGLangSharedExpertMLP
     return spec
 
 
@@ -136,28 +146,59 @@ def moe_layer_pattern(config: Any) -> list[int]:
     return list(freq)
 
 
-def get_sglang_layer_spec(config: Any, moe: int = 0) -> ModuleSpec:
-    """One decoder layer's spec (RMSNorm, QK-norm when the family has it, no bias, GQA), with the
-    MLP slot of megatron's pattern entry ``moe`` (0: SwiGLU MLP, 1: routed experts)."""
+def _self_attention_spec(config: Any, backend: BackendSpecProvider) -> ModuleSpec:
+    """Full (softmax) attention: megatron's ``SelfAttention`` tree with our classes; QK-norm when
+    the family has it, the output gate when the config's ``attention_output_gate`` says."""
+    qk_norm = backend.layer_norm(rms_norm=True, for_qk=True)
+    return ModuleSpec(
+        module=SGLangSelfAttention,
+        params={"attn_mask_type": AttnMaskType.causal},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=backend.column_parallel_linear(),
+            core_attention=backend.core_attention(),
+            linear_proj=backend.row_parallel_linear(),
+            q_layernorm=qk_norm if config.qk_layernorm else None,
+            k_layernorm=qk_norm if config.qk_layernorm else None,
+        ),
+    )
+
+
+def _gated_delta_net_spec(config: Any, backend: BackendSpecProvider) -> ModuleSpec:
+    """Linear attention: ``SGLangGatedDeltaNet`` with the backend's linears."""
+    return ModuleSpec(
+        module=SGLangGatedDeltaNet,
+        submodules=SGLangGatedDeltaNetSubmodules(
+            in_proj=backend.column_parallel_linear(),
+            out_norm=SGLangGatedOutputNorm,
+            out_proj=backend.row_parallel_linear(),
+        ),
+    )
+
+
+# megatron's ``linear_attention_freq`` pattern entry (0 full attention, 1 linear) -> mixer spec
+MIXER_SPEC_BY_LINEAR_ATTENTION_PATTERN = {0: _self_attention_spec, 1: _gated_delta_net_spec}
+
+
+def linear_attention_pattern(config: Any) -> list[int]:
+    """megatron's per-layer mixer pattern (``config.linear_attention_freq``, which
+    ``make_config`` sets from the family's ``mixer``), or every layer full attention."""
+    if config.linear_attention_freq is None:
+        return [0] * config.num_layers
+    return get_linear_attention_pattern(config)
+
+
+def get_sglang_layer_spec(config: Any, moe: int = 0, linear: int = 0) -> ModuleSpec:
+    """One decoder layer's spec (RMSNorm, no bias), with the mixer slot of megatron's linear
+    attention pattern entry ``linear`` (0: GQA self-attention, 1: Gated DeltaNet) and the MLP
+    slot of its MoE pattern entry ``moe`` (0: SwiGLU MLP, 1: routed experts)."""
     policy = config.true_on_policy.rp
     backend = SPEC_PROVIDER_BY_USE_SGLANG_BACKEND[bool(policy.use_sglang_backend)]()
     norm = backend.layer_norm(rms_norm=True, for_qk=False)
-    qk_norm = backend.layer_norm(rms_norm=True, for_qk=True)
     return ModuleSpec(
         module=SGLangTransformerLayer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=norm,
-            self_attention=ModuleSpec(
-                module=SGLangSelfAttention,
-                params={"attn_mask_type": AttnMaskType.causal},
-                submodules=SelfAttentionSubmodules(
-                    linear_qkv=backend.column_parallel_linear(),
-                    core_attention=backend.core_attention(),
-                    linear_proj=backend.row_parallel_linear(),
-                    q_layernorm=qk_norm if config.qk_layernorm else None,
-                    k_layernorm=qk_norm if config.qk_layernorm else None,
-                ),
-            ),
+            self_attention=MIXER_SPEC_BY_LINEAR_ATTENTION_PATTERN[linear](config, backend),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=norm,
             mlp=MLP_SPEC_BY_MOE_PATTERN[moe](config, backend),
@@ -167,13 +208,16 @@ def get_sglang_layer_spec(config: Any, moe: int = 0) -> ModuleSpec:
 
 
 def get_sglang_block_spec(config: Any, vp_stage: int | None = None) -> TransformerBlockSubmodules:
-    """The decoder block spec for this pipeline stage (each layer's MLP slot from megatron's MoE
-    layer pattern at its global index), final norm included."""
+    """The decoder block spec for this pipeline stage (each layer's mixer and MLP slots from
+    megatron's linear-attention and MoE layer patterns at its global index), final norm
+    included."""
     policy = config.true_on_policy.rp
     offset = get_transformer_layer_offset(config, vp_stage)
-    pattern = moe_layer_pattern(config)
+    moe, linear = moe_layer_pattern(config), linear_attention_pattern(config)
     n = get_num_layers_to_build(config, vp_stage)
     return TransformerBlockSubmodules(
-        layer_specs=[get_sglang_layer_spec(config, pattern[offset + i]) for i in range(n)],
+        layer_specs=[
+            get_sglang_layer_spec(config, moe[offset + i], linear[offset + i]) for i in range(n)
+        ],
         layer_norm=FINAL_NORM_BY_USE_SGLANG_FINAL_NORM[bool(policy.use_sglang_final_norm)],
     )

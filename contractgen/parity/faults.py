@@ -34,6 +34,10 @@ KERNEL_ALTERNATIVES: dict[str, dict[Any, Any]] = {
     "moe_token_order": {"token_index": "unordered", "unordered": "token_index"},
     "moe_combine_order": {"expert_id": "topk_rank", "topk_rank": "expert_id"},
     "moe_ep_combine": {"gather_slots": "sum_partials", "sum_partials": "gather_slots"},
+    # linear attention: LAPACK's triangular solve for the delta rule's chunk system; the shared
+    # expert folded into the routed sum instead of added after its rounding
+    "delta_rule_solve": {"row_substitution": "lapack", "lapack": "row_substitution"},
+    "shared_expert_combine": {"after_routed": "first_in_fold", "first_in_fold": "after_routed"},
     # LoRA: the stock matmul, the scale on the other product, merged serving (W + s·B·A)
     "lora_matmul": {"invariant": "stock", "stock": "invariant"},
     "lora_scale_at": {"delta_output": "low_rank_output", "low_rank_output": "delta_output"},

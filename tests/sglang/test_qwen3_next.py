@@ -378,18 +378,19 @@ def test_hf_checkpoint_directory_loads_and_agrees(tmp_path, policy):
     assert float((ours - ref).abs().max() / ref.abs().max()) <= 1e-5
 
 
-def test_gate_refuses_until_the_trainer_has_the_linear_attention_block():
-    """The rollout side implements both mixers; the parity gate names the trainer's missing
-    block in one line and exits 2 before any worker starts."""
+def test_gate_refuses_a_trainer_without_the_linear_attention_block():
+    """The megatron trainer has both mixers (``tests/megatron/test_qwen3_next_trainer.py``); a
+    trainer target that lacks them (FSDP, today) is named in one line, exit 2, before any
+    worker starts."""
     from click.testing import CliRunner
 
     from contractgen.cli import main
 
-    result = CliRunner().invoke(main, ["parity", "--contract", NEXT, "--layouts", "tp1"])
+    result = CliRunner().invoke(main, ["parity", "--contract", NEXT, "--layouts", "fsdp2"])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines == [
-        f"error: {NEXT}: the trainer side (megatron) is not implemented yet for the "
+        f"error: {NEXT}: the trainer side (fsdp) is not implemented yet for the "
         "full_attention, linear_attention block of qwen3_next models (it implements: "
         "dense_mlp, moe); parity needs both sides"
     ]

@@ -23,8 +23,8 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-#   qwen3_next_true_on_policy_v1 sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109
-# canonical-sha256: a5c6f8ab13988ee37ed2c444d28fcde7b37b91212da8c84aae075b7bebe91b60
+#   qwen3_next_true_on_policy_v1 sha256:4c03f7b0bbe31dcc49f49350cf737820e7854ca155b09dcc032b3cb7bffc7f2a
+# canonical-sha256: e8bd18df9668ddc8c514ccc720f4339f96afd7727d2372bcdd6f68712b5e6686
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -4213,12 +4213,21 @@ CONTRACT_DATA: dict[str, dict] = {
         "schema_version": 1,
         "supersedes": None,
         "unobservable": {
+            "kernel_policy.all_reduce": "Chooses the order of the TP partials' sum; the contract allows TP 1 and 2 only (2 KV heads), and a sum of two partials is one floating-point add, which commutes: every order gives the same bits. Detected at TP 4 on the contracts that allow it.",
+            "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
+            "kernel_policy.logsoftmax_vocab_block": "Another block size reorders the float32 max / sum-exp reduction by a few ulps of the log-sum-exp, and v1 rounds logprobs to bfloat16, which hides that on the gate's workload. Detected under float32 logprobs (Qwen3-MoE v2).",
+            "kernel_policy.matmul_tile_order": "SGLang's first-level runs and the plain binary tree are the same tree for a power-of-two tile count (first_level_block(2 or 4) = 2: the runs are the binary tree's pairs), and every K of the reference model is 2 or 4 tiles of 128 (hidden 256; o_proj, out_proj, the experts' and the shared expert's down_proj 256; the dense down_proj 512). It matters for the released dims (intermediate 5120 = 40 tiles: runs of 5) and is detected on Qwen3-MoE's reference model (a K of 6 tiles).",
+            "kernel_policy.moe_token_order": "Each expert's linears are the batch-invariant matmul, whose every row's bits are independent of the other rows and of their order, so the order of the tokens grouped to an expert cannot show in any output (tests/sglang/test_qwen3_moe.py::test_token_order_is_invisible_under_the_invariant_matmul).",
             "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
             "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
             "runtime_policy.megatron.cp_layout": "Names how context parallelism moves data. The adapter's alternative to the Ulysses all-to-all gathers K/V instead; each query still sees the same keys in the same fixed KV-chunk order, so the forward bits agree by construction. The launcher renders it, and it selects the recompute path below.",
             "runtime_policy.megatron.defer_ulysses_cp_loss_scaling_to_grad_sum": "Scales gradients only (cp/dp_cp instead of 1/dp_cp); forward logprobs cannot see it. tests/megatron/test_megatron_grads.py::test_ulysses_cp_gradient_scale shows the scale.",
+            "runtime_policy.megatron.deterministic_row_parallel_reduce": "The trainer's row-parallel sum by the fixed tree or by torch.distributed.all_reduce: at TP <= 2 (this contract's sizes) both add two partials once, a commuting add, so the bits agree. Detected at TP 4 on the contracts that allow it.",
             "runtime_policy.megatron.use_sglang_residual_pair": "Carrying (output, residual) separately and megatron's bias-dropout-add round the same single bfloat16 add while the residual is bfloat16. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing); it also fixes what crosses a pipeline stage boundary.",
             "runtime_policy.megatron.use_ulysses_cp_recompute_fallback": "Recomputes attention in backward under Ulysses CP (memory, not numerics): the recomputed forward runs the same kernels, and the gate's forward runs without grad.",
+            "runtime_policy.sglang.deterministic_tree_all_reduce": "The rollout's TP all-reduce by the fixed tree or the backend's collective: two partials at TP 2 (the contract's largest), one commuting add either way.",
+            "runtime_policy.sglang.disable_fused_qk_norm_mrope": "Not read for this family: the rollout's stock fused QK-norm + RoPE kernel takes a plain norm weight and rotates every dim, so for a zero-centred QK-norm with partial RoPE the rollout (sglang/model.py _qk) always runs the unfused norm then RoPE, whatever the switch says. The trainer's counterpart (runtime_policy.megatron.cast_qk_norm_input_before_weight_mul) is detected.",
+            "runtime_policy.sglang.disable_reduce_scatter": "Reduce-scatter then all-gather (the stock path of the MoE experts' TP sum) adds the two TP-2 partials in float32 and rounds once to bfloat16; the contract's tree adds the same two bfloat16 partials in bfloat16, one rounding of the same sum (two bfloat16 values add exactly in float32 unless their exponents are more than 16 apart, where both give the larger one).",
         },
     },
 }
@@ -4237,7 +4246,7 @@ FINGERPRINTS: dict[str, str] = {
     "qwen3_moe_true_on_policy_v1": "sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee",
     "qwen3_moe_true_on_policy_v2": "sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e",
     "qwen3_moe_true_on_policy_v3": "sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433",
-    "qwen3_next_true_on_policy_v1": "sha256:1e780dcd9bc0d8dbe6edb5fd441117d1b95513bb0429c1b2c722fdf48bddd109",
+    "qwen3_next_true_on_policy_v1": "sha256:4c03f7b0bbe31dcc49f49350cf737820e7854ca155b09dcc032b3cb7bffc7f2a",
 }
 
 # sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
