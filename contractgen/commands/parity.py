@@ -88,9 +88,9 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
 )  # fmt: skip
 @click.option(
     "--layouts", default=None,
-    help=f"Comma-separated layouts (default: {DEFAULT_LAYOUTS}, plus tp2pp2 and, for a contract "
-    "with expert parallelism, ep2 and tp2ep2, where the model allows; with --inject-faults, tp4 "
-    "too where the model allows). epN: experts over N ranks (ep2 alone adds two attention "
+    help=f"Comma-separated layouts (default: {DEFAULT_LAYOUTS} and tp2pp2, and for a contract "
+    "with expert parallelism ep2 and tp2ep2, each where the contract and the model allow it, tp1 "
+    "always; with --inject-faults, tp4 too where allowed). epN: experts over N ranks (ep2 alone adds two attention "
     "data-parallel ranks, each scoring half the sequences).",
 )  # fmt: skip
 @click.option(
@@ -251,7 +251,7 @@ def command(
     from ..parity.layouts import (
         LayoutError,
         allowed_rollout_tps,
-        layout_problems,
+        default_layouts,
         parse_layouts,
         parse_rollout_tps,
         rollout_tp_problems,
@@ -337,15 +337,12 @@ def command(
         )
     try:
         if layouts is None:
-            chosen = parse_layouts(DEFAULT_LAYOUTS)
-            # where the model allows them: tp2pp2; ep2 and tp2ep2 (EP is forward only: not when
-            # training); with faults, tp4 (a sum of four partials has an order, so the
-            # reduction-order faults show there)
-            ep = [] if train_steps else ["ep2", "tp2ep2"]
-            extras = ["tp2pp2", *ep, *(["tp4"] if inject_faults else [])]
-            for extra in parse_layouts(",".join(extras)):
-                if not layout_problems(contract_id, extra, arch.name):
-                    chosen.append(extra)
+            chosen, left_out = default_layouts(
+                contract_id, arch.name, DEFAULT_LAYOUTS, train_steps=bool(train_steps),
+                inject_faults=inject_faults,
+            )  # fmt: skip
+            for why in [] if quiet else left_out:
+                click.echo(f"parity: default layout left out: {why}", err=True)
         else:
             chosen = parse_layouts(layouts)
             if train_steps and (ep := [lay.name for lay in chosen if lay.ep > 1]):

@@ -11,6 +11,7 @@ __all__ = [
     "Layout",
     "LayoutError",
     "allowed_rollout_tps",
+    "default_layouts",
     "layout_problems",
     "parse_layout",
     "parse_layouts",
@@ -50,6 +51,28 @@ def layout_problems(contract_id: str, layout: Layout, model: str) -> list[str]:
         )
         found = tuple(replace(v, valid=valid) if v.flag == "--ep" else v for v in found)
     return [f"{layout.name}: {v}" for v in found]
+
+
+def default_layouts(
+    contract_id: str, model: str, base: str, *, train_steps: bool, inject_faults: bool
+) -> tuple[list[Layout], list[str]]:
+    """The gate's layouts when none are given: ``base`` (``tp1,tp2,pp2,cp2``) and tp2pp2, plus
+    ep2 and tp2ep2 (expert parallelism runs the forward only: not with ``train_steps``) and,
+    with ``inject_faults``, tp4 (a sum of four partials has an order, so the reduction-order
+    faults show there), each where the contract and the model allow it; tp1 always. Returns
+    ``(layouts, why each base layout was left out)``: a contract may rule out CP (Qwen3-Next's
+    linear attention) or a model TP 2; the extras are "where allowed" by definition."""
+    extras = ["tp2pp2", *([] if train_steps else ["ep2", "tp2ep2"])]
+    extras += ["tp4"] if inject_faults else []
+    named = {lay.name for lay in parse_layouts(base)}
+    chosen, left_out = [], []
+    for lay in parse_layouts(",".join([base, *extras])):
+        problems = [] if lay.name == "tp1" else layout_problems(contract_id, lay, model)
+        if not problems:
+            chosen.append(lay)
+        elif lay.name in named:
+            left_out.append(problems[0])
+    return chosen, left_out
 
 
 def rollout_tp_problems(contract_id: str, tp: int, model: str) -> list[str]:
