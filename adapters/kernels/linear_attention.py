@@ -161,6 +161,51 @@ def chunked_delta_rule(
     return o_HLD.transpose(0, 1).to(v_LHD.dtype), S
 
 
+def continue_delta_rule(
+    new: tuple[torch.Tensor, ...],
+    boundary_state: torch.Tensor | None,
+    pending: tuple[torch.Tensor, ...] | None,
+    start: int,
+    kp: KernelPolicy,
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
+    """The chunked delta rule continued over one sequence's ``new`` tokens ``(q, k, v, g,
+    beta)`` at absolute positions ``start ..``, so that every token's output has the bits a
+    re-score of the whole sequence gives it, whether the tokens come as one prefill, as a prefill
+    split anywhere, or one decode token at a time.
+
+    A chunk's rows depend on the chunk's earlier rows alone (``G`` is a running sum, ``D`` and
+    the solves are lower triangular, later rows enter the products only times an exact 0), and
+    every chunk is zero padded to ``C`` rows, so an unfinished chunk computed from its start
+    gives its rows the bits of the finished one. Hence the carried state is the state at the
+    last chunk boundary (``boundary_state``, None for zeros) plus the inputs of the tokens since
+    it (``pending``, None for none): the tokens since the boundary are run again with the new
+    ones, from the boundary. Returns ``(o [n, Hv, Dv] of the new tokens, the state at the new
+    last boundary, the inputs since it)``; a decode step costs one chunk of at most ``C``
+    tokens, not one recurrent step."""
+    C = kp.delta_rule_chunk
+    n = new[0].shape[0]
+    held = 0 if pending is None else pending[0].shape[0]
+    if held != start % C:
+        raise ValueError(
+            f"{held} tokens held since the last chunk boundary, but the new tokens start at "
+            f"position {start} (a boundary every {C}): the request's state and position disagree"
+        )
+    run = new if pending is None else tuple(torch.cat(p) for p in zip(pending, new, strict=True))
+    first, end = start - held, start + n
+    full = end // C * C - first  # tokens of whole chunks: they move the boundary
+    state = boundary_state
+    outs = []
+    if full:
+        o, state = chunked_delta_rule(*(t[:full] for t in run), state, kp, start=first)
+        outs.append(o)
+    rest = tuple(t[full:] for t in run)
+    if rest[0].shape[0]:
+        o, _ = chunked_delta_rule(*rest, state, kp, start=first + full)
+        outs.append(o)
+    o = torch.cat(outs) if len(outs) > 1 else outs[0]
+    return o[held:], state, rest
+
+
 def recurrent_delta_rule(
     q_LHD: torch.Tensor,
     k_LHD: torch.Tensor,

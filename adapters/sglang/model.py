@@ -37,9 +37,8 @@ from ..kernels.all_reduce import all_gather_exact, world_size
 from ..kernels.attention import chunked_attention
 from ..kernels.linear_attention import (
     causal_conv,
-    chunked_delta_rule,
+    continue_delta_rule,
     decay_and_beta,
-    recurrent_delta_rule,
     sigmoid_gate,
     silu_gate,
 )
@@ -391,10 +390,13 @@ class _Layer:
 @dataclass
 class LinearState:
     """One request's linear-attention state in one layer: the conv's last ``taps - 1`` inputs
-    ``[conv_dim, taps - 1]`` and the delta rule's ``[v_heads, k_dim, v_dim]`` state."""
+    ``[conv_dim, taps - 1]``, the delta rule's ``[v_heads, k_dim, v_dim]`` state at the last
+    chunk boundary and the delta-rule inputs ``(q, k, v, g, beta)`` of the tokens since it
+    (``kernels.linear_attention.continue_delta_rule``)."""
 
     conv: torch.Tensor
-    recurrent: torch.Tensor
+    boundary_state: torch.Tensor | None
+    pending: tuple[torch.Tensor, ...]
 
 
 class ReferenceModel:
@@ -708,9 +710,10 @@ class ReferenceModel:
         """Gated DeltaNet of layer ``i`` over packed ``x`` ``[T, hidden]`` (dense dtype):
         ``segments`` ``(lo, hi, cache, start position)`` per request, each continuing the
         request's conv and recurrent state in ``cache.linear[i]``. Returns the gated, normalised
-        output ``[T, value_dim]`` (before ``out_proj``). A one-token segment after the first
-        runs the recurrent form (decode); everything else the chunked form at absolute
-        positions (prefill and re-score; the trainer's algorithm)."""
+        output ``[T, value_dim]`` (before ``out_proj``). Prefill, re-score and decode alike run
+        the chunked form at absolute positions (the trainer's algorithm), a decode step its
+        unfinished chunk again from the chunk's start (``continue_delta_rule``), so a sampled
+        token's logprob has the re-score's bits."""
         a, kp, T = self.arch, self.kp, x.shape[0]
         Hk, Hv = a.linear_num_key_heads // self.tp, a.linear_num_value_heads // self.tp
         Dk, Dv, r = a.linear_key_head_dim, a.linear_value_head_dim, Hv // Hk
@@ -735,12 +738,11 @@ class ReferenceModel:
                 g[lo:hi],
                 beta[lo:hi],
             )
-            prev = None if st is None else st.recurrent
-            if n == 1 and prev is not None:
-                o, state = recurrent_delta_rule(*args, prev, kp)
-            else:
-                o, state = chunked_delta_rule(*args, prev, kp, start=start)
-            cache.linear[i] = LinearState(conv_state, state)
+            o, boundary, pending = continue_delta_rule(
+                args, None if st is None else st.boundary_state,
+                None if st is None else st.pending, start, kp,
+            )  # fmt: skip
+            cache.linear[i] = LinearState(conv_state, boundary, pending)
             out.append(o)
         o_THD = torch.cat(out) if out else x.new_zeros(0, Hv, Dv)
         o_THD = rms_norm(o_THD, L.linear_norm, a.norm_eps, kp)  # the plain norm, per value head

@@ -40,7 +40,7 @@ class Reference:
     sequences: list[list[int]]
     want: list[torch.Tensor]
     tolerance: float
-    """max |diff| allowed (``reference.LOGPROB_TOLERANCE`` for the gate's device)."""
+    """max |diff| allowed (``reference.logprob_tolerance`` for the gate's device and family)."""
 
 
 def _profile(contract_id: str):
@@ -61,7 +61,7 @@ def reference_for(config: Any) -> tuple[Reference | None, str | None]:
         return None, reason
     model = hf_model(config.weights, _profile(config.contract_id), torch.float32)
     seqs = reference_sequences(model.config.vocab_size, model.config.max_position_embeddings)
-    tolerance = logprob_tolerance(config.device)
+    tolerance = logprob_tolerance(config.device, family=_profile(config.contract_id).family)
     return Reference(hf_name(config.weights), seqs, hf_logprobs(model, seqs), tolerance), None
 
 

@@ -35,11 +35,25 @@ LOGPROB_TOLERANCE: dict[tuple[str, str], float] = {
 }
 REFERENCE_DTYPE = "float32"
 
+# Families whose float32 forward is itself farther from the exact math than LOGPROB_TOLERANCE:
+# the tolerance used for them instead (the larger of the two), from measured agreement over
+# REFERENCE_LENGTHS (2026-12-06):
+#   qwen3_next: transformers' own float32 forward is 1.13e-5 from its float64 forward on the
+#               reference model (Qwen3 dense v1: 1.8e-6), ours (rollout, float32) 1.35e-5: the
+#               gated delta rule carries its state through every token. Honest runs against
+#               transformers' float32: 1.14e-5 on CPU (rollout and trainer at tp1, tp2, pp2,
+#               tp2pp2), 1.81e-5 on an H100 (tp1). 3e-5 is 1.66x above the worst of them; RMSNorm
+#               eps 1e-5 instead of 1e-6 moves transformers' logprobs by 2.7 on this model.
+FAMILY_LOGPROB_TOLERANCE: dict[str, float] = {"qwen3_next": 3e-5}
 
-def logprob_tolerance(device: str, dtype: str = REFERENCE_DTYPE) -> float:
-    """The ``LOGPROB_TOLERANCE`` entry of ``(device, dtype)``."""
+
+def logprob_tolerance(
+    device: str, dtype: str = REFERENCE_DTYPE, family: str | None = None
+) -> float:
+    """The ``LOGPROB_TOLERANCE`` entry of ``(device, dtype)``, or the family's
+    ``FAMILY_LOGPROB_TOLERANCE`` where that is larger."""
     try:
-        return LOGPROB_TOLERANCE[(device, dtype)]
+        return max(LOGPROB_TOLERANCE[(device, dtype)], FAMILY_LOGPROB_TOLERANCE.get(family, 0.0))
     except KeyError:
         known = ", ".join(f"{d}/{t}" for d, t in LOGPROB_TOLERANCE)
         raise ValueError(

@@ -172,6 +172,39 @@ def test_eps_plant_moves_transformers_past_the_cpu_tolerance():
     assert moved > 1.5 * max(logprob_tolerance("cpu"), logprob_tolerance("cuda")), moved
 
 
+def test_qwen3_next_tolerance_is_its_own_and_still_sees_the_eps_plant():
+    """Qwen3-Next's float32 forward is farther from the exact math than the dense families'
+    (transformers' own float32 vs float64: 1.13e-5 here), so its transformers check uses
+    ``FAMILY_LOGPROB_TOLERANCE`` (3e-5); the other families keep 1.5e-5. The eps plant still
+    moves transformers' logprobs far past it (2.7 measured), and transformers' own float32 drift
+    stays inside it (the measurement it is set from)."""
+    import dataclasses
+
+    from contractgen.adapters.sglang.model import ModelArch, random_weights
+    from contractgen.codegen.vendored import load_target
+    from contractgen.parity.reference import (
+        hf_logprobs,
+        hf_model,
+        logprob_tolerance,
+        max_abs_diff,
+        reference_sequences,
+    )
+
+    next_id = "qwen3_next_true_on_policy_v1"
+    tol = logprob_tolerance("cuda", family="qwen3_next")
+    assert tol == logprob_tolerance("cpu", family="qwen3_next") == 3e-5
+    assert logprob_tolerance("cuda", family="qwen3_dense") == logprob_tolerance("cuda") == 1.5e-5
+    profile = load_target("sglang").schema.model_profile_for(next_id)
+    weights = random_weights(ModelArch.from_profile(profile), seed=0)
+    seqs = reference_sequences(1000, 1024)
+    honest = hf_logprobs(hf_model(weights, profile, torch.float32), seqs)
+    exact = hf_logprobs(hf_model(weights, profile, torch.float64), seqs)
+    assert 1.5e-5 * 0.5 < max_abs_diff(honest, exact) < tol  # why the family needs its own
+    wide = dataclasses.replace(profile, norm_eps=1e-5)
+    planted = hf_logprobs(hf_model(weights, wide, torch.float32), seqs)
+    assert max_abs_diff(honest, planted) > 100 * tol
+
+
 # ---------------------------------------------------------------------------------------------
 # Planted bugs, gate level.
 # ---------------------------------------------------------------------------------------------

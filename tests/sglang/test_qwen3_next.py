@@ -394,3 +394,37 @@ def test_gate_refuses_a_trainer_without_the_linear_attention_block():
         "full_attention, linear_attention block of qwen3_next models (it implements: "
         "dense_mlp, moe); parity needs both sides"
     ]
+
+
+@pytest.mark.parametrize("dtypes", ["contract", "float32"])
+def test_decode_logprobs_equal_the_rescore_bitwise(small, policy, dtypes):
+    """A decode step runs its unfinished delta-rule chunk again from the chunk's start
+    (``continue_delta_rule``), so every sampled token's logprob has the re-score's bits (the
+    trainer's, under v1), in the contract's dtypes and in float32; the generations cross chunk
+    boundaries of 16 mid-decode (prompts of 13, 30 and 47 tokens, 12 new tokens each). The
+    recurrent form, which the decode ran before, is shown to differ (so the equality is not
+    vacuous)."""
+    from contractgen.adapters.kernels import linear_attention as la
+
+    kp = dataclasses.replace(policy.kp, delta_rule_chunk=16)
+    kp = fp32_variant(kp) if dtypes == "float32" else kp
+    eng = RolloutEngine(ReferenceModel(*small, kp, policy.rp), progress=False)
+    g = torch.Generator().manual_seed(9)
+    reqs = [
+        Request(f"r{n}", tuple(torch.randint(0, 300, (n,), generator=g).tolist()), 12)
+        for n in (13, 30, 47)
+    ]
+    out = eng.generate(reqs)
+    for r in reqs:
+        c = out[r.rid]
+        rescored = eng.rescore(c.sequence)[len(r.prompt) - 1 :]
+        assert _int_bits(c.logprob_tensor()).equal(_int_bits(rescored)), r.rid
+
+    state = torch.zeros(4, 16, 16)
+    q, k = torch.randn(5, 2, 16, generator=g), torch.randn(5, 2, 16, generator=g)
+    v, decay = torch.randn(5, 4, 16, generator=g), -0.1 * torch.rand(5, 4, generator=g)
+    beta = torch.rand(5, 4, generator=g)
+    chunked, _ = la.chunked_delta_rule(q, k, v, decay, beta, state, kp)
+    _, s4 = la.recurrent_delta_rule(q[:4], k[:4], v[:4], decay[:4], beta[:4], state, kp)
+    last, _ = la.recurrent_delta_rule(q[4:], k[4:], v[4:], decay[4:], beta[4:], s4, kp)
+    assert not torch.equal(last[0], chunked[4])
