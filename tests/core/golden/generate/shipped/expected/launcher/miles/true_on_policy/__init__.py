@@ -23,7 +23,7 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-#   qwen3_next_true_on_policy_v1 sha256:4c03f7b0bbe31dcc49f49350cf737820e7854ca155b09dcc032b3cb7bffc7f2a
+#   qwen3_next_true_on_policy_v1 sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b
 # canonical-sha256: e1ebe70303a0f2a9cf738cefa5de153a2fb8bfa38a46534263fba11847ba0dbd
 """True-on-policy contracts, vendored by contractgen into the miles repository."""
 

@@ -23,8 +23,8 @@
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
-#   qwen3_next_true_on_policy_v1 sha256:4c03f7b0bbe31dcc49f49350cf737820e7854ca155b09dcc032b3cb7bffc7f2a
-# canonical-sha256: e8bd18df9668ddc8c514ccc720f4339f96afd7727d2372bcdd6f68712b5e6686
+#   qwen3_next_true_on_policy_v1 sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b
+# canonical-sha256: 811386e5316e244bc79872c25a1bb2a18f69ecd2a3d6abcf07045d5c9a2fde96
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -4072,7 +4072,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "full_attention_interval": 2,
                 "head_dim": 64,
                 "hidden_size": 256,
-                "intermediate_size": 512,
+                "intermediate_size": 768,
                 "linear_conv_kernel_dim": 4,
                 "linear_key_head_dim": 64,
                 "linear_num_key_heads": 2,
@@ -4216,7 +4216,6 @@ CONTRACT_DATA: dict[str, dict] = {
             "kernel_policy.all_reduce": "Chooses the order of the TP partials' sum; the contract allows TP 1 and 2 only (2 KV heads), and a sum of two partials is one floating-point add, which commutes: every order gives the same bits. Detected at TP 4 on the contracts that allow it.",
             "kernel_policy.lm_head_input_dtype": "float32 instead of bfloat16 is a no-op here: the LM head's operands are bfloat16 values (exact in float32) and every K-tile partial is rounded to matmul_accumulation_dtype (bfloat16) before the tile sum either way. It matters for a contract with a float32 accumulation dtype.",
             "kernel_policy.logsoftmax_vocab_block": "Another block size reorders the float32 max / sum-exp reduction by a few ulps of the log-sum-exp, and v1 rounds logprobs to bfloat16, which hides that on the gate's workload. Detected under float32 logprobs (Qwen3-MoE v2).",
-            "kernel_policy.matmul_tile_order": "SGLang's first-level runs and the plain binary tree are the same tree for a power-of-two tile count (first_level_block(2 or 4) = 2: the runs are the binary tree's pairs), and every K of the reference model is 2 or 4 tiles of 128 (hidden 256; o_proj, out_proj, the experts' and the shared expert's down_proj 256; the dense down_proj 512). It matters for the released dims (intermediate 5120 = 40 tiles: runs of 5) and is detected on Qwen3-MoE's reference model (a K of 6 tiles).",
             "kernel_policy.moe_token_order": "Each expert's linears are the batch-invariant matmul, whose every row's bits are independent of the other rows and of their order, so the order of the tokens grouped to an expert cannot show in any output (tests/sglang/test_qwen3_moe.py::test_token_order_is_invisible_under_the_invariant_matmul).",
             "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
             "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
@@ -4246,7 +4245,7 @@ FINGERPRINTS: dict[str, str] = {
     "qwen3_moe_true_on_policy_v1": "sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee",
     "qwen3_moe_true_on_policy_v2": "sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e",
     "qwen3_moe_true_on_policy_v3": "sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433",
-    "qwen3_next_true_on_policy_v1": "sha256:4c03f7b0bbe31dcc49f49350cf737820e7854ca155b09dcc032b3cb7bffc7f2a",
+    "qwen3_next_true_on_policy_v1": "sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b",
 }
 
 # sha256 of each target's runtime policy, per contract (the canonical JSON of that policy alone).
