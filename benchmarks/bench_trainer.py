@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 CONTRACT = "qwen3_dense_true_on_policy_v1"
 # ``--contract`` shorthands
-CONTRACT_ALIASES = {f"v{n}": f"qwen3_dense_true_on_policy_v{n}" for n in (1, 2, 3)}
+CONTRACT_ALIASES = {f"v{n}": f"qwen3_dense_true_on_policy_v{n}" for n in (1, 2, 3, 4)}
 
 
 def free_port() -> int:

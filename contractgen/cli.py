@@ -64,7 +64,7 @@ EXAMPLES = {
     "sync": "contractgen sync --repo sglang=../sglang --repo megatron=../Megatron-LM --dry-run",
     "parity": "contractgen parity --contract qwen3_dense_true_on_policy_v1 --layouts tp1,tp2 --json -",
     "breaking": "contractgen breaking --against main --format github",
-    "new": "contractgen new --from qwen3_dense_true_on_policy_v3 --dry-run",
+    "new": "contractgen new --from qwen3_dense_true_on_policy_v4 --dry-run",
     "add_checkpoint": "contractgen add-checkpoint llama3_dense_true_on_policy_v1 ./Llama-3.2-1B "
     "--tp-sizes 1,2",
     "plan": "contractgen plan --contract qwen3_dense_true_on_policy_v1 --model Qwen3-4B --tp 2 --dp 4",

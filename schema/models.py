@@ -347,7 +347,18 @@ class KernelPolicy(_Model):
         default=None,
         description=(
             "'fixed_runs' only: the number of equal K runs of the full (unsplit) reduction, a "
-            "power of two that every allowed TP size divides; absent for the other orders."
+            "power of two that every allowed TP size divides; absent for the other orders. With "
+            "matmul_column_k_runs set, it counts the runs of a row-parallel linear's K only."
+        ),
+    )
+    matmul_column_k_runs: PositiveInt | None = Field(
+        default=None,
+        description=(
+            "'fixed_runs' only: the run count of every matmul whose K no TP layout splits "
+            "(column-parallel projections, the LM head), a power of two; 1 is one float32 dot "
+            "over all of K. Absent: matmul_k_runs, as for a row-parallel linear. Such a K is "
+            "never shared between ranks, so it needs no tree for TP; fewer runs keep fewer "
+            "float32 partials live per output element, which lets the kernel take a larger tile."
         ),
     )
     # Mixture of experts: set exactly when the contract's family has an MoE block (absent from a
@@ -554,6 +565,7 @@ HYBRID_KERNEL_FIELDS = (
 )
 OPTIONAL_KERNEL_FIELDS = (
     "matmul_k_runs",
+    "matmul_column_k_runs",
     *MOE_KERNEL_FIELDS,
     *LORA_KERNEL_FIELDS,
     *HYBRID_KERNEL_FIELDS,

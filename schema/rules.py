@@ -9,6 +9,7 @@ here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..adapters.families import FAMILIES, Family
 from ..adapters.tile_order import split_problem
@@ -242,6 +243,10 @@ def check_dims(c: Contract) -> Iterator[Finding]:
     kp = c.kernel_policy
     tree = kp.all_reduce == "fixed_tree"
     family = _family(c)
+    # run counts that are not powers of two are check_fixed_runs' finding, once, not per K
+    runs_ok = all(
+        r is None or _is_power_of_two(r) for r in (kp.matmul_k_runs, kp.matmul_column_k_runs)
+    )
     for path, d in _dims_entries(c):
         if d.num_attention_heads % d.num_kv_heads:
             yield (
@@ -264,11 +269,14 @@ def check_dims(c: Contract) -> Iterator[Finding]:
             or family.moe is None
             or all(getattr(d, f) is not None for f in MOE_DIMS_FIELDS)
         )
-        if kp.matmul_tile_order == "fixed_runs" and family is not None and moe_ok:
+        if kp.matmul_tile_order == "fixed_runs" and family is not None and moe_ok and runs_ok:
             # every matmul, column-parallel and LM head too, runs K in whole runs at TP=1 already
+            # (a row-parallel K in matmul_k_runs, any other in matmul_column_k_runs if set)
             unfit = {}
+            rows = {role for role, _, _ in family.row_parallel(d)}
             for role, field, k in family.matmul_ks(d):
-                why = split_problem(k, kp.matmul_k_block, 1, "fixed_runs", kp.matmul_k_runs)
+                runs = kp.matmul_k_runs if role in rows else column_runs(kp)
+                why = split_problem(k, kp.matmul_k_block, 1, "fixed_runs", runs)
                 if why:
                     unfit.setdefault(field, f"{role}: {why}")
             for field, why in unfit.items():
@@ -308,21 +316,31 @@ def check_dims(c: Contract) -> Iterator[Finding]:
             yield f"{path}.{field}", f"{message}; {hint}"
 
 
+def column_runs(kp: Any) -> int | None:
+    """The run count of a matmul whose K no TP layout splits: ``matmul_column_k_runs`` if set,
+    else ``matmul_k_runs`` (as the kernels' ``matmul.k_runs``)."""
+    return kp.matmul_column_k_runs or kp.matmul_k_runs
+
+
 def check_fixed_runs(c: Contract) -> Iterator[Finding]:
     """``matmul_k_runs`` is set exactly under ``fixed_runs``, which accumulates in float32 and
-    needs every allowed TP size to divide the run count (per-checkpoint K is ``check_dims``')."""
+    needs every allowed TP size to divide the run count (per-checkpoint K is ``check_dims``');
+    ``matmul_column_k_runs`` only with it, a power of two, and (for now) only where every
+    matmul is a dense layer's or the LM head's."""
     kp = c.kernel_policy
     path = "kernel_policy.matmul_k_runs"
     if kp.matmul_tile_order != "fixed_runs":
-        if kp.matmul_k_runs is not None:
-            yield (
-                path,
-                (
-                    f"is only read by matmul_tile_order 'fixed_runs' (got '{kp.matmul_tile_order}'); "
-                    "remove it"
-                ),
-            )
+        for field in ("matmul_k_runs", "matmul_column_k_runs"):
+            if getattr(kp, field) is not None:
+                yield (
+                    f"kernel_policy.{field}",
+                    (
+                        "is only read by matmul_tile_order 'fixed_runs' "
+                        f"(got '{kp.matmul_tile_order}'); remove it"
+                    ),
+                )
         return
+    yield from _column_runs_problems(c)
     runs = kp.matmul_k_runs
     if runs is None:
         yield path, "is required when matmul_tile_order is 'fixed_runs' (a power of two, e.g. 8)"
@@ -358,6 +376,29 @@ def check_fixed_runs(c: Contract) -> Iterator[Finding]:
                     f"{[t for t in sizes if runs % t == 0]}"
                 ),
             )
+
+
+def _column_runs_problems(c: Contract) -> Iterator[Finding]:
+    kp = c.kernel_policy
+    runs = kp.matmul_column_k_runs
+    if runs is None:
+        return
+    path = "kernel_policy.matmul_column_k_runs"
+    if not _is_power_of_two(runs):
+        yield (
+            path,
+            f"must be a power of two (got {runs}; nearest: {_nearest([1, 2, 4, 8, 16, 32, 64], runs)})",
+        )
+    family = _family(c)
+    if family is not None and (family.moe is not None or family.hybrid is not None):
+        yield (
+            path,
+            (
+                f"is not supported for family '{c.family}' yet: its expert and linear-attention "
+                "matmuls are not classified as row- or column-parallel for every layout "
+                "(remove it; matmul_k_runs then applies to every matmul)"
+            ),
+        )
 
 
 def check_vocab_block(c: Contract) -> Iterator[Finding]:

@@ -26,6 +26,9 @@ bf16 tensor-core tile dots) obtains the invariances:
   float32 partials added in order (no rounding inside a run), the runs a binary tree in float32.
   A rank's K under TP is ``matmul_k_runs / TP`` of the full K's runs, so a row-parallel call
   passes ``shard_policy(kp, tp)``; the other orders derive their runs from the K they are given.
+  A call not made through ``shard_policy`` is a matmul whose K no layout splits (column-parallel,
+  LM head): it runs ``kp.matmul_column_k_runs`` runs where the contract sets that (v4: 1, one
+  float32 dot over all of K), else ``matmul_k_runs`` (``k_runs``).
 
 K not a multiple of the block: the last tile is zero-padded to the block width (the documented
 fallback). That is still batch invariant, but TP invariance then needs each rank's K to be whole
@@ -214,16 +217,25 @@ def _run_length(order: str, num_tiles: int) -> int:
     return first_level_block(num_tiles) if order == "sglang_first_level" else 1
 
 
+def k_runs(kp: KernelPolicy) -> int | None:
+    """The ``fixed_runs`` run count of a call made with ``kp``: ``matmul_column_k_runs`` where the
+    contract sets it (a call with the contract's own policy is a matmul whose K no layout
+    splits), else ``matmul_k_runs``. ``shard_policy`` gives a row-parallel call a policy without
+    the column count."""
+    return getattr(kp, "matmul_column_k_runs", None) or getattr(kp, "matmul_k_runs", None)
+
+
 def fixed_run_width(k: int, kp: KernelPolicy) -> int:
-    """K per run under ``fixed_runs``: ``k / kp.matmul_k_runs``, whole ``matmul_k_block`` tiles.
+    """K per run under ``fixed_runs``: ``k / k_runs(kp)``, whole ``matmul_k_block`` tiles.
     ``k`` is the K this call sees: a row-parallel rank passes ``shard_policy(kp, tp)``."""
-    runs, block = getattr(kp, "matmul_k_runs", None), kp.matmul_k_block
+    runs, block = k_runs(kp), kp.matmul_k_block
     if not runs:
         raise ValueError("matmul_tile_order 'fixed_runs' needs kernel_policy.matmul_k_runs")
     if k % (runs * block):
         raise ValueError(
             f"K={k} is not {runs} runs of whole {block}-wide tiles (kernel_policy "
-            "matmul_k_runs, matmul_k_block): the contract's layout rules admit no such shape"
+            "matmul_k_runs, matmul_column_k_runs, matmul_k_block): the contract's layout rules "
+            "admit no such shape"
         )
     return k // runs
 
@@ -235,9 +247,13 @@ def shard_policy(kp: KernelPolicy, tp: int):
     """The policy a row-parallel rank of ``tp`` runs on its K shard. Under ``fixed_runs`` the
     full K's ``matmul_k_runs`` runs are split over the ranks, so a rank's K holds
     ``matmul_k_runs / tp`` of them (a whole subtree; the tree all-reduce adds the top). The other
-    orders derive their runs from the K they see, and are returned unchanged. Cached per policy
-    object (the decode loop calls this per layer)."""
-    if tp == 1 or getattr(kp, "matmul_tile_order", None) != "fixed_runs":
+    orders derive their runs from the K they see, and are returned unchanged. The rank's policy
+    has no ``matmul_column_k_runs`` (that count is for the matmuls no layout splits), so at TP=1
+    too a contract that sets it gets a policy of its own here. Cached per policy object (the
+    decode loop calls this per layer)."""
+    if getattr(kp, "matmul_tile_order", None) != "fixed_runs":
+        return kp
+    if tp == 1 and getattr(kp, "matmul_column_k_runs", None) is None:
         return kp
     key = (id(kp), tp)
     hit = _SHARD_POLICIES.get(key)
@@ -248,10 +264,13 @@ def shard_policy(kp: KernelPolicy, tp: int):
         raise ValueError(
             f"TP={tp} does not divide kernel_policy.matmul_k_runs={runs}: each rank needs whole runs"
         )
+    change = {"matmul_k_runs": runs // tp}
+    if hasattr(kp, "matmul_column_k_runs"):
+        change["matmul_column_k_runs"] = None
     local = (
-        dataclasses.replace(kp, matmul_k_runs=runs // tp)
+        dataclasses.replace(kp, **change)
         if dataclasses.is_dataclass(kp)
-        else SimpleNamespace(**{**vars(kp), "matmul_k_runs": runs // tp})
+        else SimpleNamespace(**{**vars(kp), **change})
     )
     _SHARD_POLICIES[key] = (kp, local)
     return local

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dtypes import dtype_of
-from .matmul import invariant_matmul
+from .matmul import invariant_matmul, k_runs
 from .policy import KernelPolicy
 from .reduce import fixed_sum
 
@@ -53,7 +53,7 @@ def router_logits(x_TH: torch.Tensor, w_EH: torch.Tensor, kp: KernelPolicy) -> t
     router_kp = SimpleNamespace(
         matmul_k_block=kp.matmul_k_block,
         matmul_tile_order=kp.matmul_tile_order,
-        matmul_k_runs=getattr(kp, "matmul_k_runs", None),
+        matmul_k_runs=k_runs(kp),
         matmul_accumulation_dtype=kp.moe_router_logits_dtype,
     )
     return invariant_matmul(x_TH.to(rd), w_EH.to(rd), router_kp, out_dtype=rd)

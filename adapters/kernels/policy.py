@@ -38,6 +38,7 @@ class KernelPolicy:
     logsoftmax_dtype: Dtype
     logsoftmax_vocab_block: int
     matmul_k_runs: int | None = None
+    matmul_column_k_runs: int | None = None
     # mixture of experts
     moe_router_logits_dtype: Dtype | None = None
     moe_router_softmax_dtype: Dtype | None = None

@@ -161,7 +161,7 @@ def resolve_ops(kp: KernelPolicy, rp, tp_size: int) -> RolloutOps:
     all_reduce = all_reduce_for(kp) if on["deterministic_tree_all_reduce"] else chosen["all_reduce"]
     mlp_all_reduce = all_reduce if on["disable_reduce_scatter"] else chosen["mlp_all_reduce"]
     row_partial = chosen["row_partial"]
-    if row_partial is _row_partial and tp_size > 1:  # the rank's share of the K runs
+    if row_partial is _row_partial:  # the rank's share of the row K's runs (TP=1: all of them)
         row_partial = _row_partial_of_shard(tp_size)
     return RolloutOps(
         column_linear=chosen["column_linear"],

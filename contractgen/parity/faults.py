@@ -133,7 +133,8 @@ def flipped(field: str, value: Any, kind: str) -> Any:
     """The value a fault injects in place of ``value``."""
     if isinstance(value, bool):
         return not value
-    if field == "matmul_k_runs":  # half the runs, each twice as long: another tree and runs
+    if field in ("matmul_k_runs", "matmul_column_k_runs"):
+        # half the runs, each twice as long (one run: two): another tree and other runs
         return value // 2 if value > 1 else 2
     if isinstance(value, int):
         # An eighth of a power-of-two block, not a half: the kernels sum blocks with a pairwise

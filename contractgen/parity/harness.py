@@ -625,6 +625,8 @@ def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
             how = f"no layout of {[lay.name for lay in layouts]} differs"
             if retried and fault.name in retried["faults"]:
                 how += f", nor {retried['layout']} on the {retried['workload']} workload"
+                if fault.side == "rollout" and len(retried.get("rollout_tps", [1])) > 1:
+                    how += f" (rollout TPs {retried['rollout_tps']})"
         details[fault.name] = how
         if run.config.progress:
             _say(f"fault {i + 1}/{len(faults)} {fault.name}: {outcome} {how}".rstrip())
@@ -709,7 +711,10 @@ def _retry_on_large_workload(
     A reordered float32 reduction moves a float32 logprob by an ulp on a few percent of tokens
     (``logsoftmax_vocab_block`` under float32 logprobs: about 1 in 25), so the default 40 scored
     tokens can miss it; 256 cannot, in practice. Only the undetected, unexplained faults pay for
-    the larger workload."""
+    the larger workload. A rollout fault still undetected there is tried once more with the
+    rollout at the gate's largest TP: a cross-rank switch (a reduce-scatter's float32 order,
+    one rounding later) acts only at TP > 1 and moves a bfloat16 value only where the two float32
+    sums straddle a rounding boundary."""
     from dataclasses import replace
 
     from .rollout import arch_of
@@ -723,15 +728,20 @@ def _retry_on_large_workload(
     what = f"{layout.name} on the {RETRY_WORKLOAD} workload ({describe(RETRY_WORKLOAD)})"
     if config.progress:
         _say(f"faults: {len(faults)} undetected; trying them at {what}")
-    big = replace(config, workload=workload, layouts=[layout], rollout_tps=[1])
+    top = max(config.rollout_tps, default=1)
+    rollout_tps = [1, top] if top > 1 and any(f.side == "rollout" for f in faults) else [1]
+    big = replace(config, workload=workload, layouts=[layout], rollout_tps=rollout_tps)
     with GateRun(big, trainer_target=run.trainer_target) as big_run:
         for fault in faults:
             outcome, how = _try_fault(big_run, fault, layout)
+            if outcome == "undetected" and fault.side == "rollout" and top > 1:
+                outcome, how = _try_fault(big_run, fault, layout, rollout_tp=top)
             if outcome != "undetected":
                 outcomes[fault.name] = (outcome, f"{how}, on the {RETRY_WORKLOAD} workload")
     return {
         "workload": RETRY_WORKLOAD,
         "layout": layout.name,
+        "rollout_tps": rollout_tps,
         "faults": [f.name for f in faults],
         "detected": [f.name for f in faults if outcomes[f.name][0] == "detected"],
     }

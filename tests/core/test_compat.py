@@ -152,7 +152,7 @@ def test_schema_unknown_id_lists_known(sglang, lookup: str) -> None:
         "llama3_dense_lora_true_on_policy_v1, llama3_dense_true_on_policy_v1, "
         "llama3_dense_true_on_policy_v2, qwen3_dense_lora_true_on_policy_v1, "
         "qwen3_dense_true_on_policy_v1, qwen3_dense_true_on_policy_v2, qwen3_dense_true_on_policy_v3, "
-        "qwen3_moe_true_on_policy_v1, qwen3_moe_true_on_policy_v2, qwen3_moe_true_on_policy_v3, "
+        "qwen3_dense_true_on_policy_v4, qwen3_moe_true_on_policy_v1, qwen3_moe_true_on_policy_v2, qwen3_moe_true_on_policy_v3, "
         "qwen3_next_true_on_policy_v1"
     )
     assert isinstance(info.value, ValueError)

@@ -152,6 +152,7 @@ def test_import_with_python_dash_S(target: str, tmp_path: Path) -> None:
         "qwen3_dense_true_on_policy_v1",
         "qwen3_dense_true_on_policy_v2",
         "qwen3_dense_true_on_policy_v3",
+        "qwen3_dense_true_on_policy_v4",
         "qwen3_moe_true_on_policy_v1",
         "qwen3_moe_true_on_policy_v2",
         "qwen3_moe_true_on_policy_v3",

@@ -110,6 +110,18 @@ def cases():
                 dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
                 dict(x_desc=(mm.block_m, 64), w_desc=(mm.block_n, 64)),
             )  # fmt: skip
+        # one run over all of K (matmul_column_k_runs: 1): K = 512 and 2560
+        for mm in (matmul.PERSISTENT_FUSED_ONE_RUN, matmul.PERSISTENT_FUSED_NARROW):
+            yield (
+                f"_mm_persistent fused tma {mm.block_m}x{mm.block_n} one run of {8 * run}",
+                matmul._mm_persistent,
+                dict(RUN=8 * run, NUM_RUNS=1, ACC=tl.float32, NUM_PROGS=132, ITERS=4,
+                     BLOCK_M=mm.block_m, BLOCK_N=mm.block_n, BLOCK_K=64, GROUP_M=matmul.GROUP_M,
+                     EVEN_K=True, TMA=True, FUSED=True, OUT=tl.bfloat16, x_ptr=None,
+                     w_ptr=None),
+                dict(num_warps=mm.num_warps, num_stages=mm.num_stages),
+                dict(x_desc=(mm.block_m, 64), w_desc=(mm.block_n, 64)),
+            )  # fmt: skip
         shape = matmul.small_shape(1, 8, fused=True)
         yield (
             f"_mm_runs fused {shape.block_m}x{shape.block_n} group={shape.runs_per_program} "

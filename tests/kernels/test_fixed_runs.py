@@ -171,8 +171,15 @@ def test_fused_persistent_shape_is_wide_where_its_tiles_fill_the_gpu(kp3, monkey
     assert tmm.persistent_shape_for_fused(8192, 4096, 132) == wide  # 64 x 32 tiles
     assert tmm.persistent_shape_for_fused(1024, 2048, 128) == wide  # 8 x 16 = 128 tiles
     assert tmm.persistent_shape_for_fused(1024, 2048, 132) == narrow  # fewer than programs
+    # one run (no counter level live): 128 x 256 where those tiles fill the GPU
+    one = tmm.PERSISTENT_FUSED_ONE_RUN
+    assert (one.block_m, one.block_n) == (128, 256)
+    assert tmm.persistent_shape_for_fused(8192, 4096, 132, runs=1) == one  # 64 x 16 tiles
+    assert tmm.persistent_shape_for_fused(1024, 2048, 128, runs=1) == wide  # 64 wide tiles
+    assert tmm.persistent_shape_for_fused(8192, 4096, 132, runs=2) == wide
     monkeypatch.setattr(tmm, "INTERPRET", True)
     assert tmm.persistent_shape_for_fused(8192, 4096, 132) == narrow
+    assert tmm.persistent_shape_for_fused(8192, 4096, 132, runs=1) == narrow
 
 
 @pytest.mark.parametrize("k", [512, 2560])

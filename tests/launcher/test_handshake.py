@@ -24,7 +24,7 @@ from contractgen.codegen.vendored import load_target
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 V1, V2 = "qwen3_dense_true_on_policy_v1", "qwen3_dense_true_on_policy_v2"
-V3 = "qwen3_dense_true_on_policy_v3"
+V3, V4 = "qwen3_dense_true_on_policy_v3", "qwen3_dense_true_on_policy_v4"
 SGLANG_PKG = "python/sglang/srt/true_on_policy"
 MEGATRON_PKG = "miles_megatron_plugins/true_on_policy"
 
@@ -89,8 +89,8 @@ def test_different_version_names_the_newer(repos: tuple[Path, Path]) -> None:
     assert error.kind == "different_version"
     assert str(error) == (
         f"refusing to start: different versions of the contract: the rollout runs {V1}, the "
-        f"trainer runs {V2}; {V1} is superseded by {V3}: run both sides with "
-        f"--true-on-policy-contract {V3}"
+        f"trainer runs {V2}; {V1} is superseded by {V4}: run both sides with "
+        f"--true-on-policy-contract {V4}"
     )
 
 
@@ -164,6 +164,7 @@ def test_copy_that_does_not_know_the_contract(tmp_path: Path, repos: tuple[Path,
     contracts = _contracts_copy(tmp_path)
     (contracts / f"{V2}.yaml").unlink()
     (contracts / f"{V3}.yaml").unlink()  # supersedes V2
+    (contracts / f"{V4}.yaml").unlink()  # supersedes V3
     old_repo = tmp_path / "sglang-old"
     _sync(old_repo, "sglang", contracts)
     _, trainer = repos

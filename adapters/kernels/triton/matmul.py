@@ -677,6 +677,15 @@ PERSISTENT_FUSED = LaunchShape(block_m=128, block_n=128, num_warps=8, num_stages
 PERSISTENT_FUSED_NARROW = LaunchShape(
     block_m=64, block_n=64, num_warps=4, num_stages=4, programs_per_sm=2, tma=True
 )
+# One run (a matmul whose K no layout splits, under matmul_column_k_runs: 1): no counter level is
+# live, only the dot's float32 accumulator (128 registers a thread at 8 warps), so the tile can be
+# 128 x 256, where shared memory feeds the tensor cores at full rate (BENCHMARKS.md, "the output
+# tile"). benchmarks/linear_ceiling.py on an H100 (2026-12-07), Qwen3-4B projections at M = 4096
+# and 8192: 0.83-1.10x cuBLAS throughput with 4 stages (128 x 128: 0.78-0.92x; 256 x 128:
+# 0.75-0.99x; 3 stages within 5 % either way).
+PERSISTENT_FUSED_ONE_RUN = LaunchShape(
+    block_m=128, block_n=256, num_warps=8, num_stages=4, tma=True
+)
 
 
 def small_shape(M: int, runs: int, fused: bool = False) -> LaunchShape:
@@ -692,15 +701,21 @@ def small_shape(M: int, runs: int, fused: bool = False) -> LaunchShape:
 
 
 def persistent_shape_for_fused(
-    M: int = 1 << 20, N: int = 1 << 20, programs: int = 132
+    M: int = 1 << 20, N: int = 1 << 20, programs: int = 132, runs: int = 2
 ) -> LaunchShape:
     """fixed_runs' persistent shape for an ``M x N`` output (``PERSISTENT_FUSED`` says why):
-    128 x 128 tiles where there are at least as many as ``programs``, else 64 x 64. The
-    interpreter (CI) cannot hold a 128 x 128 x 64 float64 product: it runs the narrow tile."""
-    wide = PERSISTENT_FUSED
-    if not INTERPRET and triton.cdiv(M, wide.block_m) * triton.cdiv(N, wide.block_n) >= programs:
-        return wide
-    return PERSISTENT_FUSED_NARROW
+    128 x 128 tiles where there are at least as many as ``programs`` (one run: 128 x 256,
+    ``PERSISTENT_FUSED_ONE_RUN``), else 64 x 64. The interpreter (CI) cannot hold a
+    128 x 128 x 64 float64 product: it runs the narrow tile."""
+
+    def fills(shape: LaunchShape) -> bool:
+        return triton.cdiv(M, shape.block_m) * triton.cdiv(N, shape.block_n) >= programs
+
+    if INTERPRET:
+        return PERSISTENT_FUSED_NARROW
+    if runs == 1 and fills(PERSISTENT_FUSED_ONE_RUN):
+        return PERSISTENT_FUSED_ONE_RUN
+    return PERSISTENT_FUSED if fills(PERSISTENT_FUSED) else PERSISTENT_FUSED_NARROW
 
 
 def persistent_shape(
@@ -712,7 +727,7 @@ def persistent_shape(
         return PERSISTENT_POINTER
     M, N = x_MK.shape[0], w_NK.shape[0]
     if fused:
-        return persistent_shape_for_fused(M, N, _programs(x_MK.device))
+        return persistent_shape_for_fused(M, N, _programs(x_MK.device), runs)
     waves = LARGE_WAVES * _programs(x_MK.device)
 
     def fills(shape: LaunchShape) -> bool:  # enough tiles for LARGE_WAVES waves of programs
@@ -747,7 +762,7 @@ def _descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
 
 
 def _tiles_per_run(k: int, kp: KernelPolicy, order: str) -> tuple[int, bool]:
-    """(K tiles per run, fused) for ``order``: ``fixed_runs`` has ``matmul_k_runs`` fused runs
+    """(K tiles per run, fused) for ``order``: ``fixed_runs`` has ``k_runs(kp)`` fused runs
     (``fixed_run_width``); the other orders round every tile (``_run_length``)."""
     if order == "fixed_runs":
         return fixed_run_width(k, kp) // kp.matmul_k_block, True

@@ -8,6 +8,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
+#   contracts/qwen3_dense_true_on_policy_v4.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
@@ -20,11 +21,12 @@
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
+#   qwen3_dense_true_on_policy_v4 sha256:a777174fd49d7f98e9cf0ffeeda1ac7b7dd2abbea65428653c132394bd1dcc4e
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
 #   qwen3_next_true_on_policy_v1 sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b
-# canonical-sha256: 1fc036fb7e635ad42713717f09bc637a73c534bec3d082c5892a77d038ba7d3c
+# canonical-sha256: 4b6ee7b542e475265f5bbf56730cc980af798a861084ccdceddb977debd91233
 """Launcher (miles) runtime policy of the true-on-policy contracts.
 
 What the launch plan renders into SGLang arguments, Megatron arguments and the environment. As in
@@ -47,6 +49,7 @@ from .schema import (
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
@@ -241,6 +244,21 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "true_on_policy_mode": ("const", True),
         "recompute_logprobs_via_prefill": ("const", False),
     },
+    "qwen3_dense_true_on_policy_v4": {
+        "enabled": ("const", True),
+        "enable_deterministic_inference": ("const", True),
+        "transformer_impl": ("const", "local"),
+        "use_cpu_initialization": ("const", True),
+        "batch_invariant_mode": ("const", True),
+        "no_bias_swiglu_fusion": ("const", True),
+        "no_rope_fusion": ("const", True),
+        "nccl_algo": ("const", "Ring"),
+        "nvte_allow_nondeterministic_algo": ("const", False),
+        "cublas_workspace_config": ("const", ":4096:8"),
+        "deterministic_mode": ("const", True),
+        "true_on_policy_mode": ("const", True),
+        "recompute_logprobs_via_prefill": ("const", False),
+    },
     "qwen3_moe_true_on_policy_v1": {
         "enabled": ("const", True),
         "enable_deterministic_inference": ("const", True),
@@ -416,6 +434,9 @@ QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = TrueOnPolicyContract(
 QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
 )
+QWEN3_DENSE_TRUE_ON_POLICY_V4_CONTRACT = TrueOnPolicyContract(
+    schema=QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA,
+)
 QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = TrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
 )
@@ -439,6 +460,7 @@ QWEN3_DENSE_LORA_TRUE_ON_POLICY_V1 = QWEN3_DENSE_LORA_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT
 QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT
+QWEN3_DENSE_TRUE_ON_POLICY_V4 = QWEN3_DENSE_TRUE_ON_POLICY_V4_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT
 QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT
@@ -455,6 +477,7 @@ _CONTRACT_BY_NAME: dict[str, TrueOnPolicyContract] = {
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_dense_true_on_policy_v3": QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT,
+    "qwen3_dense_true_on_policy_v4": QWEN3_DENSE_TRUE_ON_POLICY_V4_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,

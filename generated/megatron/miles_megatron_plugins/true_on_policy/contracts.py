@@ -8,6 +8,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
+#   contracts/qwen3_dense_true_on_policy_v4.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
@@ -20,11 +21,12 @@
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
+#   qwen3_dense_true_on_policy_v4 sha256:a777174fd49d7f98e9cf0ffeeda1ac7b7dd2abbea65428653c132394bd1dcc4e
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
 #   qwen3_next_true_on_policy_v1 sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b
-# canonical-sha256: ad24f1cedb24ec6afc39de3c45e3443fd4512dc96789a932dd00bcbad59ded10
+# canonical-sha256: 38e11cdb0cac73c44254ab7b6c3d2405c8766d074d2cff1fb9d3738dfa55f667
 """Public contract names of the true-on-policy package, as the Megatron-LM repository's own
 modules import them (``from .contracts import ...``): the schema's aliases and constants and the
 runtime policy's contract objects, in one place. Standard library only.
@@ -52,6 +54,8 @@ from .runtime_policy import (
     QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     QWEN3_DENSE_TRUE_ON_POLICY_V3,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT,
+    QWEN3_DENSE_TRUE_ON_POLICY_V4,
+    QWEN3_DENSE_TRUE_ON_POLICY_V4_CONTRACT,
     QWEN3_MOE_TRUE_ON_POLICY_CONTRACT,
     QWEN3_MOE_TRUE_ON_POLICY_V1,
     QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
@@ -78,6 +82,7 @@ from .schema import (
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
@@ -118,6 +123,9 @@ __all__ = [
     "QWEN3_DENSE_TRUE_ON_POLICY_V3",
     "QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT",
     "QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA",
+    "QWEN3_DENSE_TRUE_ON_POLICY_V4",
+    "QWEN3_DENSE_TRUE_ON_POLICY_V4_CONTRACT",
+    "QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA",
     "QWEN3_MOE_TRUE_ON_POLICY_CONTRACT",
     "QWEN3_MOE_TRUE_ON_POLICY_V1",
     "QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT",

@@ -8,6 +8,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
+#   contracts/qwen3_dense_true_on_policy_v4.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
@@ -20,11 +21,12 @@
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
+#   qwen3_dense_true_on_policy_v4 sha256:a777174fd49d7f98e9cf0ffeeda1ac7b7dd2abbea65428653c132394bd1dcc4e
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
 #   qwen3_next_true_on_policy_v1 sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b
-# canonical-sha256: 811386e5316e244bc79872c25a1bb2a18f69ecd2a3d6abcf07045d5c9a2fde96
+# canonical-sha256: 142a4d282e4e515efb5ad71b4f2595af221f3e6d8f66ae33d77f820d39c600d9
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -54,6 +56,7 @@ TrueOnPolicyContractName = Literal[
     "qwen3_dense_true_on_policy_v1",
     "qwen3_dense_true_on_policy_v2",
     "qwen3_dense_true_on_policy_v3",
+    "qwen3_dense_true_on_policy_v4",
     "qwen3_moe_true_on_policy_v1",
     "qwen3_moe_true_on_policy_v2",
     "qwen3_moe_true_on_policy_v3",
@@ -69,6 +72,7 @@ KernelContract = Literal[
     "llama3_dense_fp32_runs",
     "llama3_dense_sglang_math",
     "llama3_dense_sglang_math_lora",
+    "qwen3_dense_fp32_column_dot_fp32_logprobs",
     "qwen3_dense_fp32_runs_fp32_logprobs",
     "qwen3_dense_sglang_math",
     "qwen3_dense_sglang_math_fp32_logprobs",
@@ -90,6 +94,7 @@ CONTRACT_IDS: tuple[str, ...] = (
     "qwen3_dense_true_on_policy_v1",
     "qwen3_dense_true_on_policy_v2",
     "qwen3_dense_true_on_policy_v3",
+    "qwen3_dense_true_on_policy_v4",
     "qwen3_moe_true_on_policy_v1",
     "qwen3_moe_true_on_policy_v2",
     "qwen3_moe_true_on_policy_v3",
@@ -166,8 +171,10 @@ class KernelPolicy:
     logsoftmax_dtype: str
     # Vocab chunk of the fixed-order max / sum-exp reduction.
     logsoftmax_vocab_block: int
-    # 'fixed_runs' only: the number of equal K runs of the full (unsplit) reduction, a power of two that every allowed TP size divides; absent for the other orders.
+    # 'fixed_runs' only: the number of equal K runs of the full (unsplit) reduction, a power of two that every allowed TP size divides; absent for the other orders. With matmul_column_k_runs set, it counts the runs of a row-parallel linear's K only.
     matmul_k_runs: int | None = None
+    # 'fixed_runs' only: the run count of every matmul whose K no TP layout splits (column-parallel projections, the LM head), a power of two; 1 is one float32 dot over all of K. Absent: matmul_k_runs, as for a row-parallel linear. Such a K is never shared between ranks, so it needs no tree for TP; fewer runs keep fewer float32 partials live per output element, which lets the kernel take a larger tile.
+    matmul_column_k_runs: int | None = None
     # dtype of the router matmul's operands, tile partials and logits (the batch-invariant matmul, router weight replicated on every TP rank).
     moe_router_logits_dtype: str | None = None
     # dtype of the softmax over all experts' logits (fixed-order sum) and of the top-k weights and their normalisation.
@@ -3186,6 +3193,303 @@ CONTRACT_DATA: dict[str, dict] = {
             "runtime_policy.megatron.use_ulysses_cp_recompute_fallback": "Recomputes attention in backward under Ulysses CP (memory, not numerics): the recomputed forward runs the same kernels, and the gate's forward runs without grad.",
         },
     },
+    "qwen3_dense_true_on_policy_v4": {
+        "description": "Qwen3 dense true-on-policy with fast invariant numerics: one float32 dot over K for every column-parallel matmul and the LM head; 8 fixed K runs and a fixed float32 tree over runs and TP ranks for the row-parallel ones; one rounding; fp32 log-softmax and decode-exact logprobs as v3.",
+        "family": "qwen3_dense",
+        "id": "qwen3_dense_true_on_policy_v4",
+        "identity": {
+            "disable_megatron_sequence_parallel": True,
+            "fsdp_attention_implementation": "flash_attention_3",
+            "kernel_contracts": [
+                "qwen3_dense_fp32_column_dot_fp32_logprobs",
+            ],
+            "logprob_contract": "decode",
+            "sglang_attention_backend": "fa3",
+        },
+        "kernel_policy": {
+            "all_reduce": "fixed_tree",
+            "attention_kv_chunk": 64,
+            "attention_softmax_dtype": "float32",
+            "dense_math_dtype": "bfloat16",
+            "lm_head_input_dtype": "bfloat16",
+            "logsoftmax_dtype": "float32",
+            "logsoftmax_vocab_block": 128,
+            "matmul_accumulation_dtype": "float32",
+            "matmul_column_k_runs": 1,
+            "matmul_k_block": 64,
+            "matmul_k_runs": 8,
+            "matmul_tile_order": "fixed_runs",
+            "norm_cast_before_weight": True,
+            "norm_compute_dtype": "float32",
+            "residual_dtype": "bfloat16",
+            "rope_dtype": "float32",
+        },
+        "model_profile": {
+            "activation": "silu_glu",
+            "architectures": {
+                "hf": "Qwen3ForCausalLM",
+                "megatron": "Qwen3ModelProvider",
+                "sglang": "Qwen3ForCausalLM",
+            },
+            "attention_bias": False,
+            "checkpoints": [
+                {
+                    "head_dim": 128,
+                    "hidden_size": 1024,
+                    "intermediate_size": 3072,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-0.6B",
+                    "num_attention_heads": 16,
+                    "num_kv_heads": 8,
+                    "num_layers": 28,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 2048,
+                    "intermediate_size": 6144,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-1.7B",
+                    "num_attention_heads": 16,
+                    "num_kv_heads": 8,
+                    "num_layers": 28,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 2560,
+                    "intermediate_size": 9728,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-4B",
+                    "num_attention_heads": 32,
+                    "num_kv_heads": 8,
+                    "num_layers": 36,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 2560,
+                    "intermediate_size": 9728,
+                    "max_position_embeddings": 32768,
+                    "name": "Qwen3-4B-Base",
+                    "num_attention_heads": 32,
+                    "num_kv_heads": 8,
+                    "num_layers": 36,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 2560,
+                    "intermediate_size": 9728,
+                    "max_position_embeddings": 262144,
+                    "name": "Qwen3-4B-Instruct-2507",
+                    "num_attention_heads": 32,
+                    "num_kv_heads": 8,
+                    "num_layers": 36,
+                    "tie_word_embeddings": True,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 4096,
+                    "intermediate_size": 12288,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-8B",
+                    "num_attention_heads": 32,
+                    "num_kv_heads": 8,
+                    "num_layers": 36,
+                    "tie_word_embeddings": False,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 5120,
+                    "intermediate_size": 17408,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-14B",
+                    "num_attention_heads": 40,
+                    "num_kv_heads": 8,
+                    "num_layers": 40,
+                    "tie_word_embeddings": False,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+                {
+                    "head_dim": 128,
+                    "hidden_size": 5120,
+                    "intermediate_size": 25600,
+                    "max_position_embeddings": 40960,
+                    "name": "Qwen3-32B",
+                    "num_attention_heads": 64,
+                    "num_kv_heads": 8,
+                    "num_layers": 64,
+                    "tie_word_embeddings": False,
+                    "tp_sizes": None,
+                    "vocab_size": 151936,
+                },
+            ],
+            "norm": {
+                "eps": 1e-06,
+                "kind": "rmsnorm",
+            },
+            "qk_norm": True,
+            "reference_model": {
+                "head_dim": 64,
+                "hidden_size": 512,
+                "intermediate_size": 1536,
+                "max_position_embeddings": 512,
+                "name": "qwen3-tiny-random-v3",
+                "num_attention_heads": 8,
+                "num_kv_heads": 4,
+                "num_layers": 4,
+                "tie_word_embeddings": False,
+                "tp_sizes": [
+                    1,
+                    2,
+                    4,
+                ],
+                "vocab_size": 1000,
+            },
+            "rope": {
+                "scaling": None,
+                "style": "neox",
+                "theta": 1000000.0,
+            },
+        },
+        "parallel": {
+            "kv_heads": "divide",
+            "rollout": {
+                "dp": True,
+                "tp": [
+                    1,
+                    2,
+                    4,
+                    8,
+                ],
+            },
+            "training": {
+                "cp": {
+                    "kind": "ulysses",
+                    "sizes": [
+                        1,
+                        2,
+                        4,
+                    ],
+                },
+                "dp": True,
+                "pp": [
+                    1,
+                    2,
+                    4,
+                ],
+                "sequence_parallel": False,
+                "tp": [
+                    1,
+                    2,
+                    4,
+                    8,
+                ],
+            },
+        },
+        "runtime_policy": {
+            "fsdp": {
+                "attn_implementation": "true_on_policy_chunked",
+                "batch_invariant_mode": True,
+                "enabled": True,
+                "keep_fp32_master": True,
+                "param_dtype": "bfloat16",
+                "reduce_dtype": "float32",
+            },
+            "launcher": {
+                "batch_invariant_mode": True,
+                "cublas_workspace_config": ":4096:8",
+                "deterministic_mode": True,
+                "enable_deterministic_inference": True,
+                "enabled": True,
+                "nccl_algo": "Ring",
+                "no_bias_swiglu_fusion": True,
+                "no_rope_fusion": True,
+                "nvte_allow_nondeterministic_algo": False,
+                "recompute_logprobs_via_prefill": False,
+                "transformer_impl": "local",
+                "true_on_policy_mode": True,
+                "use_cpu_initialization": True,
+            },
+            "megatron": {
+                "apply_logits_contract": True,
+                "attention_backend": "fa3_varlen",
+                "batch_invariant_mode": {
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
+                "cast_attention_input_to_dense_math_dtype": True,
+                "cast_lm_head_input_to_weight_dtype": True,
+                "cast_qk_after_rope_to_dense_math_dtype": True,
+                "cast_qk_norm_input_before_weight_mul": True,
+                "cp_layout": {
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
+                "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
+                "deterministic_row_parallel_reduce": True,
+                "disable_bias_swiglu_fusion": True,
+                "disable_rope_fusion": True,
+                "enabled": True,
+                "use_sglang_backend": True,
+                "use_sglang_final_norm": True,
+                "use_sglang_residual_pair": True,
+                "use_ulysses_cp_recompute_fallback": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "ulysses_cp",
+                },
+            },
+            "sglang": {
+                "deterministic_tree_all_reduce": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+                "disable_flashinfer_allreduce_fusion": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+                "disable_fused_qk_norm_mrope": True,
+                "disable_mlp_allreduce_fusion": True,
+                "disable_reduce_scatter": True,
+                "enabled": True,
+                "force_bfloat16_dense_tensor_math": True,
+                "force_bfloat16_lm_head": True,
+                "tp_invariant_row_linear": {
+                    "otherwise": False,
+                    "value": True,
+                    "when": "rollout_tp",
+                },
+            },
+        },
+        "schema_version": 1,
+        "supersedes": "qwen3_dense_true_on_policy_v3",
+        "unobservable": {
+            "runtime_policy.megatron.cast_attention_input_to_dense_math_dtype": "A no-op while kernel_policy.residual_dtype equals dense_math_dtype (both bfloat16): the norm output is already in the dense dtype. Kept because the public Megatron forward can carry an fp32 residual stream; tests/megatron/test_megatron_model.py::test_wide_residual_makes_cast_fields_load_bearing shows the flip visible with a float32 residual.",
+            "runtime_policy.megatron.cast_lm_head_input_to_weight_dtype": "A no-op while residual_dtype equals lm_head_input_dtype (both bfloat16): the final norm output already has the LM-head weight's dtype. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing).",
+            "runtime_policy.megatron.cp_layout": "Names how context parallelism moves data. The adapter's alternative to the Ulysses all-to-all gathers K/V instead; each query still sees the same keys in the same fixed KV-chunk order, so the forward bits agree by construction. The launcher renders it, and it selects the recompute path below.",
+            "runtime_policy.megatron.defer_ulysses_cp_loss_scaling_to_grad_sum": "Scales gradients only (cp/dp_cp instead of 1/dp_cp); forward logprobs cannot see it. tests/megatron/test_megatron_grads.py::test_ulysses_cp_gradient_scale shows the scale.",
+            "runtime_policy.megatron.use_sglang_residual_pair": "Carrying (output, residual) separately and megatron's bias-dropout-add round the same single bfloat16 add while the residual is bfloat16. Visible with a float32 residual (test_wide_residual_makes_cast_fields_load_bearing); it also fixes what crosses a pipeline stage boundary.",
+            "runtime_policy.megatron.use_ulysses_cp_recompute_fallback": "Recomputes attention in backward under Ulysses CP (memory, not numerics): the recomputed forward runs the same kernels, and the gate's forward runs without grad.",
+        },
+    },
     "qwen3_moe_true_on_policy_v1": {
         "description": "Qwen3-MoE true-on-policy: the public v1's dense numerics (bf16 math, bf16 log-softmax, SGLang's TP-invariant tile order, fixed-tree TP reduction, prefill re-score parity) with a deterministic MoE block whose routing and combine depend only on the token itself: bf16 router logits, fp32 softmax, lowest-id tie-break, sum-normalised top-k weights, fixed grouping and combine order.",
         "family": "qwen3_moe",
@@ -4242,6 +4546,7 @@ FINGERPRINTS: dict[str, str] = {
     "qwen3_dense_true_on_policy_v1": "sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644",
     "qwen3_dense_true_on_policy_v2": "sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085",
     "qwen3_dense_true_on_policy_v3": "sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa",
+    "qwen3_dense_true_on_policy_v4": "sha256:a777174fd49d7f98e9cf0ffeeda1ac7b7dd2abbea65428653c132394bd1dcc4e",
     "qwen3_moe_true_on_policy_v1": "sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee",
     "qwen3_moe_true_on_policy_v2": "sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e",
     "qwen3_moe_true_on_policy_v3": "sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433",
@@ -4290,6 +4595,12 @@ POLICY_FINGERPRINTS: dict[str, dict[str, str]] = {
         "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
         "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
     },
+    "qwen3_dense_true_on_policy_v4": {
+        "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
+        "launcher": "sha256:e1be2d2a170d179d495f4ee4b6dfe2f00ea5d80896157be5ffa9116837b5f1d0",
+        "megatron": "sha256:9c892340353e4ad87f039454a8e7c01012986245161c9a39d444fb5c216f8fa1",
+        "sglang": "sha256:4010c66c9aeacc48b26445b2528ad0d42c40a19d00672df000576e749365de48",
+    },
     "qwen3_moe_true_on_policy_v1": {
         "fsdp": "sha256:ec572d419faa727eae97d46ee35faf81573ff32fdab42634338fdf42a5321a0b",
         "launcher": "sha256:014e5214a120fe03ac8d81c8f014136e35a58da16db5b00e9341d0a2b6ffa8b1",
@@ -4320,6 +4631,7 @@ SUPERSEDED_BY: dict[str, str] = {
     "llama3_dense_true_on_policy_v1": "llama3_dense_true_on_policy_v2",
     "qwen3_dense_true_on_policy_v1": "qwen3_dense_true_on_policy_v2",
     "qwen3_dense_true_on_policy_v2": "qwen3_dense_true_on_policy_v3",
+    "qwen3_dense_true_on_policy_v3": "qwen3_dense_true_on_policy_v4",
     "qwen3_moe_true_on_policy_v1": "qwen3_moe_true_on_policy_v2",
     "qwen3_moe_true_on_policy_v2": "qwen3_moe_true_on_policy_v3",
 }
@@ -4408,6 +4720,18 @@ QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA = TrueOnPolicyContractSchema(
     fingerprint=FINGERPRINTS["qwen3_dense_true_on_policy_v3"],
     supersedes="qwen3_dense_true_on_policy_v2",
 )
+QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA = TrueOnPolicyContractSchema(
+    name="qwen3_dense_true_on_policy_v4",
+    model_family="qwen3_dense",
+    required_kernel_contracts=("qwen3_dense_fp32_column_dot_fp32_logprobs",),
+    logprob_contract="decode",
+    sglang_attention_backend="fa3",
+    fsdp_attention_implementation="flash_attention_3",
+    disable_megatron_sequence_parallel=True,
+    schema_version=SCHEMA_VERSION,
+    fingerprint=FINGERPRINTS["qwen3_dense_true_on_policy_v4"],
+    supersedes="qwen3_dense_true_on_policy_v3",
+)
 QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
     name="qwen3_moe_true_on_policy_v1",
     model_family="qwen3_moe",
@@ -4469,6 +4793,7 @@ _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name: QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name: QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA.name: QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,

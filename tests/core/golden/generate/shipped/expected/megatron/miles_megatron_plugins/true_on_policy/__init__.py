@@ -8,6 +8,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
+#   contracts/qwen3_dense_true_on_policy_v4.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
@@ -20,6 +21,7 @@
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
+#   qwen3_dense_true_on_policy_v4 sha256:a777174fd49d7f98e9cf0ffeeda1ac7b7dd2abbea65428653c132394bd1dcc4e
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433

@@ -8,6 +8,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
+#   contracts/qwen3_dense_true_on_policy_v4.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
@@ -20,11 +21,12 @@
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
+#   qwen3_dense_true_on_policy_v4 sha256:a777174fd49d7f98e9cf0ffeeda1ac7b7dd2abbea65428653c132394bd1dcc4e
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
 #   qwen3_next_true_on_policy_v1 sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b
-# canonical-sha256: fcb71d1dedc206f8dc914791fe519371620d6311c0a54b9c51148b7286f20b61
+# canonical-sha256: 849f9c9ef728fa02273e2a1d7e6bd5e3eddeb1f528677ea49f1fa03ec8a07fa4
 """Megatron runtime policy of the true-on-policy contracts.
 
 Replaces the hand-kept ``true_on_policy.contracts`` of the Megatron fork: same class and field
@@ -48,6 +50,7 @@ from .schema import (
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
@@ -64,6 +67,7 @@ QWEN3_DENSE_LORA_TRUE_ON_POLICY_V1 = QWEN3_DENSE_LORA_TRUE_ON_POLICY_V1_SCHEMA.n
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA.name
+QWEN3_DENSE_TRUE_ON_POLICY_V4 = QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA.name
@@ -295,6 +299,25 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "use_sglang_residual_pair": ("const", True),
         "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
     },
+    "qwen3_dense_true_on_policy_v4": {
+        "enabled": ("const", True),
+        "use_sglang_backend": ("const", True),
+        "batch_invariant_mode": ("config", "batch_invariant_mode", False),
+        "disable_rope_fusion": ("const", True),
+        "disable_bias_swiglu_fusion": ("const", True),
+        "attention_backend": ("const", "fa3_varlen"),
+        "cp_layout": ("when", "ulysses_cp", "ulysses_a2a", None),
+        "cast_attention_input_to_dense_math_dtype": ("const", True),
+        "cast_qk_norm_input_before_weight_mul": ("const", True),
+        "cast_qk_after_rope_to_dense_math_dtype": ("const", True),
+        "cast_lm_head_input_to_weight_dtype": ("const", True),
+        "deterministic_row_parallel_reduce": ("const", True),
+        "defer_ulysses_cp_loss_scaling_to_grad_sum": ("const", True),
+        "apply_logits_contract": ("const", True),
+        "use_sglang_final_norm": ("const", True),
+        "use_sglang_residual_pair": ("const", True),
+        "use_ulysses_cp_recompute_fallback": ("when", "ulysses_cp", True, False),
+    },
     "qwen3_moe_true_on_policy_v1": {
         "enabled": ("const", True),
         "use_sglang_backend": ("const", True),
@@ -486,6 +509,9 @@ QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = MegatronTrueOnPolicyContract(
 QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT = MegatronTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
 )
+QWEN3_DENSE_TRUE_ON_POLICY_V4_CONTRACT = MegatronTrueOnPolicyContract(
+    schema=QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA,
+)
 QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = MegatronTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
 )
@@ -509,6 +535,7 @@ _CONTRACT_BY_NAME: dict[str, MegatronTrueOnPolicyContract] = {
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_dense_true_on_policy_v3": QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT,
+    "qwen3_dense_true_on_policy_v4": QWEN3_DENSE_TRUE_ON_POLICY_V4_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# canonical-sha256: f978f6c26da65a50a4347809ace7baa11286702883b9dcc36850f051eb0e9dfe
+# canonical-sha256: 68233f98bd7cbef4668e57f4f30d8b586e2783bdfe894f3e285998f5a961819c
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -113,8 +113,10 @@ class KernelPolicy:
     logsoftmax_dtype: str
     # Vocab chunk of the fixed-order max / sum-exp reduction.
     logsoftmax_vocab_block: int
-    # 'fixed_runs' only: the number of equal K runs of the full (unsplit) reduction, a power of two that every allowed TP size divides; absent for the other orders.
+    # 'fixed_runs' only: the number of equal K runs of the full (unsplit) reduction, a power of two that every allowed TP size divides; absent for the other orders. With matmul_column_k_runs set, it counts the runs of a row-parallel linear's K only.
     matmul_k_runs: int | None = None
+    # 'fixed_runs' only: the run count of every matmul whose K no TP layout splits (column-parallel projections, the LM head), a power of two; 1 is one float32 dot over all of K. Absent: matmul_k_runs, as for a row-parallel linear. Such a K is never shared between ranks, so it needs no tree for TP; fewer runs keep fewer float32 partials live per output element, which lets the kernel take a larger tile.
+    matmul_column_k_runs: int | None = None
     # dtype of the router matmul's operands, tile partials and logits (the batch-invariant matmul, router weight replicated on every TP rank).
     moe_router_logits_dtype: str | None = None
     # dtype of the softmax over all experts' logits (fixed-order sum) and of the top-k weights and their normalisation.

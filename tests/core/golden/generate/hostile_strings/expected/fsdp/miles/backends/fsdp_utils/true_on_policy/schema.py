@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
-# canonical-sha256: 4595c329d0bd081c4d27b3f6cf9cc2c6e14243f1c80b46b8d5db0b9ab63a06a9
+# canonical-sha256: 0e5d20899098b14431375b3ca29a950f755a200dc6556c6ecb0602ef7774a68d
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -113,8 +113,10 @@ class KernelPolicy:
     logsoftmax_dtype: str
     # Vocab chunk of the fixed-order max / sum-exp reduction.
     logsoftmax_vocab_block: int
-    # 'fixed_runs' only: the number of equal K runs of the full (unsplit) reduction, a power of two that every allowed TP size divides; absent for the other orders.
+    # 'fixed_runs' only: the number of equal K runs of the full (unsplit) reduction, a power of two that every allowed TP size divides; absent for the other orders. With matmul_column_k_runs set, it counts the runs of a row-parallel linear's K only.
     matmul_k_runs: int | None = None
+    # 'fixed_runs' only: the run count of every matmul whose K no TP layout splits (column-parallel projections, the LM head), a power of two; 1 is one float32 dot over all of K. Absent: matmul_k_runs, as for a row-parallel linear. Such a K is never shared between ranks, so it needs no tree for TP; fewer runs keep fewer float32 partials live per output element, which lets the kernel take a larger tile.
+    matmul_column_k_runs: int | None = None
     # dtype of the router matmul's operands, tile partials and logits (the batch-invariant matmul, router weight replicated on every TP rank).
     moe_router_logits_dtype: str | None = None
     # dtype of the softmax over all experts' logits (fixed-order sum) and of the top-k weights and their normalisation.

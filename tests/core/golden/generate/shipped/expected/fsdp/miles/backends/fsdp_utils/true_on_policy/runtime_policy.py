@@ -8,6 +8,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 #   contracts/qwen3_dense_true_on_policy_v2.yaml
 #   contracts/qwen3_dense_true_on_policy_v3.yaml
+#   contracts/qwen3_dense_true_on_policy_v4.yaml
 #   contracts/qwen3_moe_true_on_policy_v1.yaml
 #   contracts/qwen3_moe_true_on_policy_v2.yaml
 #   contracts/qwen3_moe_true_on_policy_v3.yaml
@@ -20,11 +21,12 @@
 #   qwen3_dense_true_on_policy_v1 sha256:3fb4b2740cadc28746ba084800648455068dcbf5ff401d1a27ac1781fa6ef644
 #   qwen3_dense_true_on_policy_v2 sha256:53daab895352b1ad749c4150acf2a588a641cdecb2bdde5af913e20498e8d085
 #   qwen3_dense_true_on_policy_v3 sha256:862e839effffd9537924b13d80529c1cce837dff4f08fe5f0c514a94aa1dd1aa
+#   qwen3_dense_true_on_policy_v4 sha256:a777174fd49d7f98e9cf0ffeeda1ac7b7dd2abbea65428653c132394bd1dcc4e
 #   qwen3_moe_true_on_policy_v1 sha256:6efcca3c1e42a0ed01ca59a997e88bbc7d1615969744e3e94d275d01bee38bee
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
 #   qwen3_next_true_on_policy_v1 sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b
-# canonical-sha256: 97b455e49202c19fe6d3dd3725d05a51db2743925943f8626ce1708c9e326527
+# canonical-sha256: eafad0f3e07fbad97af4237e9476c2e019600681ea77cc096b7cb6f4efd3c14e
 """FSDP-trainer runtime policy of the true-on-policy contracts.
 
 For miles' FSDP backend (``miles/backends/fsdp_utils``): the names are the ones that backend
@@ -48,6 +50,7 @@ from .schema import (
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
+    QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA,
     QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA,
@@ -64,6 +67,7 @@ QWEN3_DENSE_LORA_TRUE_ON_POLICY_V1 = QWEN3_DENSE_LORA_TRUE_ON_POLICY_V1_SCHEMA.n
 QWEN3_DENSE_TRUE_ON_POLICY_V1 = QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V2 = QWEN3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_DENSE_TRUE_ON_POLICY_V3 = QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA.name
+QWEN3_DENSE_TRUE_ON_POLICY_V4 = QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V1 = QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V2 = QWEN3_MOE_TRUE_ON_POLICY_V2_SCHEMA.name
 QWEN3_MOE_TRUE_ON_POLICY_V3 = QWEN3_MOE_TRUE_ON_POLICY_V3_SCHEMA.name
@@ -178,6 +182,14 @@ POLICY_RULES: dict[str, dict[str, tuple]] = {
         "keep_fp32_master": ("const", True),
     },
     "qwen3_dense_true_on_policy_v3": {
+        "enabled": ("const", True),
+        "attn_implementation": ("const", "true_on_policy_chunked"),
+        "batch_invariant_mode": ("const", True),
+        "param_dtype": ("const", "bfloat16"),
+        "reduce_dtype": ("const", "float32"),
+        "keep_fp32_master": ("const", True),
+    },
+    "qwen3_dense_true_on_policy_v4": {
         "enabled": ("const", True),
         "attn_implementation": ("const", "true_on_policy_chunked"),
         "batch_invariant_mode": ("const", True),
@@ -332,6 +344,9 @@ QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT = FsdpTrueOnPolicyContract(
 QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT = FsdpTrueOnPolicyContract(
     schema=QWEN3_DENSE_TRUE_ON_POLICY_V3_SCHEMA,
 )
+QWEN3_DENSE_TRUE_ON_POLICY_V4_CONTRACT = FsdpTrueOnPolicyContract(
+    schema=QWEN3_DENSE_TRUE_ON_POLICY_V4_SCHEMA,
+)
 QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT = FsdpTrueOnPolicyContract(
     schema=QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA,
 )
@@ -355,6 +370,7 @@ _CONTRACT_BY_NAME: dict[str, FsdpTrueOnPolicyContract] = {
     "qwen3_dense_true_on_policy_v1": QWEN3_DENSE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_dense_true_on_policy_v2": QWEN3_DENSE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_dense_true_on_policy_v3": QWEN3_DENSE_TRUE_ON_POLICY_V3_CONTRACT,
+    "qwen3_dense_true_on_policy_v4": QWEN3_DENSE_TRUE_ON_POLICY_V4_CONTRACT,
     "qwen3_moe_true_on_policy_v1": QWEN3_MOE_TRUE_ON_POLICY_V1_CONTRACT,
     "qwen3_moe_true_on_policy_v2": QWEN3_MOE_TRUE_ON_POLICY_V2_CONTRACT,
     "qwen3_moe_true_on_policy_v3": QWEN3_MOE_TRUE_ON_POLICY_V3_CONTRACT,
