@@ -19,7 +19,7 @@ step 150 gate_qwen3_0.6b_v4 contractgen parity --device cuda --quiet --layouts t
   --json "$OUT/parity_qwen3_0.6b_v4_cuda_reference.json"
 step 120 trainer_qwen3_0.6b_v4 python3 benchmarks/bench_trainer.py --device cuda --batch 32 \
   --seq 512 --models sglang,hf_sdpa --contract v4 --iters 3 --json "$OUT/trainer_qwen3_0.6b_v4.json"
-step 100 gpu_tests python3 -m pytest -q -p no:cacheprovider -n 0 -m gpu tests/kernels/test_column_runs.py \
+step 100 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_column_runs.py \
   tests/kernels/test_fixed_runs.py
 step 60 decode_qwen3_0.6b_v4 python3 benchmarks/bench_rollout.py --device cuda --batch 32 \
   --prompt 128 --steps 16 --modes graph --contract qwen3_dense_true_on_policy_v4 \

@@ -176,6 +176,8 @@ def test_fused_persistent_shape_is_wide_where_its_tiles_fill_the_gpu(kp3, monkey
     assert (one.block_m, one.block_n) == (128, 256)
     assert tmm.persistent_shape_for_fused(8192, 4096, 132, runs=1) == one  # 64 x 16 tiles
     assert tmm.persistent_shape_for_fused(1024, 2048, 128, runs=1) == wide  # 64 wide tiles
+    assert tmm.persistent_shape_for_fused(4096, 1024, 132, runs=1) == one  # 128 tiles: 97 %
+    assert tmm.persistent_shape_for_fused(4096, 1024, 132, runs=2) == wide  # 256 tiles
     assert tmm.persistent_shape_for_fused(8192, 4096, 132, runs=2) == wide
     monkeypatch.setattr(tmm, "INTERPRET", True)
     assert tmm.persistent_shape_for_fused(8192, 4096, 132) == narrow

@@ -682,10 +682,13 @@ PERSISTENT_FUSED_NARROW = LaunchShape(
 # 128 x 256, where shared memory feeds the tensor cores at full rate (BENCHMARKS.md, "the output
 # tile"). benchmarks/linear_ceiling.py on an H100 (2026-12-07), Qwen3-4B projections at M = 4096
 # and 8192: 0.83-1.10x cuBLAS throughput with 4 stages (128 x 128: 0.78-0.92x; 256 x 128:
-# 0.75-0.99x; 3 stages within 5 % either way).
+# 0.75-0.99x; 3 stages within 5 % either way). It is taken where its tiles keep at least
+# ONE_RUN_FILL of the SMs busy: k/v_proj at M = 4096 has 128 such tiles for 132 SMs, and ran at
+# 1.00x as 128 x 256 against 0.80x as 128 x 128 (one wave either way).
 PERSISTENT_FUSED_ONE_RUN = LaunchShape(
     block_m=128, block_n=256, num_warps=8, num_stages=4, tma=True
 )
+ONE_RUN_FILL = 0.9
 
 
 def small_shape(M: int, runs: int, fused: bool = False) -> LaunchShape:
@@ -704,16 +707,16 @@ def persistent_shape_for_fused(
     M: int = 1 << 20, N: int = 1 << 20, programs: int = 132, runs: int = 2
 ) -> LaunchShape:
     """fixed_runs' persistent shape for an ``M x N`` output (``PERSISTENT_FUSED`` says why):
-    128 x 128 tiles where there are at least as many as ``programs`` (one run: 128 x 256,
-    ``PERSISTENT_FUSED_ONE_RUN``), else 64 x 64. The interpreter (CI) cannot hold a
+    128 x 128 tiles where there are at least as many as ``programs`` (one run: 128 x 256 where
+    those fill ``ONE_RUN_FILL`` of them, ``PERSISTENT_FUSED_ONE_RUN``), else 64 x 64. The interpreter (CI) cannot hold a
     128 x 128 x 64 float64 product: it runs the narrow tile."""
 
-    def fills(shape: LaunchShape) -> bool:
-        return triton.cdiv(M, shape.block_m) * triton.cdiv(N, shape.block_n) >= programs
+    def fills(shape: LaunchShape, share: float = 1.0) -> bool:
+        return triton.cdiv(M, shape.block_m) * triton.cdiv(N, shape.block_n) >= share * programs
 
     if INTERPRET:
         return PERSISTENT_FUSED_NARROW
-    if runs == 1 and fills(PERSISTENT_FUSED_ONE_RUN):
+    if runs == 1 and fills(PERSISTENT_FUSED_ONE_RUN, ONE_RUN_FILL):
         return PERSISTENT_FUSED_ONE_RUN
     return PERSISTENT_FUSED if fills(PERSISTENT_FUSED) else PERSISTENT_FUSED_NARROW
 
