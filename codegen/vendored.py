@@ -8,7 +8,9 @@ that directory, the same bytes are rendered in memory from the built-in contract
 ``use_project`` points every later ``load_target`` (in this process and in the worker processes
 it starts, through two environment variables) at another project: ``--root``, ``--contracts`` or
 a ``contractgen.toml`` found above the current directory. Its modules are rendered in memory
-from its contracts, so a stale ``generated/`` there cannot mislead a command.
+from its contracts, so a stale ``generated/`` there cannot mislead a command. It returns the
+selection it replaced, which ``restore_project`` puts back: a command run in process (a test's
+``CliRunner``, a script calling ``main``) leaves no project behind for later code to read.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ _LOCK = threading.Lock()
 ROOT_ENV, CONTRACTS_ENV = "CONTRACTGEN_PROJECT_ROOT", "CONTRACTGEN_PROJECT_CONTRACTS"
 
 
-def use_project(config: ProjectConfig) -> None:
-    """Make ``load_target`` read ``config``'s project (here and in processes started later)."""
+def use_project(config: ProjectConfig) -> dict[str, str]:
+    """Make ``load_target`` read ``config``'s project (here and in processes started later);
+    the selection it replaced, for ``restore_project``."""
     builtin = builtin_config()
     same = (config.root.resolve(), config.contracts_dir.resolve()) == (
         builtin.root.resolve(),
@@ -39,8 +42,22 @@ def use_project(config: ProjectConfig) -> None:
     )
     wanted = {} if same else {ROOT_ENV: str(config.root.resolve()),
                               CONTRACTS_ENV: str(config.contracts_dir.resolve())}  # fmt: skip
-    current = {k: os.environ[k] for k in (ROOT_ENV, CONTRACTS_ENV) if k in os.environ}
-    if wanted != current:
+    current = _selection()
+    _select(wanted)
+    return current
+
+
+def restore_project(previous: dict[str, str]) -> None:
+    """Put back the selection ``use_project`` returned."""
+    _select(previous)
+
+
+def _selection() -> dict[str, str]:
+    return {k: os.environ[k] for k in (ROOT_ENV, CONTRACTS_ENV) if k in os.environ}
+
+
+def _select(wanted: dict[str, str]) -> None:
+    if wanted != _selection():
         for key in (ROOT_ENV, CONTRACTS_ENV):
             os.environ.pop(key, None)
         os.environ.update(wanted)

@@ -54,11 +54,13 @@ def project_from(ctx: click.Context) -> Project:
 
 def use_project_from(ctx: click.Context) -> Project:
     """Open the project (--root, --contracts, contractgen.toml) and make the vendored modules that
-    plan, handshake and parity read come from it; invalid contracts exit 2 here."""
-    from ..codegen.vendored import use_project
+    plan, handshake and parity read come from it, for this command only (the previous selection
+    is put back when its context closes); invalid contracts exit 2 here."""
+    from ..codegen.vendored import restore_project, use_project
 
     project = project_from(ctx)
-    use_project(project.config)
+    previous = use_project(project.config)
+    ctx.call_on_close(lambda: restore_project(previous))
     return project
 
 

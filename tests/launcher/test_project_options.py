@@ -4,6 +4,7 @@ looks)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,23 @@ def test_plan_reads_the_root_project(tmp_path: Path) -> None:
     (root / "contractgen.toml").write_text("")
     result = _run("--root", root, "plan", "--contract", "mine_v1")
     assert result.exit_code == 0, (result.output, result.stderr)
+
+
+def test_a_command_run_in_process_leaves_no_project_selected(tmp_path: Path) -> None:
+    """``plan --root`` selects its project for that command only: afterwards this process reads
+    the built-in targets again, even with the project's folder gone (a temporary project was
+    once left selected, and a later test's trainer rank read its deleted contracts)."""
+    root = tmp_path / "proj"
+    shutil.copytree(_own_contracts(tmp_path), root / "contracts")
+    (root / "contractgen.toml").write_text("")
+    assert load_target("sglang").origin == "generated/"
+    result = _run("--root", root, "plan", "--contract", "mine_v1")
+    assert result.exit_code == 0, (result.output, result.stderr)
+    assert ROOT_ENV not in os.environ and CONTRACTS_ENV not in os.environ
+    shutil.rmtree(root)
+    target = load_target("sglang")
+    assert target.origin == "generated/"
+    assert V1 in target.schema.CONTRACT_IDS and "mine_v1" not in target.schema.CONTRACT_IDS
 
 
 def test_handshake_uses_the_configured_package_path(tmp_path: Path) -> None:
