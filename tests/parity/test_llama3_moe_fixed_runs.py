@@ -9,9 +9,10 @@ same check as tests/parity/test_v3_fixed_runs.py for dense v3."""
 from __future__ import annotations
 
 import pytest
+from contract_gates import assert_layouts_equal_the_tp1_rollout, reference_gate
 
 from contractgen.parity.faults import Fault
-from contractgen.parity.harness import GateConfig, GateRun, _try_fault, compare
+from contractgen.parity.harness import _try_fault
 from contractgen.parity.layouts import parse_layout
 
 # Slow: on the shared 2-core CPU (load ~9) the gate's start took 480 s and a rollout-side fault
@@ -23,23 +24,15 @@ MOE_V3 = "qwen3_moe_true_on_policy_v3"
 TP1, TP2, EP2 = parse_layout("tp1"), parse_layout("tp2"), parse_layout("ep2")
 
 
-def _gate(contract: str, layouts):
-    from contractgen.adapters.sglang.model import ModelArch, random_weights
-    from contractgen.codegen.vendored import load_target
-
-    arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(contract))
-    return GateRun(GateConfig(contract, random_weights(arch, seed=0), layouts, progress=False))
-
-
 @pytest.fixture(scope="module")
 def llama_gate():
-    with _gate(LLAMA_V2, [TP1, TP2]) as run:
+    with reference_gate(LLAMA_V2, [TP1, TP2]) as run:
         yield run
 
 
 @pytest.fixture(scope="module")
 def moe_gate():
-    with _gate(MOE_V3, [TP1, TP2, EP2]) as run:
+    with reference_gate(MOE_V3, [TP1, TP2, EP2]) as run:
         yield run
 
 
@@ -47,24 +40,14 @@ def test_llama3_v2_rollout_tp2_and_trainer_tp2_equal_tp1(llama_gate):
     """The trainer at TP=2 (each rank 4 of the 8 runs of o_proj's and down_proj's K) and the
     rollout at TP=2 give the TP=1 rollout's logprobs bit for bit (the prefill re-score: v1's
     logprob contract)."""
-    rollout = llama_gate.scored_rollout(llama_gate.rollout(1))
-    for layout in (TP1, TP2):
-        cmp = compare(rollout, llama_gate.trainer(layout)[0])
-        assert cmp.exact and cmp.tokens_compared == 40, layout
-    cmp = compare(llama_gate.scored_rollout(llama_gate.rollout(2)), llama_gate.trainer(TP1)[0])
-    assert cmp.exact
+    assert_layouts_equal_the_tp1_rollout(llama_gate, [TP1, TP2])
 
 
 def test_moe_v3_rollout_tp2_and_trainer_tp2_ep2_equal_tp1(moe_gate):
     """TP=2 splits the experts' down_proj K (512: 4 of 8 runs per rank) as well as the dense
     layer's and o_proj's; EP=2 gives each rank whole experts (all 8 runs). Both trainer layouts
     and the TP=2 rollout equal the TP=1 rollout bit for bit."""
-    rollout = moe_gate.scored_rollout(moe_gate.rollout(1))
-    for layout in (TP1, TP2, EP2):
-        cmp = compare(rollout, moe_gate.trainer(layout)[0])
-        assert cmp.exact and cmp.tokens_compared == 40, layout
-    cmp = compare(moe_gate.scored_rollout(moe_gate.rollout(2)), moe_gate.trainer(TP1)[0])
-    assert cmp.exact
+    assert_layouts_equal_the_tp1_rollout(moe_gate, [TP1, TP2, EP2])
 
 
 FAULTS = [

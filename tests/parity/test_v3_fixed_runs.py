@@ -6,9 +6,10 @@ one flipped matmul field on one side breaks it. The full --inject-faults run of 
 from __future__ import annotations
 
 import pytest
+from contract_gates import assert_layouts_equal_the_tp1_rollout, reference_gate
 
 from contractgen.parity.faults import Fault
-from contractgen.parity.harness import GateConfig, GateRun, _try_fault, compare
+from contractgen.parity.harness import _try_fault
 from contractgen.parity.layouts import parse_layout
 
 V3 = "qwen3_dense_true_on_policy_v3"
@@ -17,23 +18,14 @@ TP1, TP2 = parse_layout("tp1"), parse_layout("tp2")
 
 @pytest.fixture(scope="module")
 def gate():
-    from contractgen.adapters.sglang.model import ModelArch, random_weights
-    from contractgen.codegen.vendored import load_target
-
-    arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(V3))
-    with GateRun(GateConfig(V3, random_weights(arch, seed=0), [TP1, TP2], progress=False)) as run:
+    with reference_gate(V3, [TP1, TP2]) as run:
         yield run
 
 
 def test_v3_rollout_tp2_and_trainer_tp2_equal_tp1(gate):
     """The trainer at TP=2 (each rank 4 of the 8 runs of o_proj's and down_proj's K) and the
     rollout at TP=2 give the TP=1 rollout's logprobs bit for bit."""
-    rollout = gate.scored_rollout(gate.rollout(1))
-    for layout in (TP1, TP2):
-        cmp = compare(rollout, gate.trainer(layout)[0])
-        assert cmp.exact and cmp.tokens_compared == 40, layout
-    cmp = compare(gate.scored_rollout(gate.rollout(2)), gate.trainer(TP1)[0])
-    assert cmp.exact
+    assert_layouts_equal_the_tp1_rollout(gate, [TP1, TP2])
 
 
 @pytest.mark.parametrize(
