@@ -111,7 +111,11 @@ def cases():
                 dict(x_desc=(mm.block_m, 64), w_desc=(mm.block_n, 64)),
             )  # fmt: skip
         # one run over all of K (matmul_column_k_runs: 1): K = 512 and 2560
-        for mm in (matmul.PERSISTENT_FUSED_ONE_RUN, matmul.PERSISTENT_FUSED_NARROW):
+        for mm in (
+            matmul.PERSISTENT_FUSED_ONE_RUN,
+            matmul.PERSISTENT_FUSED_ONE_RUN_SMALL_M,
+            matmul.PERSISTENT_FUSED_NARROW,
+        ):
             yield (
                 f"_mm_persistent fused tma {mm.block_m}x{mm.block_n} one run of {8 * run}",
                 matmul._mm_persistent,

@@ -100,6 +100,31 @@ def test_one_column_run_is_batch_and_decode_invariant(kps, backend):
     assert torch.equal(_bits(mm(other, w, kps["v4"])[-1]), _bits(full[1]))
 
 
+def test_every_one_run_launch_tile_gives_the_same_bits(kps):
+    """The one-run launch shapes the Triton backend ships (16 x 32 at a decode-sized M, 64 x 64,
+    and on a GPU 128 x 256) give the contract's bits: a tile changes the time, not the sum (the
+    interpreter cannot hold the 128 x 256 float64 product). The twin: two runs of 8 tiles, on the
+    same launch, are another float32 sum."""
+    x, w = _r(20, 1024), _r(72, 1024, seed=1)
+    want = _bits(tmm.triton_matmul(x, w, kps["v4"]))
+    k_block = kps["v4"].matmul_k_block
+    shapes = [tmm.PERSISTENT_FUSED_ONE_RUN_SMALL_M, tmm.PERSISTENT_FUSED_NARROW]
+    shapes += [tmm.PERSISTENT_FUSED_ONE_RUN] if CUDA else []
+    for shape in shapes:
+        for rows in (slice(0, 1), slice(0, 16), slice(0, 20)):
+            y = tmm._launch(x[rows], w, k_block, 1024 // k_block, torch.float32,
+                            persistent=shape, fused=True, out=BF)  # fmt: skip
+            assert torch.equal(_bits(y), want[rows]), (shape, rows)
+    # float32 out: the twin's last-bit differences would mostly round away in bfloat16
+    one, two = (
+        tmm._launch(x, w, k_block, 1024 // k_block // runs, torch.float32,
+                    persistent=tmm.PERSISTENT_FUSED_ONE_RUN_SMALL_M, fused=True)
+        for runs in (1, 2)
+    )  # fmt: skip
+    assert torch.equal(_bits(one.to(BF)), want)
+    assert not torch.equal(_bits(two), _bits(one))
+
+
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_row_parallel_split_equals_the_row_policy_at_tp1(kps, backend, tp):

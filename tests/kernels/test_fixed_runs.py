@@ -179,9 +179,18 @@ def test_fused_persistent_shape_is_wide_where_its_tiles_fill_the_gpu(kp3, monkey
     assert tmm.persistent_shape_for_fused(4096, 1024, 132, runs=1) == one  # 128 tiles: 97 %
     assert tmm.persistent_shape_for_fused(4096, 1024, 132, runs=2) == wide  # 256 tiles
     assert tmm.persistent_shape_for_fused(8192, 4096, 132, runs=2) == wide
+    # one run, a decode-sized M: 16 x 32 (more programs); at M = 64 and for split runs, 64 x 64
+    small = tmm.PERSISTENT_FUSED_ONE_RUN_SMALL_M
+    assert (small.block_m, small.block_n) == (16, 32)
+    assert tmm.persistent_shape_for_fused(1, 1024, 132, runs=1) == small
+    assert tmm.persistent_shape_for_fused(16, 9728, 132, runs=1) == small
+    assert tmm.persistent_shape_for_fused(17, 1024, 132, runs=1) == narrow
+    assert tmm.persistent_shape_for_fused(64, 4096, 132, runs=1) == narrow
+    assert tmm.persistent_shape_for_fused(16, 1024, 132, runs=2) == narrow
     monkeypatch.setattr(tmm, "INTERPRET", True)
     assert tmm.persistent_shape_for_fused(8192, 4096, 132) == narrow
     assert tmm.persistent_shape_for_fused(8192, 4096, 132, runs=1) == narrow
+    assert tmm.persistent_shape_for_fused(1, 1024, 132, runs=1) == narrow
 
 
 @pytest.mark.parametrize("k", [512, 2560])

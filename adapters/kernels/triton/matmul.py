@@ -689,6 +689,17 @@ PERSISTENT_FUSED_ONE_RUN = LaunchShape(
     block_m=128, block_n=256, num_warps=8, num_stages=4, tma=True
 )
 ONE_RUN_FILL = 0.9
+# One run at M <= ONE_RUN_SMALL_ROWS: 16 x 32 tiles, four programs an SM. One run gives no K split
+# to spread over the SMs, so the output tiles are the only parallelism: benchmarks/bench_v4_shapes.py
+# on an H100 (call Q, 2026-12-07; Qwen3-4B's column projections under CUDA graphs, every candidate
+# first checked bit-equal to the 128 x 256 rows) put 16 x 32 at or below the 64 x 64 tile in all
+# six cases at M = 1 and 16 (q 1.30 / 1.29x cuBLAS against 1.33 / 1.31x, k/v 1.56 / 1.57 against
+# 1.60 / 1.59, gate/up 1.08 / 1.08 against 1.19 / 1.12); at M = 64 it lost (1.33-1.76x), so 64 x 64
+# stays there.
+PERSISTENT_FUSED_ONE_RUN_SMALL_M = LaunchShape(
+    block_m=16, block_n=32, num_warps=4, num_stages=4, programs_per_sm=4, tma=True
+)
+ONE_RUN_SMALL_ROWS = 16
 
 
 def small_shape(M: int, runs: int, fused: bool = False) -> LaunchShape:
@@ -708,8 +719,9 @@ def persistent_shape_for_fused(
 ) -> LaunchShape:
     """fixed_runs' persistent shape for an ``M x N`` output (``PERSISTENT_FUSED`` says why):
     128 x 128 tiles where there are at least as many as ``programs`` (one run: 128 x 256 where
-    those fill ``ONE_RUN_FILL`` of them, ``PERSISTENT_FUSED_ONE_RUN``), else 64 x 64. The interpreter (CI) cannot hold a
-    128 x 128 x 64 float64 product: it runs the narrow tile."""
+    those fill ``ONE_RUN_FILL`` of them, ``PERSISTENT_FUSED_ONE_RUN``; 16 x 32 at M <=
+    ``ONE_RUN_SMALL_ROWS``), else 64 x 64. The interpreter (CI) cannot hold a 128 x 128 x 64
+    float64 product: it runs the narrow tile."""
 
     def fills(shape: LaunchShape, share: float = 1.0) -> bool:
         return triton.cdiv(M, shape.block_m) * triton.cdiv(N, shape.block_n) >= share * programs
@@ -718,6 +730,8 @@ def persistent_shape_for_fused(
         return PERSISTENT_FUSED_NARROW
     if runs == 1 and fills(PERSISTENT_FUSED_ONE_RUN, ONE_RUN_FILL):
         return PERSISTENT_FUSED_ONE_RUN
+    if runs == 1 and M <= ONE_RUN_SMALL_ROWS:
+        return PERSISTENT_FUSED_ONE_RUN_SMALL_M
     return PERSISTENT_FUSED if fills(PERSISTENT_FUSED) else PERSISTENT_FUSED_NARROW
 
 
