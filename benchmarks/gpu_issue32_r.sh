@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 32 on the lent GPU, call R: after call Q. The one-run small-M tile (16 x 32 at M <= 16,
 # chosen from call Q's bench_v4_shapes.py) through the GPU kernel tests (its bits against the
-# other one-run tiles) and the v4 linear table, eager as before and with every M under a CUDA
+# other one-run tiles) and the v4 linear table with every M under a CUDA
 # graph (call Q's eager M = 4096 times were floored by the host's launch cost); the v4 gate on the
 # tiny model with the transformers check (the rollout's decode takes the new tile); v1's trainer
 # at the Qwen3-4B shape where the card holds it (issue 32's v1 target). Expects .whl/.
@@ -14,7 +14,6 @@ step 110 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels
   tests/kernels/test_fixed_runs.py
 STEP_TAIL=40
 step 120 v4_linear_graph python3 benchmarks/bench_v4_linear.py --graph-all --json "$OUT/v4_linear_graph.json"
-step 120 v4_linear python3 benchmarks/bench_v4_linear.py --json "$OUT/v4_linear.json"
 STEP_TAIL=25
 step 150 gate_tiny_v4 contractgen parity --device cuda --layouts tp1 --rollout-tps 1 \
   --contract qwen3_dense_true_on_policy_v4 --json "$OUT/parity_tiny_v4_cuda_reference.json"
