@@ -11,7 +11,6 @@ tied-embedding attributes, is carried over unchanged).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,33 +23,9 @@ from contractgen.adapters.layout import Layout
 from contractgen.adapters.sglang.model import ModelArch
 
 from .layers import SGLangOutputLayer
-from .policy import TrueOnPolicyTransformerConfig, dtype_of, generated, model_profile_for
+from .policy import TrueOnPolicyTransformerConfig, dtype_of, generated
+from .profile import arch_for, checkpoint_arch, load_checkpoint  # noqa: F401 (names kept here)
 from .provider import get_sglang_block_spec
-
-
-def arch_for(contract_id: str, dims: Any = None) -> ModelArch:
-    """The rollout's ``ModelArch`` for the contract's model profile (reference model by default),
-    so both sides describe the model with one object."""
-    return ModelArch.from_profile(model_profile_for(contract_id), dims)
-
-
-def load_checkpoint(
-    contract_id: str, path: str | Path
-) -> tuple[ModelArch, dict[str, torch.Tensor]]:
-    """``(arch, HF-named weights)`` of a checkpoint directory, read by the rollout's own reader
-    (same config dialects, same coverage check against the contract's profile)."""
-    from contractgen.adapters.sglang.checkpoint import load_checkpoint as read
-
-    return read(path, model_profile_for(contract_id))
-
-
-def checkpoint_arch(contract_id: str, path: str | Path) -> ModelArch:
-    """The ``ModelArch`` of a checkpoint directory from its ``config.json`` alone (the same
-    coverage check as ``load_checkpoint``; no weights read)."""
-    from contractgen.adapters.sglang.checkpoint import check_checkpoint
-
-    profile = model_profile_for(contract_id)
-    return ModelArch.from_profile(profile, check_checkpoint(path, profile))
 
 
 def padded_vocab_size(arch: ModelArch, tp: int, kp: KernelPolicy) -> int:

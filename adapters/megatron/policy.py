@@ -16,22 +16,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import torch
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..kernels.policy import KernelPolicy
+from .profile import generated, model_profile_for  # noqa: F401 (names kept here)
 from .run_types import with_fault
-
-
-@lru_cache(maxsize=1)
-def generated() -> Any:
-    """The generated megatron target (``.schema`` and ``.runtime_policy`` modules)."""
-    from contractgen.codegen.vendored import load_target
-
-    return load_target("megatron")
 
 
 @dataclass
@@ -135,11 +127,6 @@ def resolve(config: Any) -> MegatronPolicy:
     if kp is None and contract is not None:
         kp = generated().schema.kernel_policy_for(contract)
     return MegatronPolicy(kp=None if kp is None else KernelPolicy.of(kp), rp=rp)
-
-
-def model_profile_for(contract_id: str) -> Any:
-    """The contract's ``ModelProfile`` (dims of the model the contract was written for)."""
-    return generated().schema.model_profile_for(contract_id)
 
 
 def dtype_of(name: str) -> torch.dtype:

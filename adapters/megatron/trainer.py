@@ -21,7 +21,7 @@ from ..layout import Layout
 from ..sglang.checkpoint import safetensors_files
 from ..shared_tensors import SharedTensors
 from ..workers import RankPool, TrainerJob, free_port
-from .model import arch_for, checkpoint_arch
+from .profile import arch_for, checkpoint_arch
 from .run_types import (
     BACKENDS,
     TrainBatch,
