@@ -14,8 +14,19 @@ V1 = "qwen3_dense_true_on_policy_v1"
 V2 = "qwen3_dense_true_on_policy_v2"
 
 
-def run_parity(*args: str, tmp_path: Path, timeout: int = 900) -> tuple[int, dict | None, str]:
-    """Run ``contractgen parity`` in a subprocess; (exit code, JSON report or None, stdout+stderr)."""
+def run_parity(
+    *args: str, tmp_path: Path, fresh: bool = False, timeout: int = 900
+) -> tuple[int, dict | None, str]:
+    """``contractgen parity --quiet --json``: (exit code, JSON report or None, stdout+stderr).
+
+    In this process by default (``run_parity_in_process``): the worker's fork server, which has
+    imported torch and megatron-core once, starts the run's ranks. A fresh interpreter cost each
+    run about 6 s of CPU more (3.6 s against 9.9 s for the tiny tp1 gate, 2026-12-07), a minute
+    or two of the suite's 30. ``fresh=True`` runs ``python -m contractgen`` in a subprocess
+    (``timeout`` seconds): for plants a ``sitecustomize`` on ``PYTHONPATH`` must bring into
+    every process of the run, and for the entry point itself."""
+    if not fresh:
+        return run_parity_in_process(*args, tmp_path=tmp_path)
     report = tmp_path / "report.json"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
@@ -30,9 +41,8 @@ def run_parity(*args: str, tmp_path: Path, timeout: int = 900) -> tuple[int, dic
 
 
 def run_parity_in_process(*args: str, tmp_path: Path) -> tuple[int, dict | None, str]:
-    """``run_parity`` without the process: for input the command refuses before any worker
-    starts, where a fresh interpreter (torch and megatron-core imported again) is most of the
-    cost. Output is stdout and stderr as a terminal shows them."""
+    """``contractgen parity --quiet --json`` in this process (click's runner). Output is stdout
+    and stderr as a terminal shows them."""
     from click.testing import CliRunner
 
     from contractgen.cli import main

@@ -68,7 +68,9 @@ def test_trainer_only_float32_split_fails_the_gate(monkeypatch, tmp_path):
     site.mkdir()
     (site / "sitecustomize.py").write_text(textwrap.dedent(TRAINER_FLOAT32_BUG))
     monkeypatch.setenv("PYTHONPATH", str(site))
-    code, report, out = run_parity("--layouts", "tp1", "--rollout-tps", "1", tmp_path=tmp_path)
+    code, report, out = run_parity(
+        "--layouts", "tp1", "--rollout-tps", "1", tmp_path=tmp_path, fresh=True
+    )
     assert report is not None, out
     ref = report["reference"]
     assert ref["within_tolerance"], out  # transformers alone would pass it

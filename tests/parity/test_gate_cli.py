@@ -35,7 +35,7 @@ LAYOUT_KEYS = {
 def test_default_gate_is_exact_at_every_default_layout(tmp_path):
     """The default gate: every rollout TP of the model (1, 2, 4) against the TP=1 reference,
     every trainer layout, every pairing, and transformers' float32 forward at every layout."""
-    code, report, out = run_parity(tmp_path=tmp_path)
+    code, report, out = run_parity(tmp_path=tmp_path, fresh=True)  # the entry point itself
     assert code == 0, out
     assert REPORT_KEYS <= set(report)
     assert FAULT_KEYS <= set(report["faults"])

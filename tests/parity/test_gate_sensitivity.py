@@ -72,7 +72,7 @@ def _planted_run(monkeypatch, tmp_path, source: str, *args: str):
     monkeypatch.setenv("PYTHONPATH", str(site))
     out = tmp_path / "run"
     out.mkdir()
-    return run_parity(*args, tmp_path=out)
+    return run_parity(*args, tmp_path=out, fresh=True)
 
 
 @pytest.fixture(scope="module")

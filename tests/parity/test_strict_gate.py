@@ -103,7 +103,7 @@ def test_strict_sees_stock_ops_in_spawned_ranks_and_counts_every_rank(tmp_path, 
     monkeypatch.setenv("PYTHONPATH", str(inject))
     code, report, out = run_parity(
         "--layouts", "tp2", "--rollout-tps", "1,2", "--no-reference", "--strict",
-        tmp_path=tmp_path,
+        tmp_path=tmp_path, fresh=True,
     )  # fmt: skip
     assert code == 1, out
     kc = report["kernel_calls"]
