@@ -1,8 +1,8 @@
 """The contract's model profile as the rollout's ``ModelArch``, without importing megatron-core.
 
 The gate's parent process starts trainer sessions with these (``trainer.py``) and never builds a
-model: megatron-core is imported only where a model is built, in the ranks (about 3.6 s of CPU a
-process on the CI machine; ``tests/megatron/test_light_imports.py``).
+model: megatron-core is imported only where a model is built, in the ranks (its import took
+about 3.6 s of CPU on a 2-core machine, 2026-12-07; ``tests/megatron/test_light_imports.py``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ V2 = "qwen3_dense_true_on_policy_v2"
 
 
 def run_parity(
-    *args: str, tmp_path: Path, fresh: bool = False, timeout: int = 900
+    *args: str, tmp_path: Path, fresh: bool = False, timeout: int | None = None
 ) -> tuple[int, dict | None, str]:
     """``contractgen parity --quiet --json``: (exit code, JSON report or None, stdout+stderr).
 
@@ -23,9 +23,12 @@ def run_parity(
     imported torch and megatron-core once, starts the run's ranks. A fresh interpreter cost each
     run about 6 s of CPU more (3.6 s against 9.9 s for the tiny tp1 gate, 2026-12-07), a minute
     or two of the suite's 30. ``fresh=True`` runs ``python -m contractgen`` in a subprocess
-    (``timeout`` seconds): for plants a ``sitecustomize`` on ``PYTHONPATH`` must bring into
-    every process of the run, and for the entry point itself."""
+    (``timeout`` seconds, default 900; an in-process run has none to enforce, so it refuses
+    one): for plants a ``sitecustomize`` on ``PYTHONPATH`` must bring into every process of the
+    run, and for the entry point itself."""
     if not fresh:
+        if timeout is not None:
+            raise TypeError("run_parity: timeout= applies to fresh=True runs only")
         return run_parity_in_process(*args, tmp_path=tmp_path)
     report = tmp_path / "report.json"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -33,7 +36,7 @@ def run_parity(
         [sys.executable, "-m", "contractgen", "parity", "--quiet", "--json", str(report), *args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=900 if timeout is None else timeout,
         env=env,
     )
     data = json.loads(report.read_text()) if report.exists() else None

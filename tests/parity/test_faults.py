@@ -157,7 +157,7 @@ def test_inject_faults_every_fault_detected_or_explained(tmp_path, contract, lay
     its one new mechanism, the large-workload retry, is the test above."""
     extra = ("--layouts", layouts) if layouts else ()
     code, report, out = run_parity("--contract", contract, "--inject-faults", *extra,
-                                   tmp_path=tmp_path, timeout=1500)  # fmt: skip
+                                   tmp_path=tmp_path)  # fmt: skip
     assert "tp4" in [lay["name"] for lay in report["layouts"]]
     faults = report["faults"]
     shared = {"shared.silu_glu_sign_flip", "shared.tp_reduce_skipped"}

@@ -21,7 +21,7 @@ LLAMA = "llama3_dense_true_on_policy_v1"
 @pytest.mark.slow
 def test_llama3_gate_is_exact(tmp_path: Path) -> None:
     code, report, out = run_parity(
-        "--contract", LLAMA, "--layouts", "tp1,tp2,pp2,cp2", tmp_path=tmp_path, timeout=1500
+        "--contract", LLAMA, "--layouts", "tp1,tp2,pp2,cp2", tmp_path=tmp_path
     )
     assert code == 0, out
     assert [lay["name"] for lay in report["layouts"]] == ["tp1", "tp2", "pp2", "cp2"]
@@ -39,7 +39,7 @@ def test_uncovered_checkpoint_exits_2_with_one_line(tmp_path: Path) -> None:
     }  # fmt: skip
     (ckpt / "config.json").write_text(json.dumps(config))
     code, report, out = run_parity(
-        "--contract", LLAMA, "--checkpoint", str(ckpt), tmp_path=tmp_path, timeout=300
+        "--contract", LLAMA, "--checkpoint", str(ckpt), tmp_path=tmp_path
     )
     assert code == 2, out
     assert report is None and "Traceback" not in out

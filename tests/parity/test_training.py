@@ -217,7 +217,7 @@ tokens (48 scored per pair)."""
 
 @pytest.mark.slow
 def test_three_rl_steps_stay_bit_identical_at_every_layout(tmp_path):
-    code, report, out = run_parity("--train-steps", "3", *RL_RUN, tmp_path=tmp_path, timeout=1800)
+    code, report, out = run_parity("--train-steps", "3", *RL_RUN, tmp_path=tmp_path)
     assert code == 0, out
     steps = report["steps"]
     assert [s["step"] for s in steps] == [0, 1, 2]

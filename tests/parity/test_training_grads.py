@@ -117,7 +117,7 @@ def test_a_dk_without_the_softmax_scale_fails_the_rl_run_at_every_layout(tmp_pat
     is at step 0) with the bug planted on both sides: every pair exact, the ratio exactly 1, and
     still exit 1, every layout's step-0 gradient far off float64."""
     code, report, out = run_parity(
-        "--train-steps", "1", *RL_RUN, "--plant-bug", DK_BUG, tmp_path=tmp_path, timeout=1800
+        "--train-steps", "1", *RL_RUN, "--plant-bug", DK_BUG, tmp_path=tmp_path
     )
     assert code == 1, out
     (step,) = report["steps"]
