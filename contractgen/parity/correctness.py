@@ -8,12 +8,12 @@ through transformers for the gradient of the scored logprobs (``grads.per_layout
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .harness import bits_digest
 from .layouts import Layout
 from .reference import (
     hf_grads,
@@ -63,19 +63,6 @@ def reference_for(config: Any) -> tuple[Reference | None, str | None]:
     seqs = reference_sequences(model.config.vocab_size, model.config.max_position_embeddings)
     tolerance = logprob_tolerance(config.device, family=_profile(config.contract_id).family)
     return Reference(hf_name(config.weights), seqs, hf_logprobs(model, seqs), tolerance), None
-
-
-def bits_digest(logprobs: list[torch.Tensor]) -> str:
-    """sha256 of the logprobs' bit patterns, sequence by sequence (dtype and shape included): two
-    float32 runs with one digest scored every token with the same bits."""
-    from .harness import bits
-
-    h = hashlib.sha256()
-    for t in logprobs:
-        t = t.detach().cpu()
-        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
-        h.update(bits(t).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _entry(side: str, name: str, tp: int, pp: int, cp: int, got, ref: Reference) -> dict:

@@ -11,6 +11,7 @@ bugs must be caught by the cross-TP comparison or by the transformers reference.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +53,17 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits_digest(logprobs: list[torch.Tensor]) -> str:
+    """sha256 of the logprobs' bit patterns, sequence by sequence (dtype and shape included): two
+    runs with one digest scored every token with the same bits (a refactor's before/after too)."""
+    h = hashlib.sha256()
+    for t in logprobs:
+        t = t.detach().cpu()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        h.update(bits(t).numpy().tobytes())
+    return h.hexdigest()
 
 
 def compare(rollout: list[torch.Tensor], trainer: list[torch.Tensor]) -> Comparison:
@@ -359,6 +371,8 @@ def run_rollouts(run: GateRun) -> dict:
                 entry["max_abs_diff"] = max(entry["max_abs_diff"], cmp.max_abs_diff)
         else:
             entry["max_abs_diff"] = None
+        entry["decode_sha256"] = bits_digest(res.decode_logprobs)
+        entry["prefill_sha256"] = bits_digest(res.prefill_logprobs)
         entry["seconds"] = round(time.perf_counter() - t0, 2)
         if run.config.progress:
             how = "same tokens" if same else "OTHER TOKENS"
@@ -387,7 +401,8 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
                 f"layout {run.layout_key(layout)}: trainer TP={layout.tp} PP={layout.pp} CP={layout.cp}{ep}"
             )
         own = run.rollout(layout.tp)
-        cmp = compare(run.scored_rollout(own), trainer_for(run, layout, own))
+        scored = trainer_for(run, layout, own)
+        cmp = compare(run.scored_rollout(own), scored)
         entry = {
             "name": run.layout_key(layout),
             "target": run.trainer_target,
@@ -395,6 +410,7 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
             "exact": cmp.exact,
             "tokens_compared": cmp.tokens_compared,
             "max_abs_diff": cmp.max_abs_diff,
+            "logprobs_sha256": bits_digest(scored),
             "first_divergence": (
                 None if cmp.first is None else first_divergence(run, layout, cmp.first)
             ),
