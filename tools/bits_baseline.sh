@@ -8,13 +8,17 @@ out=${1:?usage: bits_baseline.sh OUT_DIR}
 mkdir -p "$out"
 cg=${CONTRACTGEN:-.venv/bin/contractgen}
 for c in $(ls contracts/*.yaml | xargs -n1 basename | sed 's/\.yaml$//'); do
-  "$cg" parity --contract "$c" --no-reference --quiet --trainers "$(
-    .venv/bin/python -c "from contractgen.parity.targets import trainer_targets as t; print(','.join(t('$c')))")" \
-    --json "$out/$c.gate.json" >/dev/null || echo "gate failed: $c" >&2
+  "$cg" parity --contract "$c" --no-reference --quiet --json "$out/$c.gate.json" >/dev/null \
+    || echo "gate failed: $c" >&2
 done
-for t in megatron fsdp; do
-  "$cg" parity --contract qwen3_dense_true_on_policy_v1 --no-reference --quiet --trainers "$t" \
-    --train-steps 2 --json "$out/train_$t.json" >/dev/null || echo "train failed: $t" >&2
+for c in qwen3_dense_true_on_policy_v1 qwen3_dense_lora_true_on_policy_v1; do
+  "$cg" parity --contract "$c" --no-reference --quiet --trainers fsdp --layouts fsdp1,fsdp2 \
+    --json "$out/$c.fsdp.json" >/dev/null || echo "fsdp gate failed: $c" >&2
+done
+for run in megatron:tp1,tp2,pp2 fsdp:fsdp1,fsdp2; do
+  "$cg" parity --contract qwen3_dense_true_on_policy_v1 --no-reference --quiet \
+    --trainers "${run%%:*}" --layouts "${run#*:}" --train-steps 2 \
+    --json "$out/train_${run%%:*}.json" >/dev/null || echo "train failed: $run" >&2
 done
 .venv/bin/python - "$out" <<'PY'
 import json, sys
