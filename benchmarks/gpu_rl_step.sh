@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue 32 on the lent GPU (2026-12-05), call I: the gpu tests of the small ops after their twin
-# assertions changed (F.silu and torch.sum are the contract's bits on CUDA), and the RL step at
-# the target workload (32 prompts x 4 samples x 256 tokens, v3, tp1, 2 steps; step 1 is the warm
-# one) with the step split into 4 microbatches (--train-microbatches, fp32 gradient accumulation),
-# since one microbatch of 128 sequences does not fit. Expects the cp312 wheels in .whl/.
+# One RL step at the target workload on one card (32 prompts x 4 samples x 256 tokens, v3,
+# Qwen3-0.6B shape, tp1, 2 steps; step 1 is the warm one) in 4 microbatches (--train-microbatches,
+# fp32 gradient accumulation: one microbatch of 128 sequences does not fit), after the gpu tests of
+# the small ops, the sampler and the decode graph. First run as issue 32's call I (2026-12-05).
+# Expects the cp312 wheels in .whl/ (gpu_env.sh); writes under $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 source "$(dirname "$0")/gpu_steps.sh"
-gpu_log issue32_i
+gpu_log rl_step
 STEP_TAIL=30
 step 110 pytest_gpu python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
   tests/kernels/test_triton_small_ops.py tests/sglang/test_sampling.py tests/sglang/test_decode_graph.py

@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# Issue 32 on the lent H200 (2026-12-05), call H, the second of the session after call G: the
-# trainer against transformers + SDPA (hf_sdpa, built as ../shared/bench/hf_trainer_baseline.py
-# builds it) at 32 x 512 tokens on the Qwen3-0.6B shape (v1 and v3) and 16 x 512 on Qwen3-4B (v3),
-# now that RMSNorm, RoPE, SiLU-GLU and the log-softmax chunk sums run as Triton kernels; the
-# gate's rollout cold and warm with the batched sampler (8 requests x 128 tokens); the Qwen3-0.6B
-# v3 gate with the transformers check. Expects the cp312 wheels in .whl/.
+# The trainer's fwd+bwd against transformers + SDPA (hf_sdpa, built as
+# ../shared/bench/hf_trainer_baseline.py builds it): 32 x 512 tokens on the Qwen3-0.6B shape (v1 and
+# v3) and 16 x 512 on Qwen3-4B (v3); the gate's rollout cold (empty Triton cache, 8 requests x 128
+# tokens); the Qwen3-0.6B v3 gate with the transformers check. First run as issue 32's call H
+# (2026-12-05). Expects the cp312 wheels in .whl/ (gpu_env.sh); writes under $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 source "$(dirname "$0")/gpu_steps.sh"
-gpu_log issue32_h
+gpu_log trainer_vs_transformers
 for c in v3 v1; do
   step 90 "trainer_Qwen3-0.6B_${c}" python3 benchmarks/bench_trainer.py --device cuda --batch 32 \
     --seq 512 --model Qwen3-0.6B --models sglang,hf_sdpa --contract "qwen3_dense_true_on_policy_$c" \

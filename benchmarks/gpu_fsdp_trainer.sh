@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 33 on one lent GPU: the FSDP trainer target at the Qwen3-0.6B shape. (a) Its gate with the
+# The FSDP trainer target at the Qwen3-0.6B shape on one card. (a) Its gate with the
 # transformers float32 check on (fsdp1 trainer, rollout TP 1, random weights), the JSON report in
 # $OUT; (b) its fwd+bwd step time next to transformers + SDPA built as
 # ../shared/bench/hf_trainer_baseline.py builds it (bench_trainer.py's fsdp and hf_sdpa rows: the
 # same 32 x 512 token ids, one process). Each step under a timeout; the whole script fits 540 s
-# (install ~60 s + 270 s + 150 s). Expects the cp312 wheels in .whl/.
+# (install ~60 s + 270 s + 150 s). First run for issue 33. Expects the cp312 wheels in .whl/.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 source "$(dirname "$0")/gpu_steps.sh"
-gpu_log issue33_fsdp
+gpu_log fsdp_trainer
 STEP_TAIL=40
 step 270 gate_fsdp1_qwen3_0.6b contractgen parity --device cuda --trainers fsdp --layouts fsdp1 \
   --rollout-tps 1 --model Qwen3-0.6B --contract qwen3_dense_true_on_policy_v1 --requests 8 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-shape parity on the lent H200 machine (issue 10; see BENCHMARKS.md): a random-weight
+# Real-shape parity on CUDA (first run for issue 10 on an H200; see BENCHMARKS.md): a random-weight
 # checkpoint shaped like $MODEL (benchmarks/random_checkpoint.py, transformers' own init), then
 # `contractgen parity --device cuda` at $LAYOUTS x rollout TPs $ROLLOUT_TPS (default 1,2) on $REQUESTS requests x
 # $NEW_TOKENS new tokens. GPU_TESTS=1 first runs the gpu-marked tests. Expects megatron-core and

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 31 on the lent H200: the gate WITH the transformers check (no --no-reference) for every
-# shipped contract: the default tiny model, the Qwen3-0.6B shape (dense v1 and v2), the
-# Llama-3.2-1B shape (Llama 3 v1) and the MoE reference model (v1 and v2); plus the gpu tests of
-# the float32 routing and of transformers agreement on CUDA. Expects the cp312 wheels in .whl/
-# (gpu_env.sh); writes the JSON reports and one log under $OUT (at most 8 files come back).
+# The gate WITH the transformers check (no --no-reference) on CUDA for the contracts shipped
+# by 2026-12-03: the default tiny model, the Qwen3-0.6B shape (dense v1 and v2), the Llama-3.2-1B
+# shape (Llama 3 v1) and the MoE reference model (v1 and v2); plus the gpu tests of the float32
+# routing and of transformers agreement on CUDA. First run for issue 31 on an H200. Expects the
+# cp312 wheels in .whl/ (gpu_env.sh); writes the JSON reports and one log under $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 log="$OUT/reference_session.log"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Issue 34 on one CUDA GPU: LoRA true-on-policy on the Llama-3.2-1B shape (its public dims,
+# LoRA true-on-policy on the Llama-3.2-1B shape (its public dims,
 # random weights written by --model, transformers' init, seed 0) at tp1, rollout TP 1:
 #   (a) the one-shot gate with a seeded r=8 adapter (alpha 12) on q/k/v/o/gate/up/down, served
 #       unmerged on both sides, with the transformers + peft float32 check;
 #   (b) --train-steps 3 under the adapter (base frozen, adapter-only push, digest handshake),
 #       no gradient check, with each step's time split (rollout, trainer, push, ...).
+# First run for issue 34 (2026-12-06).
 # The machine has no peft: besides the cp312 wheels gpu_env.sh installs, .whl/ must hold
 # peft-0.21.2, accelerate-1.16.0 (peft imports it) and psutil-7.2.2 (abi3; accelerate's);
 # gpu_env.sh installs every .whl/*.whl. Whole script <= 540 s: install ~30 s, then the steps'
@@ -12,7 +13,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 source "$(dirname "$0")/gpu_steps.sh"
-gpu_log issue34_lora
+gpu_log lora
 CONTRACT=llama3_dense_lora_true_on_policy_v1
 MODEL=${MODEL:-Llama-3.2-1B}
 step 20 peft_import python3 -c "import peft, accelerate; print('peft', peft.__version__, 'accelerate', accelerate.__version__)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kernel-library GPU session (issue 10), run on a lent H200 from a copy of the worktree:
+# The kernel library on two GPUs (first run for issue 10 on 2x H200), from a copy of the worktree:
 # gpu-marked kernel tests, the benchmark table (bench_kernels.py), on two GPUs the tree all-reduce
 # vs NCCL (bench_allreduce.py), the parity gate on CUDA.
 # Expects the cp312 wheels (megatron-core, pydantic, ...) in ${WHL:-.whl}/ and, optionally, a

@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# Issue 32 on the lent GPU, call R: after call Q. The one-run small-M tile (16 x 32 at M <= 16,
-# chosen from call Q's bench_v4_shapes.py) through the GPU kernel tests (its bits against the
-# other one-run tiles) and the v4 linear table with every M under a CUDA
-# graph (call Q's eager M = 4096 times were floored by the host's launch cost); the v4 gate on the
-# tiny model with the transformers check (the rollout's decode takes the new tile); v1's trainer
-# at the Qwen3-4B shape where the card holds it (issue 32's v1 target). Expects .whl/.
+# The v4 GPU kernels and gates on one card: the column/fixed-runs kernel tests, the v4 linear
+# table against cuBLAS with every M under a CUDA graph (bench_v4_linear.py --graph-all), the tiny
+# v4 gate with the transformers check, and v1's trainer at the Qwen3-4B shape against transformers
+# + SDPA (32 x 512 where the card holds it, else 16 x 512). First run as issue 32's call R
+# (2026-12-07, H100; docs/benchmarks/). Expects .whl/ (gpu_env.sh); writes under $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 source "$(dirname "$0")/gpu_steps.sh"
-gpu_log issue32_r
+gpu_log kernels_and_gates
 STEP_TAIL=12
 step 110 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_column_runs.py \
   tests/kernels/test_fixed_runs.py
