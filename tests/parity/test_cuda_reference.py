@@ -1,6 +1,6 @@
 """On CUDA, both sides agree with transformers' float32 forward (the check every GPU run before
 2026-12-03 skipped with --no-reference). Needs a CUDA device: skipped on CPU-only CI; run by
-``benchmarks/gpu_reference_session.sh`` on the lent H200 (results in BENCHMARKS.md)."""
+``benchmarks/gpu_reference_gates.sh`` on the lent H200 (results in BENCHMARKS.md)."""
 
 from __future__ import annotations
 
