@@ -29,7 +29,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .._dtypes import dtype_of
 from ..attention import key_rows, reference_attention, reference_attention_lse
 from ..policy import KernelPolicy
-from .matmul import INTERPRET, _round, descriptor_fits, interpreter_dot
+from .arith import INTERPRET, _round, interpreter_dot
+from .matmul import descriptor_fits
 
 # One launch shape for every call: the fastest of benchmarks/tune_attention.py's sweep on an H200
 # timing the kernels alone (``--kernel-time``, 2026-12-02, BENCHMARKS.md) at 1 x 4096, 1 x 16384

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .matmul import INTERPRET
+from .arith import INTERPRET
 
 CHUNKS_PER_PROGRAM = 8
 BACKWARD_BLOCK = 2048

@@ -26,7 +26,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..policy import KernelPolicy
-from .matmul import INTERPRET, _ieee_add, _ieee_mul, _round
+from .arith import INTERPRET, _ieee_add, _ieee_mul, _round
 from .rows import rows_AHn
 
 ELEMENTS = 1024  # elements of one program's [BLOCK_R, BLOCK_N] tile (4 warps, 8 a thread)

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .._dtypes import dtype_of
 from ..policy import KernelPolicy
-from .matmul import _ieee_add, _ieee_mul, _round
+from .arith import _ieee_add, _ieee_mul, _round
 
 
 @triton.jit
