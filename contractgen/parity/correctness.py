@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .harness import bits_digest
+from .compare import bits_digest
 from .layouts import Layout
 from .reference import (
     hf_grads,
