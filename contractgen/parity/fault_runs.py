@@ -5,14 +5,19 @@ on the large workload."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from ..codegen.vendored import load_target
 from .compare import compare
+from .correctness import rollout_reference, trainer_reference
 from .faults import Fault, SharedBug, catalogue, flipped, left_out_reason, shared_bugs
 from .gate_run import GateRun, _say
 from .layouts import Layout
 from .pairs import _policies_at, same_tokens, trainer_for
+from .rollout import arch_of
 from .targets import rollout_target
+from .workload import describe, fitted, scored_tokens
 
 
 def fault_change(
@@ -72,7 +77,6 @@ def unobservable_notes(contract_id: str, run: GateRun | None = None) -> dict[str
     """The notes on fields the gate cannot observe: the contract's (from the generated schema),
     plus those ``run``'s trainer target declares for its own runtime policy (its adapter's
     ``UNOBSERVABLE``, true under every contract); a contract's own note wins."""
-    from ..codegen.vendored import load_target
 
     notes = {}
     if run is not None:
@@ -85,7 +89,6 @@ def unobservable_notes(contract_id: str, run: GateRun | None = None) -> dict[str
 def _try_shared(run: GateRun, bug: SharedBug, ref, layout: Layout) -> tuple[str, str]:
     """A bug planted on both sides: detected when a rollout TP>1 differs from TP=1 under it, or
     when the rollout (TP=1) or the trainer (``layout``) disagrees with transformers."""
-    from .correctness import rollout_reference, trainer_reference
 
     planted = (bug.bug,)
     try:
@@ -269,10 +272,6 @@ def _retry_on_large_workload(
     rollout at the gate's largest TP: a cross-rank switch (a reduce-scatter's float32 order,
     one rounding later) acts only at TP > 1 and moves a bfloat16 value only where the two float32
     sums straddle a rounding boundary."""
-    from dataclasses import replace
-
-    from .rollout import arch_of
-    from .workload import describe, fitted, scored_tokens
 
     config = run.config
     max_positions = arch_of(config.contract_id, config.weights).max_position_embeddings

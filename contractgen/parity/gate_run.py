@@ -3,6 +3,7 @@ sessions open, caches their results per layout and releases them."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,9 +11,10 @@ from typing import Any
 
 import torch
 
+from ..codegen.vendored import load_target
 from .layouts import Layout
 from .rollout import DEFAULT_WORKLOAD, PromptSpec, RolloutJob, RolloutResult, RolloutSession
-from .targets import adapter, rollout_target
+from .targets import adapter, rollout_target, runs_layout, trainer_targets
 
 # Which rollout logprobs the trainer must equal, by the contract's logprob contract.
 ROLLOUT_LOGPROBS: dict[str, Callable[[RolloutResult], list[torch.Tensor]]] = {
@@ -53,8 +55,6 @@ class GateConfig:
 
     @property
     def trainer_targets(self) -> tuple[str, ...]:
-        from .targets import trainer_targets
-
         return self.trainers or tuple(trainer_targets(self.contract_id))
 
 
@@ -92,7 +92,6 @@ class GateRun:
     @property
     def layouts(self) -> list[Layout]:
         """The configured layouts the current trainer target runs (``targets.runs_layout``)."""
-        from .targets import runs_layout
 
         return [lay for lay in self.config.layouts if runs_layout(self.trainer_target, lay)]
 
@@ -133,8 +132,6 @@ class GateRun:
 
     @property
     def logprob_contract(self) -> str:
-        from ..codegen.vendored import load_target
-
         schema = load_target(rollout_target()).schema
         return schema.get_contract_schema(self.config.contract_id).logprob_contract
 
@@ -203,8 +200,6 @@ class GateRun:
             planted_bugs=self.config.planted_bugs, sampling=tuple(base.sampling) or None,
         )  # fmt: skip
         if default and fault is None and not dump_layers:  # the scored run: audited
-            import dataclasses
-
             run = dataclasses.replace(run, kernel_audit=self.kernel_audit)
         result = self._trainer_session(layout).logprobs(base.sequences, run)
         scored = [lp[p - 1 :] for lp, p in zip(result.logprobs, base.prompt_lens, strict=True)]
@@ -215,7 +210,6 @@ class GateRun:
 
     def trainer_run(self, layout: Layout, sequences: list[list[int]], run):
         """One ``TrainerRun`` at ``layout`` on ``sequences`` (the gate's planted bugs added)."""
-        import dataclasses
 
         run = dataclasses.replace(run, planted_bugs=self.config.planted_bugs + run.planted_bugs)
         return self._trainer_session(layout).logprobs(sequences, run)

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 import torch
 
+from ..codegen.vendored import load_target
 from .compare import bits_digest, compare
+from .correctness import layout_grads, trainer_reference
 from .gate_run import GateRun, _say
 from .layouts import Layout
 from .rollout import RolloutResult
@@ -118,7 +120,6 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
     first divergence); every (rollout TP, trainer layout) pair (``pairs``); with ``ref``, the
     trainer in float32 vs transformers (``reference``); with ``grad_ref``, gradients vs float64
     (``grads``). A layout's trainer processes are released before the next layout starts."""
-    from .correctness import layout_grads, trainer_reference
 
     out, pairs, reference, grads = [], [], [], []
     for layout in run.layouts:
@@ -185,7 +186,6 @@ def run_layouts(run: GateRun, ref=None, grad_ref=None) -> dict:
 def _policies_at(run: GateRun, layout: Layout, rollout_tp: int | None = None):
     """(kernel, rollout runtime, trainer runtime) policies in force at ``layout`` (the rollout
     at ``rollout_tp``, default the layout's TP)."""
-    from ..codegen.vendored import load_target
 
     cid = run.config.contract_id
     trainer = load_target(run.trainer_target)

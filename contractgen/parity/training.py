@@ -55,6 +55,7 @@ from __future__ import annotations
 import statistics
 
 from .gate_run import GateRun
+from .rollout import arch_of
 from .sampling_check import steps_three_way
 from .training_config import (
     ADAPTER_FAULTS,
@@ -114,8 +115,6 @@ __all__ = [
 
 def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
     """Every trainer layout's run of ``cfg.steps`` steps; the report's ``training`` and ``steps``."""
-    from .rollout import arch_of
-
     arch = arch_of(run.config.contract_id, run.config.weights)
     per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
     pairs: list[list[dict]] = [[] for _ in range(cfg.steps)]

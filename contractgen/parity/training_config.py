@@ -13,10 +13,13 @@ import torch
 
 from ..adapters.families import LAYER_PREFIX
 from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
+from . import correctness  # as a module: tests replace its grad_reference_of
 from .fault_runs import fault_change
+from .faults import catalogue
 from .gate_run import GateRun
 from .layouts import Layout
 from .pairs import _policies_at
+from .reference import transformers_reason
 from .workload import PromptSpec, sample_seed
 
 STALE_SHARD = "sync.stale_shard"
@@ -84,8 +87,6 @@ class _GradCheck:
         return isinstance(weights, dict) and bool(split_adapter(weights)[1])
 
     def layout(self, trainer: Any, layout: Layout, base: Any, fault: Any) -> dict | None:
-        from .correctness import compare_grads, grad_reference_of, grads_run
-
         if self.note is not None:
             return None
         if not getattr(self.run.trainer_adapter, "GRADIENT_RUN", True):
@@ -95,20 +96,20 @@ class _GradCheck:
         key = tuple(tuple(s) for s in base.sequences)
         if key not in self.refs:
             seqs = [list(s) for s in base.sequences]
-            self.refs[key] = grad_reference_of(self.run.config, seqs, list(base.prompt_lens))
+            self.refs[key] = correctness.grad_reference_of(
+                self.run.config, seqs, list(base.prompt_lens)
+            )
         ref = self.refs[key]
-        run = grads_run(ref, fault=fault, planted_bugs=self.run.config.planted_bugs)
-        return compare_grads(ref, layout, trainer.logprobs(ref.sequences, run).hf_grads)
+        run = correctness.grads_run(ref, fault=fault, planted_bugs=self.run.config.planted_bugs)
+        return correctness.compare_grads(ref, layout, trainer.logprobs(ref.sequences, run).hf_grads)
 
     def report(self, entries: list[dict]) -> dict:
         """A step's ``grads``: the settings and each layout's comparison."""
-        from .correctness import GRAD_TOLERANCE
-
         return {
             "dtype": "float32 trainer vs float64 transformers autograd"
             + (" (peft: the adapter's A and B; the base is frozen)" if self.lora else ""),
             "loss": GRAD_CHECK_LOSS,
-            "tolerance": GRAD_TOLERANCE,
+            "tolerance": correctness.GRAD_TOLERANCE,
             "tolerance_meaning": "max |grad - float64 grad| / max |float64 grad|, per parameter",
             "note": self.note,
             "per_layout": [e["grads"] for e in entries if e.get("grads") is not None],
@@ -116,8 +117,6 @@ class _GradCheck:
 
 
 def _grad_check(run: GateRun, cfg: TrainingConfig) -> _GradCheck | None:
-    from .reference import transformers_reason
-
     if not cfg.grad_check:
         return None
     return _GradCheck(run, transformers_reason())
@@ -177,7 +176,6 @@ def stale_tensor(arch: Any) -> str:
 
 def training_faults(run: GateRun) -> list[str]:
     """Every name ``--train-fault`` accepts."""
-    from .faults import catalogue
 
     first = run.layouts[0]
     return [*SYNC_FAULTS, *(f.name for f in catalogue(*_policies_at(run, first)))]
@@ -186,7 +184,6 @@ def training_faults(run: GateRun) -> list[str]:
 def _one_side_fault(run: GateRun, name: str | None, layout: Layout):
     """(rollout ``RolloutJob`` changes, trainer ``TrainerFault`` or None) for a policy fault."""
     TrainerFault = run.trainer_adapter.TrainerFault
-    from .faults import catalogue
 
     if name is None or name in SYNC_FAULTS:
         return {}, None

@@ -27,7 +27,12 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._dtypes import dtype_of
-from ..attention import key_rows, reference_attention, reference_attention_lse
+from ..attention import (
+    key_rows,
+    reference_attention,
+    reference_attention_lse,
+    reference_decode_attention,
+)
 from ..policy import KernelPolicy
 from .arith import INTERPRET, _round, interpreter_dot
 from .matmul import descriptor_fits
@@ -327,8 +332,6 @@ def triton_decode_attention(
     interpreter's compile-time loop only."""
     chunk = kv_chunk or kp.attention_kv_chunk
     if not supports(q_BHD, k_SKD, kp, chunk):
-        from ..attention import reference_decode_attention
-
         return reference_decode_attention(
             q_BHD, k_SKD, v_SKD, positions_B, k_starts_B, kp, max_keys=max_keys, scale=scale,
             kv_chunk=kv_chunk,
