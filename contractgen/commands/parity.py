@@ -25,7 +25,8 @@ from .parity_layouts import (
     _check_lora_trainers,
     _default_trainers,
     _fit_gpus,
-    _layouts_per_trainer,
+    choose_layouts,
+    rollout_tps_of,
 )
 from .parity_options import (
     DEFAULT_CONTRACT,
@@ -45,31 +46,44 @@ _REEXPORTED = (_fit_gpus, _with_adapter_dir, _with_lora)  # tests import them fr
     "--contract", "contract_id", default=DEFAULT_CONTRACT, show_default=True, help="Contract id."
 )
 @click.option(
-    "--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+    "--checkpoint",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
     help="Hugging Face checkpoint directory (config.json + *.safetensors). Default: the contract's "
     "tiny reference model with seeded random weights.",
-)  # fmt: skip
+)
 @click.option(
-    "--model", "model_name", default=None,
+    "--model",
+    "model_name",
+    default=None,
     help="Build a random-weight checkpoint of this model of the contract's profile (e.g. "
     "Qwen3-4B: its real dims, transformers' own init, seeded) in a temporary folder and gate it "
     "as --checkpoint would. Needs transformers; the weights are held in memory while written.",
-)  # fmt: skip
+)
 @click.option(
-    "--layouts", default=None,
+    "--layouts",
+    default=None,
     help=f"Comma-separated layouts (default: {DEFAULT_LAYOUTS} and tp2pp2, and for a contract "
     "with expert parallelism ep2 and tp2ep2, each where the contract and the model allow it, tp1 "
     "always; with --inject-faults, tp4 too where allowed). epN: experts over N ranks (ep2 alone adds two attention "
     "data-parallel ranks, each scoring half the sequences).",
-)  # fmt: skip
+)
 @click.option(
-    "--dtype", type=click.Choice(["contract", "float32"]), default="contract", show_default=True,
+    "--dtype",
+    type=click.Choice(["contract", "float32"]),
+    default="contract",
+    show_default=True,
     help="'float32' sets every dtype of the contract to float32: a diagnostic mode for reference "
     "checks, marked as such in the report.",
-)  # fmt: skip
+)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the JSON report here ('-' for stdout).")  # fmt: skip
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the JSON report here ('-' for stdout).",
+)
 @click.option(
     "--inject-faults",
     is_flag=True,
@@ -78,107 +92,146 @@ _REEXPORTED = (_fit_gpus, _with_adapter_dir, _with_lora)  # tests import them fr
     "first layout on the 'large' workload (when the run's own is smaller).",
 )
 @click.option(
-    "--rollout-tps", default=None,
+    "--rollout-tps",
+    default=None,
     help="Comma-separated rollout TP sizes, each compared with the TP=1 reference (always run). "
     "Default: every rollout TP of the contract the model can run.",
-)  # fmt: skip
+)
 @click.option(
-    "--workload", type=click.Choice(sorted(WORKLOADS)), default="default", show_default=True,
+    "--workload",
+    type=click.Choice(sorted(WORKLOADS)),
+    default="default",
+    show_default=True,
     help="Workload preset: 'default' (4 requests, 176-token longest prompt, 10 new tokens: 40 "
     "scored, two requests scored past two 64-position KV chunks) or 'large' (16 requests, 128-token longest prompt, 16 new tokens: 256 scored); "
     "--requests/--prompt-tokens/--new-tokens override its parts.",
-)  # fmt: skip
-@click.option("--requests", type=click.IntRange(min=1), default=None,
-              help="Concurrent requests (default 4).")  # fmt: skip
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
-              help="Longest prompt; the others spread below it (default 176; with "
-              "--train-steps 70).")  # fmt: skip
-@click.option("--new-tokens", type=click.IntRange(min=1), default=None,
-              help="Tokens generated per request (default 10).")  # fmt: skip
+)
 @click.option(
-    "--grads", is_flag=True,
+    "--requests", type=click.IntRange(min=1), default=None, help="Concurrent requests (default 4)."
+)
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Longest prompt; the others spread below it (default 176; with " "--train-steps 70).",
+)
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tokens generated per request (default 10).",
+)
+@click.option(
+    "--grads",
+    is_flag=True,
     help="Also compare the trainer's gradient of the scored logprobs' sum with float64 autograd "
     "at every layout (every TP shard and PP stage).",
-)  # fmt: skip
+)
 @click.option(
-    "--no-reference", is_flag=True,
+    "--no-reference",
+    is_flag=True,
     help="Skip the float32 agreement check with Hugging Face transformers.",
-)  # fmt: skip
+)
 @click.option(
-    "--plant-bug", "plant_bugs", multiple=True, metavar="NAME",
+    "--plant-bug",
+    "plant_bugs",
+    multiple=True,
+    metavar="NAME",
     help="Self-test: plant this bug (silu_glu_sign_flip, tp_reduce_skipped) in the shared kernel library, so on BOTH sides; the gate "
     "must then FAIL (exit 1). Repeatable. attention_dk_scale_dropped changes only gradients: "
     "with --grads, or with --train-steps (its step-0 gradient check).",
-)  # fmt: skip
+)
 @click.option(
-    "--train-steps", type=click.IntRange(min=0), default=0, show_default=True,
+    "--train-steps",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
     help="Run the gate over N steps of RL instead: per trainer layout, rollout (weights pushed "
     "from the trainer), a toy verifiable reward, a PPO-clip step through the trainer with "
     "megatron-core's optimizer, weights pushed back; every step's pairs must be exact and the "
     "importance ratio exactly 1. --requests counts prompts here (default 2, 4 samples each). "
     "0: the one-shot gate.",
-)  # fmt: skip
+)
 @click.option(
-    "--train-fault", default=None, metavar="NAME",
+    "--train-fault",
+    default=None,
+    metavar="NAME",
     help="With --train-steps: a fault for the whole run, which must make it FAIL: any "
     "--inject-faults name (one side only; the ratio leaves 1 at step 0) or sync.stale_shard "
     "(one rollout rank keeps an old shard; step 1 differs); with --lora, sync.stale_adapter "
     "(the rollout keeps step 0's adapter) or sync.no_adapter (it serves none): the adapter "
     "digest it reports differs from the pushed one.",
-)  # fmt: skip
+)
 @click.option(
-    "--train-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+    "--train-lr",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
     help="With --train-steps: the optimizer's learning rate (default 1e-2).",
-)  # fmt: skip
+)
 @click.option(
-    "--train-temperature", type=click.FloatRange(min=0, min_open=True), default=None,
+    "--train-temperature",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
     help="With --train-steps: the rollout's sampling temperature (default 1); the trainer's "
     "logprobs and loss are of the same temperature-scaled distribution.",
-)  # fmt: skip
+)
 @click.option(
-    "--train-microbatches", type=click.IntRange(min=1), default=None,
+    "--train-microbatches",
+    type=click.IntRange(min=1),
+    default=None,
     help="With --train-steps: microbatches per step on each data-parallel rank (gradient "
     "accumulation in fp32; default 1). DP layouts (dp2, tp2dp2) split the step's sequences "
     "over their DP ranks first.",
-)  # fmt: skip
+)
 @click.option(
-    "--train-distributed-optimizer", is_flag=True,
+    "--train-distributed-optimizer",
+    is_flag=True,
     help="With --train-steps: shard the optimizer state over the data-parallel ranks "
     "(reduce-scatter of the gradient, AdamW on each rank's fp32 shard, all-gather), as "
     "megatron-core's distributed optimizer does, with fixed-order collectives.",
-)  # fmt: skip
+)
 @click.option(
-    "--no-grad-check", is_flag=True,
+    "--no-grad-check",
+    is_flag=True,
     help="With --train-steps: skip the step-0 gradient check (each layout's float32 gradient "
     "on the step's samples vs float64 autograd through transformers, as --grads).",
-)  # fmt: skip
+)
 @click.option(
-    "--strict", is_flag=True,
+    "--strict",
+    is_flag=True,
     help="Also fail (exit 1) when an op the contract replaces ran as the stock op on the scored "
     "path (F.linear / torch.matmul, SDPA, log_softmax, rms_norm / layer_norm outside every "
     "contract kernel, seen by a torch function mode), or when a run called no contract kernel "
     "of a kind (matmul, attention, norm, log-softmax). The report's kernel_calls says which.",
-)  # fmt: skip
+)
 @click.option(
-    "--trainers", default=None, metavar="NAME[,NAME]",
+    "--trainers",
+    default=None,
+    metavar="NAME[,NAME]",
     help="Trainer targets to pair with the rollout, each at every layout, reported per pair. "
     "Default: every trainer target of the registry (codegen/targets.py and contractgen.toml "
     "plugins) whose generated policy has the contract.",
-)  # fmt: skip
+)
 @click.option(
-    "--lora", "lora", default=None, metavar="RANK[,ALPHA]",
+    "--lora",
+    "lora",
+    default=None,
+    metavar="RANK[,ALPHA]",
     help="A LoRA contract only: add a seeded random adapter (B != 0) of this rank on the "
     "contract's lora.target_modules, served unmerged on both sides; the transformers check "
     "runs through peft. ALPHA defaults to 1.5 x RANK (a scale that is not a power of two, so "
     "where and in which dtype it is applied shows in the bits).",
-)  # fmt: skip
+)
 @click.option(
-    "--lora-adapter", "lora_adapter", default=None, metavar="DIR",
+    "--lora-adapter",
+    "lora_adapter",
+    default=None,
+    metavar="DIR",
     type=click.Path(path_type=Path),
     help="A LoRA contract only, instead of --lora: serve this PEFT adapter folder "
     "(adapter_config.json + adapter_model.safetensors, e.g. from export_peft) on the reference "
     "model; checked as `plan --lora-adapter` checks it (exit 2 naming the bad field or tensor).",
-)  # fmt: skip
+)
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @click.pass_context
 @handle_errors
@@ -275,75 +328,29 @@ def gate_config(opts: ParityOptions, weights: object, trainers: list[str]):
             f"max_position_embeddings={arch.max_position_embeddings} of {arch.name}"
         )
     try:
-        chosen, trainers, gpus = _choose_layouts(opts, arch, trainers)
-        tps = _rollout_tps(opts, arch, gpus)
+        gpus = _cuda_device_count() if model.device == "cuda" else None
+        chosen, trainers = choose_layouts(opts, arch, trainers, gpus)
+        tps = rollout_tps_of(opts, arch, gpus)
         config = GateConfig(
-            model.contract_id, weights, chosen, None if model.dtype == "contract" else model.dtype,
-            model.device, checks.inject_faults, not opts.output.quiet, rollout_tps=tps,
-            workload=make_workload(*sizes), hf_reference=not checks.no_reference,
-            grads=checks.grads, planted_bugs=tuple(checks.plant_bugs), strict=checks.strict,
+            model.contract_id,
+            weights,
+            chosen,
+            None if model.dtype == "contract" else model.dtype,
+            model.device,
+            checks.inject_faults,
+            not opts.output.quiet,
+            rollout_tps=tps,
+            workload=make_workload(*sizes),
+            hf_reference=not checks.no_reference,
+            grads=checks.grads,
+            planted_bugs=tuple(checks.plant_bugs),
+            strict=checks.strict,
             trainers=tuple(trainers),
-        )  # fmt: skip
+        )
         check_layouts(config)
     except LayoutError as exc:
         fail(f"error: {exc}")
     return config
-
-
-def _choose_layouts(opts: ParityOptions, arch, trainers: list[str]):
-    """``(layouts, trainers, visible GPUs or None)``: ``--layouts`` or the defaults the contract
-    and model allow, each trainer target kept where it runs one of them; ``LayoutError``."""
-    from ..parity.layouts import LayoutError, default_layouts, parse_layouts
-
-    layouts, train_steps = opts.layouts.layouts, opts.training.train_steps
-    if layouts is None:
-        chosen, left_out = default_layouts(
-            opts.model.contract_id, arch.name, DEFAULT_LAYOUTS, train_steps=bool(train_steps),
-            inject_faults=opts.checks.inject_faults,
-        )  # fmt: skip
-        for why in [] if opts.output.quiet else left_out:
-            click.echo(f"parity: default layout left out: {why}", err=True)
-    else:
-        chosen = parse_layouts(layouts)
-        if train_steps and (ep := [lay.name for lay in chosen if lay.ep > 1]):
-            raise LayoutError(
-                f"--layouts {', '.join(ep)}: expert parallelism runs the forward only (the "
-                "token exchange has no backward yet); --train-steps needs EP 1 layouts"
-            )
-    chosen, trainers = _layouts_per_trainer(
-        chosen, trainers, layouts is None, explicit=opts.layouts.trainers is not None
-    )
-    gpus = _cuda_device_count() if opts.model.device == "cuda" else None
-    if gpus is not None:
-        chosen = _fit_gpus(chosen, gpus, given=layouts is not None)
-    return chosen, trainers, gpus
-
-
-def _rollout_tps(opts: ParityOptions, arch, gpus: int | None) -> list[int]:
-    """``--rollout-tps`` checked against the contract, model and GPUs, else every rollout TP of
-    the contract the model can run (on CUDA, at most the GPUs there are); ``LayoutError``."""
-    from ..parity.layouts import (
-        LayoutError,
-        allowed_rollout_tps,
-        parse_rollout_tps,
-        rollout_tp_problems,
-    )
-
-    contract_id, rollout_tps = opts.model.contract_id, opts.layouts.rollout_tps
-    if rollout_tps is None:
-        tps = allowed_rollout_tps(contract_id, arch.name)
-        if gpus is not None:  # one GPU per rank: the default stops at the GPUs there are
-            tps = [tp for tp in tps if tp <= gpus]
-        return tps
-    tps = parse_rollout_tps(rollout_tps)
-    problems = [p for tp in tps for p in rollout_tp_problems(contract_id, tp, arch.name)]
-    if gpus is not None:
-        problems += [
-            f"rollout TP={tp} needs {tp} CUDA devices; {gpus} visible" for tp in tps if tp > gpus
-        ]
-    if problems:
-        raise LayoutError("invalid --rollout-tps:\n  " + "\n  ".join(problems))
-    return tps
 
 
 def _run_gate(config) -> dict:

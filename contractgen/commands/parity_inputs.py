@@ -68,8 +68,9 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
         print(
             f"parity: wrote a random-weight {name} checkpoint ({n / 1e9:.3f} B parameters, "
             f"transformers init, seed 0) in {time.perf_counter() - t0:.1f} s",
-            file=sys.stderr, flush=True,
-        )  # fmt: skip
+            file=sys.stderr,
+            flush=True,
+        )
     return path, scratch
 
 
@@ -136,11 +137,15 @@ def _with_lora(contract_id: str, schema, weights: object, text: str, scratch: ob
             f"{', '.join(with_lora) or 'none'})"
         )
     if rank > section["max_rank"]:
-        fail(f"error: --lora {text!r}: rank {rank} exceeds {contract_id}'s lora.max_rank "
-             f"{section['max_rank']}")  # fmt: skip
+        fail(
+            f"error: --lora {text!r}: rank {rank} exceeds {contract_id}'s lora.max_rank "
+            f"{section['max_rank']}"
+        )
     if alpha > section["max_alpha"]:
-        fail(f"error: --lora {text!r}: alpha {alpha:g} exceeds {contract_id}'s lora.max_alpha "
-             f"{section['max_alpha']:g}")  # fmt: skip
+        fail(
+            f"error: --lora {text!r}: alpha {alpha:g} exceeds {contract_id}'s lora.max_alpha "
+            f"{section['max_alpha']:g}"
+        )
     from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, random_adapter
     from ..parity.targets import rollout_adapter
 
@@ -149,9 +154,11 @@ def _with_lora(contract_id: str, schema, weights: object, text: str, scratch: ob
         arch = rollout_adapter().ModelArch.from_profile(schema.model_profile_for(contract_id))
         return {**weights, **random_adapter(arch, modules, rank, alpha)}
     if scratch is None:
-        fail("error: --lora runs on the reference model or a --model NAME checkpoint (built "
-             "here); a --checkpoint folder is not written into: export the adapter beside it "
-             "and pass --lora-adapter on the reference model instead")  # fmt: skip
+        fail(
+            "error: --lora runs on the reference model or a --model NAME checkpoint (built "
+            "here); a --checkpoint folder is not written into: export the adapter beside it "
+            "and pass --lora-adapter on the reference model instead"
+        )
     from safetensors.torch import save_file
 
     arch = rollout_adapter().ModelArch.from_profile(
@@ -176,21 +183,27 @@ def _with_adapter_dir(contract_id: str, schema, weights: object, folder: Path) -
     )
 
     if not isinstance(weights, dict):
-        fail("error: --lora-adapter runs on the contract's reference model (random weights); "
-             "--checkpoint with --lora-adapter is not supported yet")  # fmt: skip
+        fail(
+            "error: --lora-adapter runs on the contract's reference model (random weights); "
+            "--checkpoint with --lora-adapter is not supported yet"
+        )
     profile = schema.model_profile_for(contract_id)
     try:
         serving = check_adapter_dir(
-            folder, contract_id, select_checkpoint(contract_id, "reference"),
+            folder,
+            contract_id,
+            select_checkpoint(contract_id, "reference"),
             family_for(profile.family),
-        )  # fmt: skip
+        )
     except AdapterError as exc:
         fail(f"error: {exc}")
     modules = tuple(sorted(schema.CONTRACT_DATA[contract_id]["lora"]["target_modules"]))
     if serving.target_modules != modules:
-        fail(f"error: --lora-adapter {folder}: the gate serves adapters on every "
-             f"lora.target_modules ({', '.join(modules)}); this one adapts "
-             f"{', '.join(serving.target_modules)}")  # fmt: skip
+        fail(
+            f"error: --lora-adapter {folder}: the gate serves adapters on every "
+            f"lora.target_modules ({', '.join(modules)}); this one adapts "
+            f"{', '.join(serving.target_modules)}"
+        )
     import torch
     from safetensors.torch import load_file
 

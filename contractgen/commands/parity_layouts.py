@@ -7,8 +7,10 @@ Imports of the adapters, the registry and torch stay inside the functions: they 
 
 from __future__ import annotations
 
+import click
+
 from ._common import fail
-from .parity_options import DEFAULT_LAYOUTS
+from .parity_options import DEFAULT_LAYOUTS, ParityOptions
 
 
 def _check_blocks(contract_id: str, profile, trainers: list[str]) -> None:
@@ -103,3 +105,62 @@ def _fit_gpus(layouts: list, gpus: int, given: bool) -> list:
             f"(e.g. tp1) or run where {lay.world_size} CUDA devices are visible"
         )
     return layouts
+
+
+def choose_layouts(opts: ParityOptions, arch, trainers: list[str], gpus: int | None):
+    """``(layouts, trainers)``: ``--layouts`` or the defaults the contract and model allow (on
+    CUDA, those that fit the ``gpus`` visible), each trainer target kept where it runs one of
+    them; ``LayoutError``."""
+    from ..parity.layouts import LayoutError, default_layouts, parse_layouts
+
+    layouts, train_steps = opts.layouts.layouts, opts.training.train_steps
+    if layouts is None:
+        chosen, left_out = default_layouts(
+            opts.model.contract_id,
+            arch.name,
+            DEFAULT_LAYOUTS,
+            train_steps=bool(train_steps),
+            inject_faults=opts.checks.inject_faults,
+        )
+        for why in [] if opts.output.quiet else left_out:
+            click.echo(f"parity: default layout left out: {why}", err=True)
+    else:
+        chosen = parse_layouts(layouts)
+        if train_steps and (ep := [lay.name for lay in chosen if lay.ep > 1]):
+            raise LayoutError(
+                f"--layouts {', '.join(ep)}: expert parallelism runs the forward only (the "
+                "token exchange has no backward yet); --train-steps needs EP 1 layouts"
+            )
+    chosen, trainers = _layouts_per_trainer(
+        chosen, trainers, layouts is None, explicit=opts.layouts.trainers is not None
+    )
+    if gpus is not None:
+        chosen = _fit_gpus(chosen, gpus, given=layouts is not None)
+    return chosen, trainers
+
+
+def rollout_tps_of(opts: ParityOptions, arch, gpus: int | None) -> list[int]:
+    """``--rollout-tps`` checked against the contract, model and GPUs, else every rollout TP of
+    the contract the model can run (on CUDA, at most the GPUs there are); ``LayoutError``."""
+    from ..parity.layouts import (
+        LayoutError,
+        allowed_rollout_tps,
+        parse_rollout_tps,
+        rollout_tp_problems,
+    )
+
+    contract_id, rollout_tps = opts.model.contract_id, opts.layouts.rollout_tps
+    if rollout_tps is None:
+        tps = allowed_rollout_tps(contract_id, arch.name)
+        if gpus is not None:  # one GPU per rank: the default stops at the GPUs there are
+            tps = [tp for tp in tps if tp <= gpus]
+        return tps
+    tps = parse_rollout_tps(rollout_tps)
+    problems = [p for tp in tps for p in rollout_tp_problems(contract_id, tp, arch.name)]
+    if gpus is not None:
+        problems += [
+            f"rollout TP={tp} needs {tp} CUDA devices; {gpus} visible" for tp in tps if tp > gpus
+        ]
+    if problems:
+        raise LayoutError("invalid --rollout-tps:\n  " + "\n  ".join(problems))
+    return tps

@@ -149,14 +149,24 @@ def check_training_flags(opts: ParityOptions) -> None:
     t, checks = opts.training, opts.checks
     if t.train_steps:
         given = [
-            flag for flag, on in (("--inject-faults", checks.inject_faults), ("--grads", checks.grads),
-                                  ("--strict", checks.strict)) if on
-        ]  # fmt: skip
+            flag
+            for flag, on in (
+                ("--inject-faults", checks.inject_faults),
+                ("--grads", checks.grads),
+                ("--strict", checks.strict),
+            )
+            if on
+        ]
         if given:
             fail(f"error: {given[0]} cannot be combined with --train-steps (use --train-fault)")
-    elif (t.train_fault is not None or t.train_lr is not None or t.no_grad_check
-          or t.train_temperature or t.train_microbatches is not None
-          or t.train_distributed_optimizer):  # fmt: skip
+    elif (
+        t.train_fault is not None
+        or t.train_lr is not None
+        or t.no_grad_check
+        or t.train_temperature
+        or t.train_microbatches is not None
+        or t.train_distributed_optimizer
+    ):
         fail(
             "error: --train-fault, --train-lr, --train-temperature, --train-microbatches, "
             "--train-distributed-optimizer and --no-grad-check need --train-steps N (N >= 1)"
@@ -196,9 +206,15 @@ def with_training(config, opts: ParityOptions, serves_adapter: bool):
     return dataclasses.replace(config, training=training)
 
 
-def _training_config(config, steps: int, fault: str | None, lr: float | None,
-                     requests: int | None, sizes: tuple[int, int, int],
-                     own_prompt: bool = False):  # fmt: skip
+def _training_config(
+    config,
+    steps: int,
+    fault: str | None,
+    lr: float | None,
+    requests: int | None,
+    sizes: tuple[int, int, int],
+    own_prompt: bool = False,
+):
     """``config`` running ``steps`` RL steps (``own_prompt``: at ``TrainingConfig``'s prompt
     length, not the one-shot workload's); exit 2 for an unknown ``--train-fault``."""
     from ..parity.harness import GateRun  # torch: heavy
@@ -207,8 +223,11 @@ def _training_config(config, steps: int, fault: str | None, lr: float | None,
     if fault is not None and fault not in (known := training_faults(GateRun(config))):
         fail(f"error: --train-fault {fault!r}: unknown; known: {', '.join(known)}")
     training = TrainingConfig(
-        steps, prompts=requests or TrainingConfig.prompts,
+        steps,
+        prompts=requests or TrainingConfig.prompts,
         prompt_tokens=TrainingConfig.prompt_tokens if own_prompt else sizes[1],
-        new_tokens=sizes[2], lr=lr or TrainingConfig.lr, fault=fault,
-    )  # fmt: skip
+        new_tokens=sizes[2],
+        lr=lr or TrainingConfig.lr,
+        fault=fault,
+    )
     return dataclasses.replace(config, training=training)
