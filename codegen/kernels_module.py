@@ -29,7 +29,7 @@ TEMPLATE = "kernels/tp_invariant_ops.py.j2"
 # What the template's wrappers call, by the adapter file that defines it.
 ROOTS: dict[str, tuple[str, ...]] = {
     "kernels/triton/matmul.py": ("_launch",),
-    "kernels/all_reduce.py": ("pairwise_sum",),
+    "kernels/reduce.py": ("pairwise_sum",),
     "tile_order.py": ("first_level_block",),
 }
 # What the template's own code imports.

@@ -7,15 +7,17 @@ them. Nothing downstream re-checks a loaded contract.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .errors import ContractError, Problem
 from .models import Contract
@@ -192,8 +194,6 @@ def _model_fields_at(path: Path_) -> list[str] | None:
 
 
 def _first_model(annotation) -> type | None:
-    from pydantic import BaseModel
-
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()) or ():
@@ -221,10 +221,6 @@ def _field_at(path: Path_):
 
 def _describe(annotation) -> str:
     """A short human description of what a field accepts, for 'missing field' hints."""
-    import typing
-
-    from pydantic import BaseModel
-
     origin = typing.get_origin(annotation)
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if origin is typing.Literal:
@@ -257,8 +253,6 @@ def _message(err: dict, path: Path_) -> str:
         hint = f" (expected {_describe(field.annotation)})" if field is not None else ""
         return f"missing required field{hint}"
     if kind == "extra_forbidden":
-        import difflib
-
         allowed = _model_fields_at(path[:-1])
         close = difflib.get_close_matches(str(path[-1]), allowed or [], n=1) if path else []
         hint = f"did you mean {close[0]!r}? " if close else ""

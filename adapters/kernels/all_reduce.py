@@ -17,17 +17,7 @@ from . import planted
 from ._dtypes import bits_view, from_bits
 from ._streams import stream_key
 from .policy import KernelPolicy
-
-
-def pairwise_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Adjacent pairwise sums ``((p0+p1),(p2+p3)),...`` level by level; an odd last one is carried."""
-    level = list(parts)
-    while len(level) > 1:
-        nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    return level[0]
+from .reduce import pairwise_sum
 
 
 def tree_sum(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ._dtypes import dtype_of
 from .all_reduce import all_gather_exact, world_size
 from .audit import contract_op
+from .matmul import invariant_matmul
 from .policy import KernelPolicy
 from .reduce import fixed_sum
 from .registry import kernel
@@ -109,8 +110,6 @@ def lm_head_token_logprobs(
     """LM head and scored-token logprob together, in blocks of tokens: the ``[tokens, vocab]``
     logits exist one block at a time (the invariant matmul and the log-softmax are both per row,
     so the bits equal ``token_logprobs(invariant_matmul(h, w), ids)``)."""
-    from .matmul import invariant_matmul
-
     rows = max(1, _BLOCK_ELEMENTS // max(1, w_VH.shape[0]))
     lm = dtype_of(kp.lm_head_input_dtype)
     parts = [

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dtypes import dtype_of
+from .all_reduce import all_gather_exact
 from .matmul import invariant_matmul, k_runs
 from .policy import KernelPolicy
 from .reduce import fixed_sum
@@ -236,8 +237,6 @@ def ep_gather_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Every EP rank's tokens and routes, concatenated in rank order: ``(x_all, ids_all,
     tokens per rank)``. Moves bits only (ranks may hold different numbers of tokens)."""
-    from .all_reduce import all_gather_exact
-
     mine = torch.tensor([x_TH.shape[0]], device=x_TH.device)  # NCCL gathers device tensors
     counts = [int(c) for c in all_gather_exact(mine, group)]
     most = max(counts)
@@ -252,8 +251,6 @@ def ep_gather_tokens(
 def _gather_slots(
     y_TKH, weights_TK, ids_TK, kp: KernelPolicy, *, group, rank, counts, experts_per_rank
 ):
-    from .all_reduce import all_gather_exact
-
     parts = torch.stack(all_gather_exact(y_TKH, group))  # [EP, T_all, k, H]
     lo = sum(counts[:rank])
     mine = slice(lo, lo + counts[rank])
@@ -268,8 +265,6 @@ def _gather_slots(
 def _sum_partials(
     y_TKH, weights_TK, ids_TK, kp: KernelPolicy, *, group, rank, counts, experts_per_rank
 ):
-    from .all_reduce import all_gather_exact
-
     # every rank's routes, in the order ep_gather_tokens laid out y_TKH
     w_all, ids_all, _ = ep_gather_tokens(weights_TK, ids_TK, group)
     keep = ids_all // experts_per_rank == rank

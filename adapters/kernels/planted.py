@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 
+from . import attention
+
 BUGS: dict[str, str] = {
     "silu_glu_sign_flip": "silu_glu negates silu(gate) (same bits on every layout)",
     "tp_reduce_skipped": "the TP all-reduce returns this rank's partial (no sum over ranks)",
@@ -43,8 +45,6 @@ def _dk_scale_dropped() -> Iterator[None]:
     """``attention.attention_backward`` (the registry's backend for the device: the PyTorch
     reference or Triton; the trainer looks it up on the module at every call) with dK returned
     without the softmax scale."""
-    from . import attention
-
     original = attention.attention_backward
 
     def attention_backward(q_LHD, *args, scale=None, **kw):

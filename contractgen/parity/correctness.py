@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-from .harness import bits_digest
+from ..codegen.targets import by_role
+from ..codegen.vendored import load_target
+from .compare import bits_digest
 from .layouts import Layout
 from .reference import (
     hf_grads,
@@ -44,8 +46,6 @@ class Reference:
 
 
 def _profile(contract_id: str):
-    from ..codegen.vendored import load_target
-
     return load_target(rollout_target()).schema.model_profile_for(contract_id)
 
 
@@ -171,8 +171,6 @@ def layout_grads(run: Any, ref: GradReference, layout: Layout) -> dict:
 def grads_run(ref: GradReference, run: Any = None, **changes: Any) -> Any:
     """The ``TrainerRun`` whose ``hf_grads`` ``compare_grads`` takes: float32, ``ref``'s loss
     (of ``run``'s trainer target; default the trainer role's default target)."""
-    from ..codegen.targets import by_role
-
     TrainerRun = (
         run.trainer_adapter if run is not None else by_role("trainer").runtime()
     ).TrainerRun

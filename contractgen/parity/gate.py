@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import time
 
+from ..codegen.vendored import load_target
 from . import kernel_audit
-from .correctness import GRAD_TOLERANCE
+from .correctness import (
+    GRAD_TOLERANCE,
+    grad_reference,
+    reference_for,
+    reference_report,
+    rollout_reference,
+)
 from .harness import GateConfig, GateRun, merged_faults, run_faults, run_layouts, run_rollouts
 from .layouts import LayoutError, layout_problems
+from .rollout import arch_of
+from .sampling_check import failures as sampling_failures
+from .sampling_check import sampling_report
+from .sampling_check import table as sampling_table
 from .targets import rollout_target
+from .training import failures as training_failures
+from .training import run_training
+from .training import table as training_table
 
 
 def model_name(config: GateConfig) -> str:
     """The profile's name for the gate's model: a covered checkpoint or the reference model."""
-    from .rollout import arch_of
 
     return arch_of(config.contract_id, config.weights).name
 
@@ -36,8 +49,6 @@ def check_layouts(config: GateConfig) -> None:
 
 
 def run_gate(config: GateConfig) -> dict:
-    from ..codegen.vendored import load_target
-
     t0 = time.perf_counter()
     schema = load_target(rollout_target()).schema
     with GateRun(config) as run:
@@ -59,8 +70,6 @@ NO_FAULTS = {
 
 
 def _run_training(run: GateRun, schema, t0: float) -> dict:
-    from .training import run_training
-
     config = run.config
     report = {
         "contract": config.contract_id,
@@ -79,9 +88,6 @@ def _run_training(run: GateRun, schema, t0: float) -> dict:
 
 
 def _run_gate(run: GateRun, schema, t0: float) -> dict:
-    from .correctness import grad_reference, reference_for, reference_report, rollout_reference
-    from .sampling_check import sampling_report
-
     config = run.config
     ref, reference_note = reference_for(config)
     rollouts = run_rollouts(run)
@@ -156,8 +162,6 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
 def failures(report: dict) -> list[str]:
     """Why the gate fails (empty: it passes)."""
     if "steps" in report:
-        from .training import failures as training_failures
-
         return training_failures(report)
     out = [f"layout {lay['name']} {_inexact(lay)}" for lay in report["layouts"] if not lay["exact"]]
     out += [f"{p['name']} {_inexact(p)}" for p in report["pairs"] if not p["exact"]]
@@ -177,7 +181,6 @@ def failures(report: dict) -> list[str]:
         out += [f"gradients at {g['name']} off float64 ({g['max_rel_diff']:.3g} > "
                 f"{grads['tolerance']})" for g in grads["per_layout"]
                 if g["supported"] and not g["within_tolerance"]]  # fmt: skip
-    from .sampling_check import failures as sampling_failures
 
     out += sampling_failures(report)
     faults = report["faults"]
@@ -227,9 +230,8 @@ def _footer(report: dict) -> list[str]:
 
 
 def table(report: dict) -> str:
+    """The report as the text table ``parity`` prints."""
     if "steps" in report:
-        from .training import table as training_table
-
         layouts = ", ".join(lay["name"] for lay in report["layouts"])
         return "\n".join(
             [
@@ -240,6 +242,27 @@ def table(report: dict) -> str:
                 *_footer(report),
             ]
         )
+    lines = [*_header(report), "", *_layout_lines(report)]
+    f = report["faults"]
+    if f["injected"]:
+        lines += ["", *_fault_lines(f)]
+    lines += _rollout_lines(report)
+    lines += sampling_table(report)
+    lines += _reference_lines(report)
+    lines += _grads_lines(report)
+    if report.get("planted_bugs"):
+        lines.append(f"planted   {', '.join(report['planted_bugs'])} (on both sides: must FAIL)")
+    lines += kernel_audit.table(report)
+    timing = report["rollout_timing"]
+    lines.append(
+        f"rollout   generate {timing['generate_seconds']} s, prefill re-score {timing['rescore_seconds']} s"
+    )
+    lines += _footer(report)
+    return "\n".join(lines)
+
+
+def _layout_lines(report: dict) -> list[str]:
+    """One row per trainer layout: sizes, exact, tokens, max |diff|, first divergence."""
     # the EP column only when some layout has expert parallelism (dense reports keep their shape)
     has_ep = any(lay.get("ep", 1) > 1 for lay in report["layouts"])
     ep_head = f"{'ep':>3}" if has_ep else ""
@@ -248,8 +271,6 @@ def table(report: dict) -> str:
         return f"{lay.get('ep', 1):>3}" if has_ep else ""
 
     lines = [
-        *_header(report),
-        "",
         f"{'layout':<10}{'tp':>3}{'pp':>3}{'cp':>3}{ep_head}  {'exact':<6}{'tokens':>7}  "
         f"{'max|diff|':>10}  first divergence",
     ]
@@ -265,28 +286,32 @@ def table(report: dict) -> str:
             f"{ep_cell(lay)}  {'yes' if lay['exact'] else 'NO':<6}"
             f"{lay['tokens_compared']:>7}  {lay['max_abs_diff']:>10.3g}  {where}"
         )
-    f = report["faults"]
-    if f["injected"]:
-        lines += ["", f"faults    {f['detected']}/{f['injected']} detected"]
-        retried = f.get("retried")
-        if retried:
-            lines.append(
-                f"          {len(retried['detected'])}/{len(retried['faults'])} of those no layout "
-                f"saw, seen at {retried['layout']} on the {retried['workload']} workload"
-            )
-        lines += [f"          undetected: {name}" for name in f["undetected"]]
-        lines += [f"          left out: {n}: {why}" for n, why in f.get("left_out", {}).items()]
-        lines += [f"          error: {name}: {how}" for name, how in f.get("errors", {}).items()]
-        lines += [
-            f"          listed unobservable but detected: {n}" for n in f.get("contradicted", [])
-        ]
-        if f.get("explained"):
-            lines.append(
-                f"          {len(f['explained'])} unobservable by the contract's own notes:"
-            )
-            lines += [f"            {name}" for name in f["explained"]]
-    lines += ["", f"rollout   TP {report['rollout_tps']} vs the TP=1 reference: token ids "
-              f"{'identical' if report['rollout_tokens_identical'] else 'DIFFER'}"]  # fmt: skip
+    return lines
+
+
+def _fault_lines(f: dict) -> list[str]:
+    """The faults section: detected, retried, undetected, left out, errors, explained."""
+    lines = [f"faults    {f['detected']}/{f['injected']} detected"]
+    retried = f.get("retried")
+    if retried:
+        lines.append(
+            f"          {len(retried['detected'])}/{len(retried['faults'])} of those no layout "
+            f"saw, seen at {retried['layout']} on the {retried['workload']} workload"
+        )
+    lines += [f"          undetected: {name}" for name in f["undetected"]]
+    lines += [f"          left out: {n}: {why}" for n, why in f.get("left_out", {}).items()]
+    lines += [f"          error: {name}: {how}" for name, how in f.get("errors", {}).items()]
+    lines += [f"          listed unobservable but detected: {n}" for n in f.get("contradicted", [])]
+    if f.get("explained"):
+        lines.append(f"          {len(f['explained'])} unobservable by the contract's own notes:")
+        lines += [f"            {name}" for name in f["explained"]]
+    return lines
+
+
+def _rollout_lines(report: dict) -> list[str]:
+    """Every rollout TP against the TP=1 reference, and the pairs' verdict."""
+    lines = ["", f"rollout   TP {report['rollout_tps']} vs the TP=1 reference: token ids "
+             f"{'identical' if report['rollout_tokens_identical'] else 'DIFFER'}"]  # fmt: skip
     for r in report["rollouts"]:
         if r["tokens_identical"] and not r["logprobs_exact"]:
             lines.append(
@@ -298,48 +323,47 @@ def table(report: dict) -> str:
         "(every rollout TP x every trainer layout)"
     )
     lines += [f"          NOT exact: {p['name']} (max |diff| {p['max_abs_diff']:.3g})" for p in bad]
-    from .sampling_check import table as sampling_table
+    return lines
 
-    lines += sampling_table(report)
+
+def _reference_lines(report: dict) -> list[str]:
+    """The transformers reference: each run's max |diff| and the float32 bits' agreement."""
     ref = report["reference"]
-    lines.append("")
-    if ref:
-        lines.append(
-            f"reference {ref['name']}, sequences {ref['sequence_lengths']} tokens, "
-            f"tolerance {ref['tolerance']}"
-        )
-        lines += [
-            f"          {e['name']:<22} max |diff| {e['max_abs_diff']:.3g}"
-            f"{'' if e['within_tolerance'] else '  OUT OF TOLERANCE'}"
-            for e in ref["per_layout"]
-        ]
-        split = ref.get("float32_bits_differ_from_first", [])
-        lines.append(
-            f"float32   {len(ref['per_layout']) - len(split)}/{len(ref['per_layout'])} runs with "
-            f"the bits of {ref['per_layout'][0]['name']}"
-            + (f"; DIFFER: {', '.join(split)}" if split else "")
-        )
-    else:
-        lines.append(f"reference none: {report['reference_note']}")
-    grads = report.get("grads")
-    if grads is not None:
-        lines.append(f"grads     {grads['dtype']}, tolerance {grads['tolerance']} (relative)")
-        if grads["note"]:
-            lines.append(f"          none: {grads['note']}")
-        for g in grads["per_layout"]:
-            how = (
-                f"max rel diff {g['max_rel_diff']:.3g}"
-                + ("" if g["within_tolerance"] else "  OUT OF TOLERANCE")
-                if g["supported"]
-                else g["note"]
-            )
-            lines.append(f"          {g['name']:<10} {how}")
-    if report.get("planted_bugs"):
-        lines.append(f"planted   {', '.join(report['planted_bugs'])} (on both sides: must FAIL)")
-    lines += kernel_audit.table(report)
-    timing = report["rollout_timing"]
+    lines = [""]
+    if not ref:
+        return [*lines, f"reference none: {report['reference_note']}"]
     lines.append(
-        f"rollout   generate {timing['generate_seconds']} s, prefill re-score {timing['rescore_seconds']} s"
+        f"reference {ref['name']}, sequences {ref['sequence_lengths']} tokens, "
+        f"tolerance {ref['tolerance']}"
     )
-    lines += _footer(report)
-    return "\n".join(lines)
+    lines += [
+        f"          {e['name']:<22} max |diff| {e['max_abs_diff']:.3g}"
+        f"{'' if e['within_tolerance'] else '  OUT OF TOLERANCE'}"
+        for e in ref["per_layout"]
+    ]
+    split = ref.get("float32_bits_differ_from_first", [])
+    lines.append(
+        f"float32   {len(ref['per_layout']) - len(split)}/{len(ref['per_layout'])} runs with "
+        f"the bits of {ref['per_layout'][0]['name']}"
+        + (f"; DIFFER: {', '.join(split)}" if split else "")
+    )
+    return lines
+
+
+def _grads_lines(report: dict) -> list[str]:
+    """``--grads``: each layout's gradient against float64 autograd."""
+    grads = report.get("grads")
+    if grads is None:
+        return []
+    lines = [f"grads     {grads['dtype']}, tolerance {grads['tolerance']} (relative)"]
+    if grads["note"]:
+        lines.append(f"          none: {grads['note']}")
+    for g in grads["per_layout"]:
+        how = (
+            f"max rel diff {g['max_rel_diff']:.3g}"
+            + ("" if g["within_tolerance"] else "  OUT OF TOLERANCE")
+            if g["supported"]
+            else g["note"]
+        )
+        lines.append(f"          {g['name']:<10} {how}")
+    return lines

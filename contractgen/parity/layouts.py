@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..adapters.layout import Layout, LayoutError, parse_layout, parse_layouts
+from ..codegen.targets import by_role
+from ..codegen.vendored import load_target
+from .targets import rollout_target
 
 __all__ = [
     "Layout",
@@ -24,8 +27,6 @@ def layout_problems(contract_id: str, layout: Layout, model: str) -> list[str]:
     """Why the contract's model cannot run ``layout`` (the launcher's own layout rules: the
     gate runs the rollout at the layout's TP and the trainer at its TP, PP, CP, DP and EP, with
     the attention DP that EP needs: ``Layout.ep_dp``)."""
-    from ..codegen.targets import by_role
-
     validate_layout = by_role("launcher").runtime().validate_layout
 
     def check(lay: Layout) -> tuple:
@@ -40,9 +41,6 @@ def layout_problems(contract_id: str, layout: Layout, model: str) -> list[str]:
     found = check(layout)
     if any(v.flag == "--ep" for v in found):
         # The launcher's alternatives hold DP fixed; the gate picks the DP each EP size needs.
-        from ..codegen.vendored import load_target
-        from .targets import rollout_target
-
         sizes = (
             load_target(rollout_target()).schema.parallel_support_for(contract_id).train_ep_sizes
         )
@@ -77,8 +75,6 @@ def default_layouts(
 
 def rollout_tp_problems(contract_id: str, tp: int, model: str) -> list[str]:
     """Why the contract's model cannot run a rollout at TP ``tp`` (the launcher's rules)."""
-    from ..codegen.targets import by_role
-
     validate_layout = by_role("launcher").runtime().validate_layout
 
     try:
@@ -90,9 +86,6 @@ def rollout_tp_problems(contract_id: str, tp: int, model: str) -> list[str]:
 
 def allowed_rollout_tps(contract_id: str, model: str) -> list[int]:
     """Every rollout TP of the contract's ``parallel.rollout.tp`` that the model can run."""
-    from ..codegen.vendored import load_target
-    from .targets import rollout_target
-
     sizes = load_target(rollout_target()).schema.CONTRACT_DATA[contract_id]["parallel"]["rollout"][
         "tp"
     ]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import types
 
-from ..codegen.targets import UnknownTargetError, by_role, targets_for_role
+from ..codegen.targets import UnknownTargetError, by_role, get_target, targets_for_role
+from ..codegen.vendored import load_target
 
 
 def rollout_target() -> str:
@@ -19,8 +20,6 @@ def rollout_target() -> str:
 
 def trainer_targets(contract_id: str) -> list[str]:
     """Every trainer target whose generated policy carries ``contract_id``, built-ins first."""
-    from ..codegen.vendored import load_target
-
     return [
         t.name
         for t in targets_for_role("trainer")
@@ -39,8 +38,6 @@ def parse_trainers(text: str) -> list[str]:
 
 def adapter(name: str) -> types.ModuleType:
     """The adapter module of target ``name`` (``ROLE_API[role]`` names on it)."""
-    from ..codegen.targets import get_target
-
     return get_target(name).runtime()
 
 

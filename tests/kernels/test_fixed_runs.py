@@ -30,6 +30,7 @@ from contractgen.adapters.kernels.matmul import (  # noqa: E402
     shard_policy,
 )
 from contractgen.adapters.kernels.triton import matmul as tmm  # noqa: E402
+from contractgen.adapters.kernels.triton import matmul_shapes  # noqa: E402
 from contractgen.codegen.vendored import load_target  # noqa: E402
 
 pytestmark = [pytest.mark.gpu] if CUDA else []
@@ -165,7 +166,7 @@ def test_fused_runs_take_64_row_tiles_on_every_launch(kp3):
 def test_fused_persistent_shape_is_wide_where_its_tiles_fill_the_gpu(kp3, monkeypatch):
     """128 x 128 where there are at least as many tiles as programs, else 64 x 64 (two
     programs per SM); the interpreter always takes the narrow tile (float64 products)."""
-    monkeypatch.setattr(tmm, "INTERPRET", False)
+    monkeypatch.setattr(matmul_shapes, "INTERPRET", False)
     wide, narrow = tmm.PERSISTENT_FUSED, tmm.PERSISTENT_FUSED_NARROW
     assert (wide.block_m, wide.block_n, narrow.block_m, narrow.block_n) == (128, 128, 64, 64)
     assert tmm.persistent_shape_for_fused(8192, 4096, 132) == wide  # 64 x 32 tiles
@@ -187,7 +188,7 @@ def test_fused_persistent_shape_is_wide_where_its_tiles_fill_the_gpu(kp3, monkey
     assert tmm.persistent_shape_for_fused(17, 1024, 132, runs=1) == narrow
     assert tmm.persistent_shape_for_fused(64, 4096, 132, runs=1) == narrow
     assert tmm.persistent_shape_for_fused(16, 1024, 132, runs=2) == narrow
-    monkeypatch.setattr(tmm, "INTERPRET", True)
+    monkeypatch.setattr(matmul_shapes, "INTERPRET", True)
     assert tmm.persistent_shape_for_fused(8192, 4096, 132) == narrow
     assert tmm.persistent_shape_for_fused(8192, 4096, 132, runs=1) == narrow
     assert tmm.persistent_shape_for_fused(1, 1024, 132, runs=1) == narrow

@@ -27,9 +27,15 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._dtypes import dtype_of
-from ..attention import key_rows, reference_attention, reference_attention_lse
+from ..attention import (
+    key_rows,
+    reference_attention,
+    reference_attention_lse,
+    reference_decode_attention,
+)
 from ..policy import KernelPolicy
-from .matmul import INTERPRET, _round, descriptor_fits, interpreter_dot
+from .arith import INTERPRET, _round, interpreter_dot
+from .matmul import descriptor_fits
 
 # One launch shape for every call: the fastest of benchmarks/tune_attention.py's sweep on an H200
 # timing the kernels alone (``--kernel-time``, 2026-12-02, BENCHMARKS.md) at 1 x 4096, 1 x 16384
@@ -326,8 +332,6 @@ def triton_decode_attention(
     interpreter's compile-time loop only."""
     chunk = kv_chunk or kp.attention_kv_chunk
     if not supports(q_BHD, k_SKD, kp, chunk):
-        from ..attention import reference_decode_attention
-
         return reference_decode_attention(
             q_BHD, k_SKD, v_SKD, positions_B, k_starts_B, kp, max_keys=max_keys, scale=scale,
             kv_chunk=kv_chunk,

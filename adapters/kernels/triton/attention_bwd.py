@@ -37,8 +37,8 @@ import triton.language as tl
 from ..attention import reference_attention_backward
 from ..policy import KernelPolicy
 from . import attention as forward
+from .arith import INTERPRET, _round
 from .attention import _dot, _kv_rows
-from .matmul import INTERPRET, _round
 
 LOG2E = tl.constexpr(forward.LOG2E)  # read inside the kernels: a compile-time constant
 

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .matmul import INTERPRET
+from ..logsoftmax import reference_chunk_sums, reference_logprob_backward
+from .arith import INTERPRET
 
 CHUNKS_PER_PROGRAM = 8
 BACKWARD_BLOCK = 2048
@@ -68,8 +69,6 @@ def supports(x_TV: torch.Tensor, block: int) -> bool:
 def triton_chunk_sums(x_TV: torch.Tensor, m_T: torch.Tensor, block: int) -> torch.Tensor:
     """``[T, C]``: ``sum(exp(x - m))`` of each ``block``-wide vocab chunk (the reference's bits);
     what it does not take runs the reference."""
-    from ..logsoftmax import reference_chunk_sums
-
     if not supports(x_TV, block):
         return reference_chunk_sums(x_TV, m_T, block)
     x = x_TV if x_TV.stride(-1) == 1 else x_TV.contiguous()
@@ -104,8 +103,6 @@ def _logprob_bwd(
 def triton_logprob_backward(x_TV, m_T, s_T, local_idx_T, owned_T, g_T) -> torch.Tensor:
     """``reference_logprob_backward`` in one pass over the logits (the reference makes about
     eight); gradients are checked against float64, not bitwise."""
-    from ..logsoftmax import reference_logprob_backward
-
     if x_TV.dtype != torch.float32 or x_TV.dim() != 2 or x_TV.numel() == 0:
         return reference_logprob_backward(x_TV, m_T, s_T, local_idx_T, owned_T, g_T)
     x = x_TV if x_TV.stride(-1) == 1 else x_TV.contiguous()

@@ -25,8 +25,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ..mlp import reference_silu_glu
 from ..policy import KernelPolicy
-from .matmul import INTERPRET, _ieee_add, _ieee_mul, _round
+from .arith import INTERPRET, _ieee_add, _ieee_mul, _round
 from .rows import rows_AHn
 
 ELEMENTS = 1024  # elements of one program's [BLOCK_R, BLOCK_N] tile (4 warps, 8 a thread)
@@ -174,8 +175,6 @@ class _SiluGlu(torch.autograd.Function):
 def triton_silu_glu(gate: torch.Tensor, up: torch.Tensor, kp: KernelPolicy) -> torch.Tensor:
     """The Triton backend of ``silu_glu`` (same signature and bits); what it does not take runs
     the reference. Under autograd, ``silu_glu_backward``'s gradient."""
-    from ..mlp import reference_silu_glu
-
     if not supports(gate, up) or gate.numel() == 0:
         return reference_silu_glu(gate, up, kp)
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):

@@ -23,7 +23,7 @@ import triton.language as tl
 from .._dtypes import dtype_of
 from ..norm import RMSNormFunction, reference_rms_norm
 from ..policy import KernelPolicy
-from .matmul import _ieee_add, _ieee_mul, _round
+from .arith import _ieee_add, _ieee_mul, _round
 from .rows import rows_AHn
 
 ELEMENTS = 1024  # elements of one program's [BLOCK_R, CH, C] tile: one warp's 32 registers each

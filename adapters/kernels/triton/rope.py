@@ -18,7 +18,8 @@ import triton.language as tl
 
 from .._dtypes import dtype_of
 from ..policy import KernelPolicy
-from .matmul import _ieee_add, _ieee_mul, _round
+from ..rope import reference_apply_rope
+from .arith import _ieee_add, _ieee_mul, _round
 
 
 @triton.jit
@@ -101,8 +102,6 @@ def triton_apply_rope(
 ):
     """The Triton backend of ``apply_rope`` (same signature and bits); what it does not take runs
     the reference. Under autograd, ``rope_backward``'s gradient."""
-    from ..rope import reference_apply_rope
-
     if not supports(x_LHD, cos_LD, kp):
         return reference_apply_rope(x_LHD, cos_LD, sin_LD, kp)
     if torch.is_grad_enabled() and x_LHD.requires_grad:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .matmul import _add
+from .arith import _add
 
 BLOCK = 2048
 SIZES = (2, 4, 8)
