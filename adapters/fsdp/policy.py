@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from ..common.run_types import with_fault
 from ..kernels.policy import KernelPolicy
-from .run_types import with_fault
 
 
 @cache

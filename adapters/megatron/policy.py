@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from ..common.run_types import with_fault
 from ..kernels.policy import KernelPolicy
 from .profile import generated, model_profile_for  # noqa: F401 (names kept here)
-from .run_types import with_fault
 
 
 @dataclass

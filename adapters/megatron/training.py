@@ -29,18 +29,19 @@ from megatron.core.optimizer.optimizer import (
     MegatronOptimizer,
 )
 
+from ..common.data_parallel import split_batch
+from ..common.ppo import ppo_clip
+from ..common.run_types import OptimizerSettings, TrainBatch, TrainerRun, TrainInit, TrainStepResult
+from ..common.shared_tensors import SharedTensors
 from ..kernels.logsoftmax import vocab_parallel_token_logprobs
-from ..shared_tensors import SharedTensors
 from .checkpoint import hf_state_from_stage
-from .data_parallel import GradBuffer, replica_mismatches, replica_tensors, split_batch
+from .data_parallel import GradBuffer, replica_mismatches, replica_tensors
 from .distributed_optimizer import ShardedAdamW
 from .grads import finalize_grads
 from .lora import gather_adapter
 from .packing import pack_sequences
 from .pipeline import pipeline_forward_backward
 from .policy import MegatronPolicy
-from .ppo import ppo_clip
-from .run_types import OptimizerSettings, TrainBatch, TrainerRun, TrainInit, TrainStepResult
 from .runtime import LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT, build_stage
 
 
@@ -473,7 +474,7 @@ def _microbatch(
         vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
         x = logits[rows_d]
         if batch.sampling is not None:  # the processed distribution the sampler drew from
-            from ..sglang.sampling import process_rows
+            from ..common.sampling import process_rows
 
             x = process_rows(x, scored.seq[mine], batch.sampling, kp, vocab_start, vocab,
                              tp_group)  # fmt: skip

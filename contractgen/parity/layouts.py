@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..adapters.layout import Layout, LayoutError, parse_layout, parse_layouts
+from ..adapters.common.layout import Layout, LayoutError, parse_layout, parse_layouts
 
 __all__ = [
     "Layout",

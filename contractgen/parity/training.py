@@ -63,8 +63,8 @@ from typing import Any
 
 import torch
 
+from ..adapters.common.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
 from ..adapters.families import LAYER_PREFIX
-from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
 from .harness import GateRun, compare, fault_change, pair_name, same_tokens
 from .layouts import Layout
 from .rollout import weights_digest
