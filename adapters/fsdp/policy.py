@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..common.run_types import with_fault
-from ..kernels.policy import KernelPolicy
+from ..kernels.policy import KernelPolicy, kernel_policy
 
 
 @cache
@@ -58,7 +58,7 @@ class FsdpPolicy:
 def resolve(contract_id: str, run: Any) -> FsdpPolicy:
     """The contract's policies under ``run``'s ``dtype_override`` and ``fault``."""
     gen = generated()
-    kp = KernelPolicy.of(gen.schema.kernel_policy_for(contract_id))
+    kp = kernel_policy(gen.schema.kernel_policy_for(contract_id))
     if run.dtype_override == "float32":
         kp = float32_kernel_policy(kp)
     elif run.dtype_override not in (None, "bfloat16"):

@@ -47,7 +47,7 @@ def make_config(
     ``use_cpu_initialization``, ``transformer_impl='local'``, no fusions, no dropout), its
     policies resolved once into ``config.true_on_policy``: ``runtime_policy`` / ``kernel_policy``
     replace the contract's, ``runtime_changes`` flips fields of the resolved runtime policy."""
-    kp = KernelPolicy.of(
+    kp = kernel_policy(
         kernel_policy
         if kernel_policy is not None
         else generated().schema.kernel_policy_for(contract_id)

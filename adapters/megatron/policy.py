@@ -22,7 +22,7 @@ import torch
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..common.run_types import with_fault
-from ..kernels.policy import KernelPolicy
+from ..kernels.policy import KernelPolicy, kernel_policy
 from .profile import generated, model_profile_for  # noqa: F401 (names kept here)
 
 
@@ -126,7 +126,7 @@ def resolve(config: Any) -> MegatronPolicy:
     kp = config.true_on_policy_kernel_policy_override
     if kp is None and contract is not None:
         kp = generated().schema.kernel_policy_for(contract)
-    return MegatronPolicy(kp=None if kp is None else KernelPolicy.of(kp), rp=rp)
+    return MegatronPolicy(kp=None if kp is None else kernel_policy(kp), rp=rp)
 
 
 def dtype_of(name: str) -> torch.dtype:

@@ -24,7 +24,7 @@ from ..common.distributed import start_process_group
 from ..common.layout import Layout
 from ..common.run_types import TrainerResult, with_fault
 from ..kernels.logsoftmax import vocab_parallel_token_logprobs
-from ..kernels.policy import KernelPolicy
+from ..kernels.policy import KernelPolicy, kernel_policy
 from .checkpoint import load_into
 from .lora import attach_lora
 from .model import build_model, make_config, padded_vocab_size
@@ -62,7 +62,7 @@ def pp_rank() -> int:
 
 def resolve_kernel_policy(contract_id: str, run: Any) -> KernelPolicy:
     """The contract's KernelPolicy under the run's dtype override and kernel-policy fault."""
-    kp = KernelPolicy.of(generated().schema.kernel_policy_for(contract_id))
+    kp = kernel_policy(generated().schema.kernel_policy_for(contract_id))
     if run.dtype_override == "float32":
         kp = float32_kernel_policy(kp)
     elif run.dtype_override not in (None, "bfloat16"):

@@ -55,7 +55,7 @@ from ..kernels.lora import lora_add, lora_delta, lora_scale, merged_weight
 from ..kernels.matmul import N_TILE
 from ..kernels.moe import moe_block
 from ..kernels.norm import rms_norm
-from ..kernels.policy import KernelPolicy
+from ..kernels.policy import KernelPolicy, kernel_policy
 from ..kernels.residual import residual_add
 from ..kernels.rope import rope_cos_sin
 from .ops import resolve_ops
@@ -287,7 +287,7 @@ class ReferenceModel:
             self._loads.setdefault(name, []).append((t, local))
             return t
 
-        kp = KernelPolicy.of(kp)  # the rollout's edge: typed from here down
+        kp = kernel_policy(kp)  # the rollout's edge: typed from here down
         self.arch, self.kp, self.rp, self.group = arch, kp, rp, group
         self.tp = world_size(group)
         self.rank = dist.get_rank(group) if self.tp > 1 else 0
