@@ -209,3 +209,17 @@ def test_no_import_cycle_under_adapters_and_contractgen() -> None:
 
 def test_the_cycle_finder_finds_one() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_registered_target_provides_its_roles_names() -> None:
+    """Each target's adapter module has every name ``ROLE_API`` lists for its role, and the
+    floor's Protocols list the same names."""
+    from contractgen.adapters.common import roles
+    from contractgen.codegen.targets import BUILTIN, ROLE_API
+
+    for target in BUILTIN.values():
+        module = target.runtime()
+        missing = [n for n in ROLE_API[target.role] if not hasattr(module, n)]
+        assert missing == [], f"{target.name}: {missing}"
+    for role, protocol in (("trainer", roles.TrainerTarget), ("rollout", roles.RolloutTarget)):
+        assert set(protocol.__annotations__) == set(ROLE_API[role])
