@@ -1,7 +1,7 @@
 """The FSDP trainer the parity gate calls: ``TrainerSession`` (``ROLE_API["trainer"]``).
 
 A session spawns ``layout.fsdp`` ranks (gloo on CPU, NCCL on CUDA, one GPU per rank) from the
-project's rank pool (``adapters.workers``) that keep running across calls; each call builds the
+project's rank pool (``adapters.common.workers``) that keep running across calls; each call builds the
 sharded model afresh under the run's policies (milliseconds for the tiny models), so faults never
 leak between runs. Weights come as one shared-memory buffer (``SharedTensors``).
 """

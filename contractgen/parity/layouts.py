@@ -1,4 +1,4 @@
-"""Parallel layouts of the parity gate: ``tp2``, ``pp2``, ``cp2``, ``tp2pp2`` … (``adapters.layout.Layout``,
+"""Parallel layouts of the parity gate: ``tp2``, ``pp2``, ``cp2``, ``tp2pp2`` … (``adapters.common.layout.Layout``,
 checked by the launcher's layout rules)."""
 
 from __future__ import annotations

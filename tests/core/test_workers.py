@@ -1,4 +1,4 @@
-"""How ranks start (``adapters/workers.py``): from a fork server, under the parent's environment
+"""How ranks start (``adapters/common/workers.py``): from a fork server, under the parent's environment
 as it is when the rank starts, not as it was when the server started."""
 
 from __future__ import annotations
