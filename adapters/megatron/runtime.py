@@ -26,6 +26,7 @@ from ..common.run_types import TrainerResult, with_fault
 from ..kernels.logsoftmax import vocab_parallel_token_logprobs
 from ..kernels.policy import KernelPolicy, kernel_policy
 from .checkpoint import load_into
+from .gather import gather_hf, gather_stages, tied_embedding_group
 from .lora import attach_lora
 from .model import build_model, make_config, padded_vocab_size
 from .packing import pack_sequences
@@ -249,7 +250,6 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     from .grads import finalize_grads
     from .lora import gather_adapter_grads
     from .pipeline import pipeline_forward_backward
-    from .training import gather_hf, gather_stages, tied_embedding_group
 
     model, config, padded, policies = build_stage(job, run)
     model.train()

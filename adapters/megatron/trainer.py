@@ -197,7 +197,7 @@ class TrainerSession:
         one step (``TrainBatch``); the ranks' parts of the result merged."""
         replies = self._send(command, "trainer step")
         merged = TrainStepResult()
-        parts = []  # each stage's weights (``training.gather_weights``), in rank order
+        parts = []  # each stage's weights (``gather.gather_weights``), in rank order
         for _, reply in sorted(replies.items()):
             part = reply[1]
             if part.weights is not None:
@@ -238,12 +238,13 @@ def _session_worker(rank: int, commands: Any, results: Any, job: TrainerJob) -> 
         while (command := commands.get()) is not None:
             try:
                 if isinstance(command, TrainInit | TrainBatch):
-                    from . import training
+                    from . import training  # heavy: megatron-core's optimizer, in ranks only
+                    from .gather import gather_weights
 
                     if isinstance(command, TrainInit):
                         state = training.init_state(job, command)
                         result = TrainStepResult(
-                            weights=training.gather_weights(state, job),
+                            weights=gather_weights(state, job),
                             trained=training.trained_counts(state),
                         )
                     elif state is None:
