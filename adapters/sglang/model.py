@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -58,159 +58,11 @@ from ..kernels.norm import rms_norm
 from ..kernels.policy import KernelPolicy, kernel_policy
 from ..kernels.residual import residual_add
 from ..kernels.rope import rope_cos_sin
+from .kv_cache import KVCache, KVPool, LinearState
 from .ops import resolve_ops
+from .placement import _parts_gather, _parts_rows, _same_values, _shard_of, _vocab_rows
 
 MLP_BLOCKS = {"dense_mlp": "_dense_mlp", "moe": "_moe_mlp"}  # a layer's MLP block -> method
-
-
-class KVPool:
-    """Preallocated post-RoPE keys and values for every layer (``[rows, kv_heads_local, head_dim]``,
-    in the dtype of the first rows written), shared by the requests of one forward or one engine
-    run. Each request holds one contiguous region of rows. A step writes its new rows in place, and
-    attention reads every request's keys where they lie (``k_starts``), so nothing is concatenated
-    per step. A request that outgrows its region moves to one twice as large. A pool with no free
-    gap grows: new tensors, the rows copied once."""
-
-    def __init__(self, layers: int):
-        self.k: list[torch.Tensor | None] = [None] * layers
-        self.v: list[torch.Tensor | None] = [None] * layers
-        self.rows = 0
-        self.regions: dict[int, int] = {}  # start -> rows, of every region in use
-        self.fixed = False  # a static pool (``static``) never grows: its tensors never move
-
-    @classmethod
-    def static(
-        cls, layers: int, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device
-    ) -> KVPool:
-        """A pool of ``rows`` rows allocated now, ``[rows, kv_heads, head_dim]`` per layer, that
-        never grows: every layer's K/V stays at one address (what a captured CUDA graph reads).
-        A region that does not fit is refused."""
-        pool = cls(layers)
-        pool.k = [
-            torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(layers)
-        ]
-        pool.v = [torch.zeros_like(t) for t in pool.k]
-        pool.rows, pool.fixed = rows, True
-        return pool
-
-    def reserve(self, rows: int) -> int:
-        """The first row of a free region of ``rows`` rows (first fit; grows the pool if none)."""
-        at = 0
-        for start in sorted(self.regions):
-            if start - at >= rows:
-                break
-            at = max(at, start + self.regions[start])
-        if at + rows > self.rows:
-            self._grow(max(2 * self.rows, at + rows))
-        self.regions[at] = rows
-        return at
-
-    def release(self, start: int) -> None:
-        del self.regions[start]
-
-    def move(self, src: int, dst: int, rows: int) -> None:
-        """Copy rows ``src .. src + rows`` to ``dst ..`` in every layer's keys and values."""
-        for t in (*self.k, *self.v):
-            if t is not None:
-                t[dst : dst + rows] = t[src : src + rows]
-
-    def write(self, layer: int, dst: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Put ``k``/``v`` at rows ``dst`` of ``layer``; that layer's whole ``(K, V)``."""
-        for t, x in ((self.k, k), (self.v, v)):
-            if t[layer] is None:
-                t[layer] = x.new_empty((self.rows, *x.shape[1:]))
-            t[layer].index_copy_(0, dst, x)
-        return self.k[layer], self.v[layer]
-
-    def _grow(self, rows: int) -> None:
-        if self.fixed:
-            used = sum(self.regions.values())
-            raise ValueError(
-                f"static KV pool of {self.rows} rows is full ({used} in use): size it for "
-                f"{rows} rows (every request's prompt + max_new_tokens, plus the padding rows)"
-            )
-        for t in (self.k, self.v):
-            for i, old in enumerate(t):
-                if old is not None:
-                    new = old.new_empty((rows, *old.shape[1:]))
-                    new[: old.shape[0]] = old
-                    t[i] = new
-        self.rows = rows
-
-
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal shapes and values, compared in the wider dtype (widening is exact: no float64
-    copies of a vocab-sized table)."""
-    wide = torch.promote_types(a.dtype, b.dtype)
-    return a.shape == b.shape and torch.equal(a.to(wide), b.to(wide))
-
-
-def _shard_of(shard: Callable, n: int, t: torch.Tensor) -> torch.Tensor:
-    """``shard(t, n)`` (argument order for ``functools.partial``)."""
-    return shard(t, n)
-
-
-def _parts_rows(
-    parts: Sequence[int], rank: int, tp: int, dtype: torch.dtype, t: torch.Tensor
-) -> torch.Tensor:
-    """This rank's rows of each concatenated part of ``t`` (``parts`` row counts), joined."""
-    chunks = t.split(list(parts))
-    return torch.cat([c[rank * (n // tp) : (rank + 1) * (n // tp)] for c, n in zip(chunks, parts, strict=True)]).to(dtype).contiguous()  # fmt: skip
-
-
-def _parts_gather(parts: Sequence[int], shards: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Inverse of ``_parts_rows`` over every rank's shard."""
-    tp = len(shards)
-    pieces = [s.split([n // tp for n in parts]) for s in shards]
-    return torch.cat([torch.cat([p[j] for p in pieces]) for j in range(len(parts))])
-
-
-def _vocab_rows(t: torch.Tensor, rank: int, per: int) -> torch.Tensor:
-    """Rows ``rank * per ..`` of ``t`` zero-padded to ``per`` rows (the vocab padding falls in
-    the last shards): a view when the shard holds no padding, so the table is never copied whole."""
-    lo, hi = rank * per, (rank + 1) * per
-    if hi <= t.shape[0]:
-        return t[lo:hi]
-    pad = t.new_zeros(hi - max(lo, t.shape[0]), *t.shape[1:])
-    return torch.cat([t[lo:], pad])
-
-
-@dataclass
-class KVCache:
-    """One request's place in a ``KVPool``: rows ``start .. start + length`` of every layer's
-    keys and values, in a region of ``capacity`` rows. ``capacity_hint`` (prompt + new tokens)
-    sizes the first region; without a pool the forward makes one for the call."""
-
-    capacity_hint: int = 0
-    pool: KVPool | None = None
-    start: int = 0
-    capacity: int = 0
-    length: int = 0
-    # hybrid families: this request's conv and recurrent state per linear-attention layer
-    linear: dict[int, LinearState] = field(default_factory=dict)
-
-    def make_room(self, pool: KVPool, new_rows: int) -> None:
-        """Hold ``length + new_rows`` rows in ``pool``: reserve the first region, or move to a
-        region twice as large (the rows copied, the old region released)."""
-        need = self.length + new_rows
-        if self.pool is None:
-            self.pool, self.capacity = pool, max(need, self.capacity_hint)
-            self.start = pool.reserve(self.capacity)
-        elif self.pool is not pool:
-            raise ValueError("the caches of one forward must share one KVPool")
-        elif need > self.capacity:
-            capacity = max(need, 2 * self.capacity)
-            start = pool.reserve(capacity)
-            pool.move(self.start, start, self.length)
-            pool.release(self.start)
-            self.start, self.capacity = start, capacity
-
-    def release(self) -> None:
-        """Give the region back to the pool (the request is done)."""
-        if self.pool is not None:
-            self.pool.release(self.start)
-            self.pool, self.capacity, self.length = None, 0, 0
-        self.linear = {}
 
 
 @dataclass
@@ -245,18 +97,6 @@ class _Layer:
     shared_up: torch.Tensor | None = None
     shared_down: torch.Tensor | None = None
     shared_expert_gate: torch.Tensor | None = None
-
-
-@dataclass
-class LinearState:
-    """One request's linear-attention state in one layer: the conv's last ``taps - 1`` inputs
-    ``[conv_dim, taps - 1]``, the delta rule's ``[v_heads, k_dim, v_dim]`` state at the last
-    chunk boundary and the delta-rule inputs ``(q, k, v, g, beta)`` of the tokens since it
-    (``kernels.linear_attention.continue_delta_rule``)."""
-
-    conv: torch.Tensor
-    boundary_state: torch.Tensor | None
-    pending: tuple[torch.Tensor, ...]
 
 
 class ReferenceModel:
