@@ -13,7 +13,6 @@ below the config looks a policy up again.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,9 +131,3 @@ def resolve(config: Any) -> MegatronPolicy:
 def dtype_of(name: str) -> torch.dtype:
     """``"bfloat16"`` -> ``torch.bfloat16`` (KernelPolicy dtype names are torch attribute names)."""
     return getattr(torch, name)
-
-
-def float32_kernel_policy(kp: KernelPolicy) -> KernelPolicy:
-    """Every dtype field of a KernelPolicy set to float32 (the gate's ``--dtype float32``)."""
-    fields = {f.name: "float32" for f in dataclasses.fields(kp) if f.name.endswith("_dtype")}
-    return dataclasses.replace(kp, **fields)

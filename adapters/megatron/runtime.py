@@ -19,18 +19,19 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
+from ..common import policy as common_policy
 from ..common.data_parallel import dp_share
 from ..common.distributed import start_process_group
 from ..common.layout import Layout
-from ..common.run_types import TrainerResult, with_fault
+from ..common.run_types import TrainerResult
 from ..kernels.logsoftmax import vocab_parallel_token_logprobs
-from ..kernels.policy import KernelPolicy, kernel_policy
+from ..kernels.policy import KernelPolicy
 from .checkpoint import load_into
 from .gather import gather_hf, gather_stages, tied_embedding_group
 from .lora import attach_lora
 from .model import build_model, make_config, padded_vocab_size
 from .packing import pack_sequences
-from .policy import MegatronPolicy, float32_kernel_policy, generated
+from .policy import MegatronPolicy, generated
 
 
 def init_distributed(rank: int, layout: Layout, port: int, device: str = "cpu") -> None:
@@ -63,16 +64,7 @@ def pp_rank() -> int:
 
 def resolve_kernel_policy(contract_id: str, run: Any) -> KernelPolicy:
     """The contract's KernelPolicy under the run's dtype override and kernel-policy fault."""
-    kp = kernel_policy(generated().schema.kernel_policy_for(contract_id))
-    if run.dtype_override == "float32":
-        kp = float32_kernel_policy(kp)
-    elif run.dtype_override not in (None, "bfloat16"):
-        raise ValueError(
-            f"dtype_override must be None, 'bfloat16' or 'float32' (got {run.dtype_override!r})"
-        )
-    if run.fault is not None and run.fault.kernel_policy:
-        kp = with_fault(kp, run.fault.kernel_policy)
-    return kp
+    return common_policy.resolve_kernel_policy(generated().schema, contract_id, run)
 
 
 class Stage(NamedTuple):

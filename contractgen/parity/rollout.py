@@ -20,11 +20,10 @@ import torch
 import torch.distributed as dist
 
 from ..adapters.common.distributed import Rendezvous, start_process_group
+from ..adapters.common.policy import with_dtype
 from ..adapters.common.workers import RankPool
 from . import ROLLOUT
 from .workload import DEFAULT_WORKLOAD, PromptSpec
-
-DTYPE_FIELDS_SUFFIX = "_dtype"
 
 
 @dataclass
@@ -218,14 +217,7 @@ def policies(
     gen = load_target(ROLLOUT)
     kp = gen.schema.kernel_policy_for(contract_id)
     if dtype_override is not None:
-        kp = dataclasses.replace(
-            kp,
-            **{
-                f.name: dtype_override
-                for f in dataclasses.fields(kp)
-                if f.name.endswith(DTYPE_FIELDS_SUFFIX)
-            },
-        )
+        kp = with_dtype(kp, dtype_override)
     kp = dataclasses.replace(kp, **dict(kernel_changes))
     rp = gen.runtime_policy.policy_for(contract_id, SimpleNamespace(tp_size=tp))
     rp = dataclasses.replace(rp, **dict(runtime_changes))
