@@ -20,6 +20,7 @@ from megatron.core.transformer.enums import AttnBackend
 
 from contractgen.adapters.common.layout import Layout, padded_vocab
 from contractgen.adapters.common.model import ModelArch
+from contractgen.adapters.kernels import policy as kernel_policies
 from contractgen.adapters.kernels.policy import KernelPolicy
 
 from .layers import SGLangOutputLayer
@@ -47,7 +48,7 @@ def make_config(
     ``use_cpu_initialization``, ``transformer_impl='local'``, no fusions, no dropout), its
     policies resolved once into ``config.true_on_policy``: ``runtime_policy`` / ``kernel_policy``
     replace the contract's, ``runtime_changes`` flips fields of the resolved runtime policy."""
-    kp = kernel_policy(
+    kp = kernel_policies.kernel_policy(  # the parameter ``kernel_policy`` shadows the function
         kernel_policy
         if kernel_policy is not None
         else generated().schema.kernel_policy_for(contract_id)
