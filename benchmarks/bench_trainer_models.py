@@ -128,9 +128,9 @@ def build_fsdp(arch, dev, contract=CONTRACT):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from contractgen.adapters.common.run_types import TrainerRun
     from contractgen.adapters.fsdp import model as fsdp_model
     from contractgen.adapters.fsdp.policy import resolve
-    from contractgen.adapters.fsdp.run_types import TrainerRun
     from contractgen.adapters.sglang.model import random_weights
 
     policy = resolve(contract, TrainerRun())

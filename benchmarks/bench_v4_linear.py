@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from contractgen.adapters.kernels.matmul import shard_policy
-from contractgen.adapters.kernels.policy import KernelPolicy
+from contractgen.adapters.kernels.policy import KernelPolicy, kernel_policy
 from contractgen.adapters.kernels.triton import matmul as tm
 from contractgen.codegen.vendored import load_target
 
@@ -40,7 +40,7 @@ MS = [1, 16, 64, 4096, 8192]
 def policies() -> dict[str, KernelPolicy]:
     schema = load_target("sglang").schema
     return {
-        v: KernelPolicy.of(schema.kernel_policy_for(f"qwen3_dense_true_on_policy_{v}"))
+        v: kernel_policy(schema.kernel_policy_for(f"qwen3_dense_true_on_policy_{v}"))
         for v in ("v3", "v4")
     }
 

@@ -64,7 +64,7 @@ def _trainer_rank(rank, commands, results, arch, port) -> None:
     """A trainer rank: holds the weights, answers each ``"old"`` / ``"new"`` with them."""
     import torch.distributed as dist
 
-    from contractgen.adapters.shared_tensors import SharedTensors
+    from contractgen.adapters.common.shared_tensors import SharedTensors
 
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
@@ -122,8 +122,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
+    from contractgen.adapters.common.workers import rank_context, start_rank
     from contractgen.adapters.sglang.model import ReferenceModel
-    from contractgen.adapters.workers import rank_context, start_rank
     from contractgen.parity.rollout import _free_port, sync_report, weights_digest
 
     torch.set_num_threads(1)

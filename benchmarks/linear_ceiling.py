@@ -40,7 +40,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tune_fixed_runs as tfr
 
-from contractgen.adapters.kernels.policy import KernelPolicy
+from contractgen.adapters.kernels.policy import kernel_policy
 from contractgen.adapters.kernels.triton import matmul as tm
 
 PLAIN = [  # (block_m, block_n, block_k, warps, stages)
@@ -128,7 +128,7 @@ def plain_launch(x, w, bm, bn, bk, warps, stages, persistent):
 
 def with_runs(kp, runs: int):
     """The v3 policy with ``matmul_k_runs`` replaced (a what-if: no contract ships R != 8)."""
-    return dataclasses.replace(KernelPolicy.of(kp), matmul_k_runs=runs)
+    return dataclasses.replace(kernel_policy(kp), matmul_k_runs=runs)
 
 
 def main() -> None:

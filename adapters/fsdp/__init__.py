@@ -11,7 +11,7 @@ This package file imports nothing heavy: the names of ``ROLE_API["trainer"]`` lo
 # The MLP blocks (``Family.layer_blocks``) this target attaches (``ops.MLP_BLOCKS``).
 MLP_BLOCKS = frozenset({"dense_mlp", "moe"})
 
-# The layout axes this trainer runs (``adapters.layout.Layout``): FSDP ranks only, no model
+# The layout axes this trainer runs (``adapters.common.layout.Layout``): FSDP ranks only, no model
 # parallelism; the gate gives it the ``fsdpN`` layouts and no others.
 LAYOUT_AXES = frozenset({"fsdp"})
 
@@ -75,7 +75,7 @@ def __getattr__(name: str):
 
         return TrainerSession
     if name in ("TrainerFault", "TrainerRun", "TrainBatch", "TrainInit", "OptimizerSettings"):
-        from . import run_types
+        from ..common import run_types
 
         return getattr(run_types, name)
     raise AttributeError(name)

@@ -19,38 +19,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..common.model import hf_config_keys
 from ..families import LAYER_PREFIX
 from ..kernels.policy import KernelPolicy
 from . import ops
 from .policy import FsdpPolicy
-
-# ModelArch field -> transformers config key (the keys every family here shares; a family's
-# missing fields, None, are left out)
-CONFIG_KEYS = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "intermediate_size": "intermediate_size",
-    "num_layers": "num_hidden_layers",
-    "num_attention_heads": "num_attention_heads",
-    "num_kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
-    "max_position_embeddings": "max_position_embeddings",
-    "tie_word_embeddings": "tie_word_embeddings",
-    "norm_eps": "rms_norm_eps",
-    "num_experts": "num_experts",
-    "num_experts_per_tok": "num_experts_per_tok",
-    "moe_intermediate_size": "moe_intermediate_size",
-    "norm_topk_prob": "norm_topk_prob",
-    "decoder_sparse_step": "decoder_sparse_step",
-    "mlp_only_layers": "mlp_only_layers",
-}
 
 
 def hf_config(arch: Any) -> Any:
     """transformers' config for ``arch`` (a rollout ``ModelArch``), of the family's class."""
     import transformers
 
-    given = {k: getattr(arch, f) for f, k in CONFIG_KEYS.items() if getattr(arch, f) is not None}
+    keys = hf_config_keys(arch.spec) | {"norm_eps": "rms_norm_eps"}  # eps: the profile's
+    given = {k: getattr(arch, f) for f, k in keys.items() if getattr(arch, f) is not None}
     given = {k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}
     rope = dict(arch.rope_scaling or ())
     rope = {"rope_type": rope.pop("type", None) or rope.pop("rope_type", "default"), **rope}

@@ -5,15 +5,15 @@ run's dtype override and trainer-side faults applied. ``FsdpPolicy`` is what ``m
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import torch
 
+from ..common.policy import resolve_kernel_policy
+from ..common.run_types import with_fault
 from ..kernels.policy import KernelPolicy
-from .run_types import with_fault
 
 
 @cache
@@ -22,12 +22,6 @@ def generated() -> Any:
     from contractgen.codegen.vendored import load_target
 
     return load_target("fsdp")
-
-
-def float32_kernel_policy(kp: KernelPolicy) -> KernelPolicy:
-    """Every dtype field of a KernelPolicy set to float32 (the gate's ``--dtype float32``)."""
-    fields = {f.name: "float32" for f in dataclasses.fields(kp) if f.name.endswith("_dtype")}
-    return dataclasses.replace(kp, **fields)
 
 
 @dataclass(frozen=True)
@@ -58,17 +52,9 @@ class FsdpPolicy:
 def resolve(contract_id: str, run: Any) -> FsdpPolicy:
     """The contract's policies under ``run``'s ``dtype_override`` and ``fault``."""
     gen = generated()
-    kp = KernelPolicy.of(gen.schema.kernel_policy_for(contract_id))
-    if run.dtype_override == "float32":
-        kp = float32_kernel_policy(kp)
-    elif run.dtype_override not in (None, "bfloat16"):
-        raise ValueError(
-            f"dtype_override must be None, 'bfloat16' or 'float32' (got {run.dtype_override!r})"
-        )
+    kp = resolve_kernel_policy(gen.schema, contract_id, run)
     rp = gen.runtime_policy.policy_for(contract_id, None)
     fault = run.fault
-    if fault is not None and fault.kernel_policy:
-        kp = with_fault(kp, fault.kernel_policy)
     if fault is not None and fault.runtime_policy:
         rp = with_fault(rp, fault.runtime_policy)
     if not rp.enabled:

@@ -9,16 +9,17 @@ stand-in, so the units' all-gathers pair up. Nothing is summed across ranks on t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ..common.data_parallel import dp_share
+from ..common.distributed import start_process_group
+from ..common.run_types import TrainerResult
 from . import model as fsdp_model
 from .policy import FsdpPolicy, resolve
-from .run_types import BACKENDS, TrainerResult
 
 
 @dataclass
@@ -34,15 +35,11 @@ class Rank:
 
 
 def init_distributed(rank: int, world: int, port: int, device: str) -> Rank:
-    """Process group on localhost (gloo on CPU, NCCL on CUDA: one GPU per rank), the 1-D FSDP
-    mesh over every rank, and one group per rank of that rank alone."""
+    """The process group (``common.distributed``: joined at the session's rendezvous on
+    ``port``), the 1-D FSDP mesh over every rank, and one group per rank of that rank alone."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(BACKENDS[device], rank=rank, world_size=world)
+    start_process_group(rank, world, port, device)
     mesh = init_device_mesh(device, (world,), mesh_dim_names=("fsdp",))
     groups = [dist.new_group([r]) for r in range(world)]  # every rank creates every group
     return Rank(rank, world, mesh, groups[rank], device)
@@ -51,11 +48,6 @@ def init_distributed(rank: int, world: int, port: int, device: str) -> Rank:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def dp_share(n: int, world: int, rank: int) -> list[int]:
-    """The sequences (indices into ``n``) a rank scores: every ``world``-th one, from ``rank``."""
-    return list(range(rank, n, world))
 
 
 @dataclass(frozen=True)
@@ -132,7 +124,7 @@ def forward_logprobs(job: Any, run: Any, me: Rank) -> tuple[TrainerResult | None
         lo, hi = int(pack.cu[k]), int(pack.cu[k + 1])
         x, targets = logits[lo : hi - 1], pack.token_ids[lo + 1 : hi].to(me.device)
         if run.sampling is not None:  # the processed distribution the sampler drew from
-            from ..sglang.sampling import process_shard
+            from ..common.sampling import process_shard
 
             x = process_shard(x, run.sampling[i], kp, 0, vocab, me.alone)
         logprobs[i] = vocab_parallel_token_logprobs(x, targets, 0, vocab, kp, me.alone).cpu()

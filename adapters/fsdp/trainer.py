@@ -1,7 +1,7 @@
 """The FSDP trainer the parity gate calls: ``TrainerSession`` (``ROLE_API["trainer"]``).
 
 A session spawns ``layout.fsdp`` ranks (gloo on CPU, NCCL on CUDA, one GPU per rank) from the
-project's rank pool (``adapters.workers``) that keep running across calls; each call builds the
+project's rank pool (``adapters.common.workers``) that keep running across calls; each call builds the
 sharded model afresh under the run's policies (milliseconds for the tiny models), so faults never
 leak between runs. Weights come as one shared-memory buffer (``SharedTensors``).
 """
@@ -15,10 +15,18 @@ from typing import Any
 
 import torch
 
-from ..layout import Layout, LayoutError
-from ..shared_tensors import SharedTensors
-from ..workers import RankPool, TrainerJob, free_port
-from .run_types import BACKENDS, TrainBatch, TrainerResult, TrainerRun, TrainInit, TrainStepResult
+from ..common.distributed import Rendezvous
+from ..common.layout import Layout, LayoutError
+from ..common.run_types import (
+    BACKENDS,
+    TrainBatch,
+    TrainerResult,
+    TrainerRun,
+    TrainInit,
+    TrainStepResult,
+)
+from ..common.shared_tensors import SharedTensors
+from ..common.workers import RankPool, TrainerJob
 
 
 def fsdp_ranks(layout: Layout) -> int:
@@ -36,8 +44,8 @@ def fsdp_ranks(layout: Layout) -> int:
 def _arch(contract_id: str, weights: Any, arch: Any) -> Any:
     """The model ``weights`` hold: a checkpoint's from its ``config.json`` (the rollout's
     coverage check), else ``arch``, else the contract's reference model."""
-    from ..sglang.checkpoint import check_checkpoint
-    from ..sglang.model import ModelArch
+    from ..common.checkpoint import check_checkpoint
+    from ..common.model import ModelArch
     from .policy import generated
 
     profile = generated().schema.model_profile_for(contract_id)
@@ -72,17 +80,22 @@ class TrainerSession:
             )
         arch = _arch(contract_id, weights_or_checkpoint, arch)
         if isinstance(weights_or_checkpoint, str | os.PathLike):
-            from ..sglang.checkpoint import safetensors_files
+            from ..common.checkpoint import safetensors_files
 
             shared = SharedTensors.from_safetensors(safetensors_files(weights_or_checkpoint))
         else:
             shared = SharedTensors.pack(weights_or_checkpoint)
         self.layout, self.timeout_s = layout, timeout_s
-        self._job = TrainerJob(contract_id, shared, [], layout, arch, device, free_port())
+        self._job = TrainerJob(contract_id, shared, [], layout, arch, device, port=0)
         self._pool = RankPool(
-            f"fsdp trainer session ({layout.name})", world, _session_worker, (self._job,),
+            f"fsdp trainer session ({layout.name})", world, _session_worker, self._start_args,
             device=device, timeout_s=timeout_s,
         )  # fmt: skip
+
+    def _start_args(self) -> tuple:
+        """The ranks' job, joined at a rendezvous this session serves (one per pool start)."""
+        self._rendezvous = Rendezvous()
+        return (dataclasses.replace(self._job, port=self._rendezvous.port),)
 
     def __enter__(self) -> TrainerSession:
         self.start()

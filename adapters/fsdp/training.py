@@ -22,12 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..megatron.data_parallel import split_batch
-from ..megatron.ppo import ppo_clip
-from ..shared_tensors import SharedTensors
+from ..common.data_parallel import split_batch
+from ..common.ppo import ppo_clip
+from ..common.run_types import TrainBatch, TrainerRun, TrainInit, TrainStepResult
+from ..common.shared_tensors import SharedTensors
 from . import model as fsdp_model
 from .policy import FsdpPolicy
-from .run_types import TrainBatch, TrainerRun, TrainInit, TrainStepResult
 from .runtime import Pack, Rank, build_model
 
 
@@ -103,7 +103,7 @@ def _train_step(state: TrainState, job: Any, batch: TrainBatch, me: Rank) -> Tra
         lo, hi, p = int(pack.cu[k]), int(pack.cu[k + 1]), batch.prompt_lens[i]
         x, targets = logits[lo : hi - 1], pack.token_ids[lo + 1 : hi].to(me.device)
         if batch.sampling is not None:  # the processed distribution the sampler drew from
-            from ..sglang.sampling import process_shard
+            from ..common.sampling import process_shard
 
             x = process_shard(x, batch.sampling[i], kp, 0, vocab, me.alone)
         lp = vocab_parallel_token_logprobs(x, targets, 0, vocab, kp, me.alone)[p - 1 :]

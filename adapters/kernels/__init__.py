@@ -21,7 +21,7 @@ from .matmul import binary_matmul, combine_tiles, invariant_matmul, tile_partial
 from .mlp import silu_glu
 from .moe import moe_block, route
 from .norm import rms_norm
-from .policy import KernelPolicy
+from .policy import KernelPolicy, kernel_policy
 from .registry import backend_for, kernel
 from .residual import residual_add
 from .rope import apply_rope, rope_cos_sin
@@ -40,6 +40,7 @@ __all__ = [
     "full_logprobs",
     "invariant_matmul",
     "kernel",
+    "kernel_policy",
     "lm_head_token_logprobs",
     "moe_block",
     "pairwise_sum",

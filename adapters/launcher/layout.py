@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..common.layout import Layout, LayoutError, padded_vocab
 from ..families import Family, family_for
-from ..layout import Layout, LayoutError
 from ..tile_order import first_level_block, split_problem
 from . import generated
 
@@ -146,14 +146,6 @@ def _tile_split(name: str, k: int, t: int, kernel: Any) -> str | None:
         f"{run}, {kernel.matmul_tile_order} order) into {per_rank} tiles per rank, not a whole "
         "subtree of the tile order"
     )
-
-
-def padded_vocab(vocab: int, t: int, chunk: int) -> int:
-    """Megatron's padding rule: round the vocab up to a multiple of make_vocab_size_divisible_by
-    x TP. The plan passes ``--make-vocab-size-divisible-by`` = ``logsoftmax_vocab_block``, so each
-    TP rank holds a whole number of the contract's log-softmax vocab chunks."""
-    step = chunk * t
-    return -(-vocab // step) * step
 
 
 def _model_tp_rules(*, training: bool) -> tuple[Callable[[Subject, int], str | None], ...]:

@@ -17,12 +17,20 @@ Submodules import torch and megatron-core; this package file imports nothing hea
 # DeltaNet); the parity gate refuses a contract whose models need another.
 MLP_BLOCKS = frozenset({"dense_mlp", "moe", "full_attention", "linear_attention"})
 
-# The layout axes this trainer runs (``adapters.layout.Layout``): model parallelism and its
+# The layout axes this trainer runs (``adapters.common.layout.Layout``): model parallelism and its
 # data parallelism (``dp``: DDP replicas), not fsdpN.
 LAYOUT_AXES = frozenset({"tp", "pp", "cp", "dp", "ep"})
 
 # Whether this trainer runs a contract's LoRA adapters (``parity --lora``; ``lora.py``).
 LORA = True
+
+# What the ranks' fork server imports once (``common.workers.preload``): megatron-core and the
+# rank code (its import is seconds of CPU per rank otherwise).
+PRELOAD = (
+    "megatron.core.models.gpt",
+    "megatron.core.optimizer",
+    "contractgen.adapters.megatron.runtime",
+)
 
 __all__ = [
     "LAYOUT_AXES",
@@ -54,11 +62,11 @@ def __getattr__(name: str):
 
         return getattr(trainer, name)
     if name in ("OptimizerSettings", "TrainBatch", "TrainInit"):
-        from . import run_types
+        from ..common import run_types
 
         return getattr(run_types, name)
     if name == "Layout":
-        from ..layout import Layout
+        from ..common.layout import Layout
 
         return Layout
     raise AttributeError(name)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
+from contractgen.adapters.common.model import ModelArch
 from contractgen.adapters.families import LAYER_PREFIX
-from contractgen.adapters.sglang.model import ModelArch
 
 
 def _rows(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:

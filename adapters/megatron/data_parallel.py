@@ -29,43 +29,13 @@ bit-identical, and ``replica_mismatches`` checks it every step.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..kernels.all_reduce import tree_all_reduce, world_size
-
-
-def dp_share(n: int, dp: int, dp_rank: int) -> list[int]:
-    """The sequences (indices into ``n``) a data-parallel rank takes: every ``dp``-th one, from
-    ``dp_rank`` on (so a group of samples of one prompt is spread over the ranks)."""
-    return list(range(dp_rank, n, dp))
-
-
-def microbatches(indices: Sequence[int], count: int) -> list[list[int]]:
-    """``indices`` cut into ``count`` consecutive runs, in order, the first ones one longer when
-    they do not divide evenly. Refused when a run would be empty."""
-    if count < 1 or len(indices) < count:
-        raise ValueError(
-            f"{len(indices)} sequences cannot fill {count} microbatches: give at least "
-            f"{count} sequences per data-parallel rank or fewer microbatches"
-        )
-    size, extra = divmod(len(indices), count)
-    out, lo = [], 0
-    for k in range(count):
-        hi = lo + size + (k < extra)
-        out.append(list(indices[lo:hi]))
-        lo = hi
-    return out
-
-
-def split_batch(n: int, dp: int, dp_rank: int, count: int) -> list[list[int]]:
-    """The microbatches (sequence indices) of DP rank ``dp_rank``: its ``dp_share`` of ``n``
-    sequences cut into ``count`` runs. A function of its arguments only, so every rank of a TP,
-    PP or CP group agrees without talking."""
-    return microbatches(dp_share(n, dp, dp_rank), count)
 
 
 class GradBuffer:

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..common.run_types import OptimizerSettings
 from ..kernels.all_reduce import tree_sum, world_size
 from .data_parallel import GradBuffer
-from .run_types import OptimizerSettings
 
 
 def shard_bounds(numel: int, dp: int) -> tuple[int, list[tuple[int, int]]]:

@@ -31,10 +31,10 @@ from megatron.core.tensor_parallel.mappings import (
 
 from contractgen.adapters.families import LAYER_PREFIX
 
+from ..common.lora import LORA_ALPHA_KEY, adapter_names, split_adapter
 from ..kernels.lora import lora_add, lora_delta, lora_scale, merged_delta
 from ..kernels.planted import active
 from ..kernels.policy import KernelPolicy
-from ..lora import LORA_ALPHA_KEY, adapter_names, split_adapter
 from .autograd import straight_through
 from .policy import dtype_of
 

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.enums import AttnBackend
 
+from contractgen.adapters.common.layout import Layout, padded_vocab
+from contractgen.adapters.common.model import ModelArch
+from contractgen.adapters.kernels import policy as kernel_policies
 from contractgen.adapters.kernels.policy import KernelPolicy
-from contractgen.adapters.layout import Layout
-from contractgen.adapters.sglang.model import ModelArch
 
 from .layers import SGLangOutputLayer
 from .policy import TrueOnPolicyTransformerConfig, dtype_of, generated
@@ -31,8 +32,7 @@ from .provider import get_sglang_block_spec
 def padded_vocab_size(arch: ModelArch, tp: int, kp: KernelPolicy) -> int:
     """Vocab padded so every TP shard is a whole number of log-softmax vocab blocks (which are
     themselves whole matmul column tiles), as vocab-parallel log-softmax requires."""
-    unit = int(kp.logsoftmax_vocab_block) * tp
-    return -(-arch.vocab_size // unit) * unit
+    return padded_vocab(arch.vocab_size, tp, int(kp.logsoftmax_vocab_block))
 
 
 def make_config(
@@ -48,7 +48,7 @@ def make_config(
     ``use_cpu_initialization``, ``transformer_impl='local'``, no fusions, no dropout), its
     policies resolved once into ``config.true_on_policy``: ``runtime_policy`` / ``kernel_policy``
     replace the contract's, ``runtime_changes`` flips fields of the resolved runtime policy."""
-    kp = KernelPolicy.of(
+    kp = kernel_policies.kernel_policy(  # the parameter ``kernel_policy`` shadows the function
         kernel_policy
         if kernel_policy is not None
         else generated().schema.kernel_policy_for(contract_id)

@@ -13,7 +13,6 @@ below the config looks a policy up again.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +20,9 @@ from typing import Any
 import torch
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from ..kernels.policy import KernelPolicy
+from ..common.run_types import with_fault
+from ..kernels.policy import KernelPolicy, kernel_policy
 from .profile import generated, model_profile_for  # noqa: F401 (names kept here)
-from .run_types import with_fault
 
 
 @dataclass
@@ -126,15 +125,9 @@ def resolve(config: Any) -> MegatronPolicy:
     kp = config.true_on_policy_kernel_policy_override
     if kp is None and contract is not None:
         kp = generated().schema.kernel_policy_for(contract)
-    return MegatronPolicy(kp=None if kp is None else KernelPolicy.of(kp), rp=rp)
+    return MegatronPolicy(kp=None if kp is None else kernel_policy(kp), rp=rp)
 
 
 def dtype_of(name: str) -> torch.dtype:
     """``"bfloat16"`` -> ``torch.bfloat16`` (KernelPolicy dtype names are torch attribute names)."""
     return getattr(torch, name)
-
-
-def float32_kernel_policy(kp: KernelPolicy) -> KernelPolicy:
-    """Every dtype field of a KernelPolicy set to float32 (the gate's ``--dtype float32``)."""
-    fields = {f.name: "float32" for f in dataclasses.fields(kp) if f.name.endswith("_dtype")}
-    return dataclasses.replace(kp, **fields)

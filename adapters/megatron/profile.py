@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..sglang.model import ModelArch
+from ..common.model import ModelArch
 
 
 @lru_cache(maxsize=1)
@@ -40,7 +40,7 @@ def load_checkpoint(
 ) -> tuple[ModelArch, dict[str, torch.Tensor]]:
     """``(arch, HF-named weights)`` of a checkpoint directory, read by the rollout's own reader
     (same config dialects, same coverage check against the contract's profile)."""
-    from contractgen.adapters.sglang.checkpoint import load_checkpoint as read
+    from contractgen.adapters.common.checkpoint import load_checkpoint as read
 
     return read(path, model_profile_for(contract_id))
 
@@ -48,7 +48,7 @@ def load_checkpoint(
 def checkpoint_arch(contract_id: str, path: str | Path) -> ModelArch:
     """The ``ModelArch`` of a checkpoint directory from its ``config.json`` alone (the same
     coverage check as ``load_checkpoint``; no weights read)."""
-    from contractgen.adapters.sglang.checkpoint import check_checkpoint
+    from contractgen.adapters.common.checkpoint import check_checkpoint
 
     profile = model_profile_for(contract_id)
     return ModelArch.from_profile(profile, check_checkpoint(path, profile))

@@ -13,37 +13,35 @@ sequence parallel or dropout, both off under a contract.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
+from ..common import policy as common_policy
+from ..common.data_parallel import dp_share
+from ..common.distributed import start_process_group
+from ..common.layout import Layout
+from ..common.run_types import TrainerResult
 from ..kernels.logsoftmax import vocab_parallel_token_logprobs
 from ..kernels.policy import KernelPolicy
-from ..layout import Layout
 from .checkpoint import load_into
-from .data_parallel import dp_share
+from .gather import gather_hf, gather_stages, tied_embedding_group
 from .lora import attach_lora
 from .model import build_model, make_config, padded_vocab_size
 from .packing import pack_sequences
-from .policy import MegatronPolicy, float32_kernel_policy, generated
-from .run_types import BACKENDS, TrainerResult, with_fault
+from .policy import MegatronPolicy, generated
 
 
 def init_distributed(rank: int, layout: Layout, port: int, device: str = "cpu") -> None:
-    """Process group on localhost (gloo on CPU, NCCL on CUDA: one GPU per rank), then
-    megatron-core's model-parallel groups."""
+    """The process group (``common.distributed``: joined at the session's rendezvous on
+    ``port``), then megatron-core's model-parallel groups."""
     # megatron-core matches MLP specs by identity, so our MLP subclass is logged as "Unknown MLP
     # type" on every layer; without a tp_group kwarg the MLP takes parallel_state's TP group, the
     # same group megatron would have passed.
     logging.getLogger("megatron.core.transformer.transformer_layer").setLevel(logging.ERROR)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(BACKENDS[device], rank=rank, world_size=layout.world_size)
+    start_process_group(rank, layout.world_size, port, device)
     ps.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
@@ -66,16 +64,7 @@ def pp_rank() -> int:
 
 def resolve_kernel_policy(contract_id: str, run: Any) -> KernelPolicy:
     """The contract's KernelPolicy under the run's dtype override and kernel-policy fault."""
-    kp = KernelPolicy.of(generated().schema.kernel_policy_for(contract_id))
-    if run.dtype_override == "float32":
-        kp = float32_kernel_policy(kp)
-    elif run.dtype_override not in (None, "bfloat16"):
-        raise ValueError(
-            f"dtype_override must be None, 'bfloat16' or 'float32' (got {run.dtype_override!r})"
-        )
-    if run.fault is not None and run.fault.kernel_policy:
-        kp = with_fault(kp, run.fault.kernel_policy)
-    return kp
+    return common_policy.resolve_kernel_policy(generated().schema, contract_id, run)
 
 
 class Stage(NamedTuple):
@@ -232,7 +221,7 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
         rows, targets = path[:-1].to(job.device), token_ids[path[1:].to(job.device)]
         x = _rows_of(logits, rows)
         if run.sampling is not None:  # the processed distribution the sampler drew from
-            from ..sglang.sampling import process_shard
+            from ..common.sampling import process_shard
 
             x = process_shard(x, run.sampling[share[k]], kp, vocab_start, vocab, tp_group)
         logprobs.append(lp_fn(x, targets, vocab_start, vocab, kp, tp_group).cpu())
@@ -253,7 +242,6 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     from .grads import finalize_grads
     from .lora import gather_adapter_grads
     from .pipeline import pipeline_forward_backward
-    from .training import gather_hf, gather_stages, tied_embedding_group
 
     model, config, padded, policies = build_stage(job, run)
     model.train()

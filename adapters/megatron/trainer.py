@@ -17,12 +17,10 @@ from typing import Any
 
 import torch
 
-from ..layout import Layout
-from ..sglang.checkpoint import safetensors_files
-from ..shared_tensors import SharedTensors
-from ..workers import RankPool, TrainerJob, free_port
-from .profile import arch_for, checkpoint_arch
-from .run_types import (
+from ..common.checkpoint import safetensors_files
+from ..common.distributed import Rendezvous
+from ..common.layout import Layout
+from ..common.run_types import (
     BACKENDS,
     TrainBatch,
     TrainerFault,
@@ -32,6 +30,9 @@ from .run_types import (
     TrainStepResult,
     with_fault,
 )
+from ..common.shared_tensors import SharedTensors
+from ..common.workers import RankPool, TrainerJob
+from .profile import arch_for, checkpoint_arch
 
 __all__ = [
     "BACKENDS",
@@ -139,12 +140,17 @@ class TrainerSession:
             layout=layout,
             arch=arch,
             device=device,
-            port=free_port(),
+            port=0,  # the pool's rendezvous (``_start_args``)
         )
         self._pool = RankPool(
-            f"trainer session ({layout.name})", layout.world_size, _session_worker, (self._job,),
+            f"trainer session ({layout.name})", layout.world_size, _session_worker, self._start_args,
             device=device, timeout_s=timeout_s,
         )  # fmt: skip
+
+    def _start_args(self) -> tuple:
+        """The ranks' job, joined at a rendezvous this session serves (one per pool start)."""
+        self._rendezvous = Rendezvous()
+        return (dataclasses.replace(self._job, port=self._rendezvous.port),)
 
     def __enter__(self) -> TrainerSession:
         self.start()
@@ -191,7 +197,7 @@ class TrainerSession:
         one step (``TrainBatch``); the ranks' parts of the result merged."""
         replies = self._send(command, "trainer step")
         merged = TrainStepResult()
-        parts = []  # each stage's weights (``training.gather_weights``), in rank order
+        parts = []  # each stage's weights (``gather.gather_weights``), in rank order
         for _, reply in sorted(replies.items()):
             part = reply[1]
             if part.weights is not None:
@@ -232,12 +238,13 @@ def _session_worker(rank: int, commands: Any, results: Any, job: TrainerJob) -> 
         while (command := commands.get()) is not None:
             try:
                 if isinstance(command, TrainInit | TrainBatch):
-                    from . import training
+                    from . import training  # heavy: megatron-core's optimizer, in ranks only
+                    from .gather import gather_weights
 
                     if isinstance(command, TrainInit):
                         state = training.init_state(job, command)
                         result = TrainStepResult(
-                            weights=training.gather_weights(state, job),
+                            weights=gather_weights(state, job),
                             trained=training.trained_counts(state),
                         )
                     elif state is None:

@@ -15,98 +15,26 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
-from megatron.core import tensor_parallel
-from megatron.core.optimizer import OptimizerConfig
-from megatron.core.optimizer.optimizer import (
-    Float16OptimizerWithFloat16Params,
-    MegatronOptimizer,
-)
 
+from ..common.data_parallel import split_batch
+from ..common.ppo import ppo_clip
+from ..common.run_types import TrainBatch, TrainerRun, TrainInit, TrainStepResult
 from ..kernels.logsoftmax import vocab_parallel_token_logprobs
-from ..shared_tensors import SharedTensors
-from .checkpoint import hf_state_from_stage
-from .data_parallel import GradBuffer, replica_mismatches, replica_tensors, split_batch
+from .data_parallel import GradBuffer, replica_mismatches, replica_tensors
 from .distributed_optimizer import ShardedAdamW
+from .gather import gather_weights, tied_embedding_group
 from .grads import finalize_grads
-from .lora import gather_adapter
+from .optimizer import make_optimizer
 from .packing import pack_sequences
 from .pipeline import pipeline_forward_backward
 from .policy import MegatronPolicy
-from .ppo import ppo_clip
-from .run_types import OptimizerSettings, TrainBatch, TrainerRun, TrainInit, TrainStepResult
 from .runtime import LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT, build_stage
-
-
-class CpuMixedPrecisionOptimizer(Float16OptimizerWithFloat16Params):
-    """megatron-core's ``Float16OptimizerWithFloat16Params`` on CPU tensors.
-
-    Its constructor only accepts ``torch.cuda.*Tensor`` parameters and allocates its unit loss
-    scale on CUDA; this one sets up the same state (an fp32 main copy of every 16-bit parameter,
-    put in the optimizer's param groups in its place) on any device. Everything else, the step
-    included (model grads -> fp32 main grads, ``optimizer.step()``, main params -> model params),
-    is megatron-core's own code.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimizerConfig) -> None:
-        MegatronOptimizer.__init__(self, optimizer, config, lambda *_: None)
-        self.grad_scaler = None
-        self._dummy_overflow_buf = None  # no multi-tensor apply: megatron's plain copy loop
-        self._scale_one = torch.tensor([1.0])
-        self.float16_groups, self.fp32_from_float16_groups, self.fp32_from_fp32_groups = [], [], []
-        for group in optimizer.param_groups:
-            half, main, full = [], [], []
-            for i, param in enumerate(group["params"]):
-                if not param.requires_grad:
-                    continue
-                if param.dtype in (torch.bfloat16, torch.float16):
-                    copy = param.detach().clone().float()
-                    tensor_parallel.copy_tensor_model_parallel_attributes(copy, param)
-                    group["params"][i] = copy
-                    param.main_param = copy
-                    half.append(param)
-                    main.append(copy)
-                else:
-                    full.append(param)
-            self.float16_groups.append(half)
-            self.fp32_from_float16_groups.append(main)
-            self.fp32_from_fp32_groups.append(full)
-        self.is_stub_optimizer = False
-
-
-def make_optimizer(
-    model: torch.nn.Module, settings: OptimizerSettings, device: str
-) -> MegatronOptimizer:
-    """AdamW over the stage's parameters inside megatron-core's mixed-precision optimizer."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    dtype = params[0].dtype
-    config = OptimizerConfig(
-        optimizer="adam",
-        lr=settings.lr,
-        weight_decay=settings.weight_decay,
-        adam_beta1=settings.betas[0],
-        adam_beta2=settings.betas[1],
-        adam_eps=settings.eps,
-        clip_grad=settings.clip_grad,
-        bf16=dtype == torch.bfloat16,
-        params_dtype=dtype,
-    )
-    adam = torch.optim.AdamW(
-        params,
-        lr=settings.lr,
-        betas=settings.betas,
-        eps=settings.eps,
-        weight_decay=settings.weight_decay,
-    )
-    if device == "cuda":
-        return Float16OptimizerWithFloat16Params(adam, config, None, lambda *_: None)
-    return CpuMixedPrecisionOptimizer(adam, config)
 
 
 @dataclass
@@ -185,78 +113,6 @@ def trained_counts(state: TrainState) -> dict[str, int]:
         "trainable": sum(p.numel() for p in every if p.requires_grad),
         "frozen": sum(p.numel() for p in every if not p.requires_grad),
     }
-
-
-def _gather_tp(param: torch.Tensor, t: torch.Tensor, group: Any) -> torch.Tensor:
-    """``t`` (``param``'s value or gradient) concatenated over the TP group along ``param``'s
-    partition dim when ``param`` is TP-sharded."""
-    n = dist.get_world_size(group)
-    if n == 1 or not getattr(param, "tensor_model_parallel", False):
-        return t
-    parts = [torch.empty_like(t) for _ in range(n)]
-    dist.all_gather(parts, t.contiguous(), group=group)
-    return torch.cat(parts, dim=param.partition_dim)
-
-
-def gather_weights(state: TrainState, job: Any, adapter_only: bool = False) -> SharedTensors | None:
-    """This rank's part of the HF-named weights, in one shared-memory buffer: its stage's, every
-    TP shard concatenated, on the stage's TP-0, CP-0, DP-0 rank (``None`` on the others;
-    collective within the TP group), with the LoRA adapter as the forward uses it when the stage
-    has one (``lora.gather_adapter``). The parent takes the parts from the ranks' replies and
-    merges them in rank order (``TrainerSession.train``): no pickled state dict, no gather to
-    rank 0, and each tensor copied once, from the device into the buffer the rollout reads.
-    ``adapter_only``: the adapter alone (a LoRA step's push; the base is frozen)."""
-    tp_group = ps.get_tensor_model_parallel_group()
-    model = state.model
-    adapter = gather_adapter(list(state.lora or ()), tp_group)
-    full = (
-        {}
-        if adapter_only
-        else {n: _gather_tp(p, p.detach(), tp_group) for n, p in model.named_parameters()}
-    )
-    if (
-        ps.get_tensor_model_parallel_rank() != 0
-        or ps.get_context_parallel_rank() != 0
-        or ps.get_data_parallel_rank() != 0
-    ):
-        return None
-    if adapter_only:
-        return SharedTensors.pack(adapter)
-    layers = getattr(model.decoder, "layers", [])
-    numbers = {local: layer.layer_number - 1 for local, layer in enumerate(layers)}
-    base = hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp)
-    return SharedTensors.pack({**base, **adapter})
-
-
-def gather_hf(
-    model: Any, job: Any, value: Callable[[torch.Tensor], torch.Tensor]
-) -> dict[str, torch.Tensor] | None:
-    """``value(param)`` of every parameter (the weight, or its gradient) under HF names, for the
-    whole model, on global rank 0 (``None`` on other ranks): TP shards concatenated within each
-    stage, then every stage's tensors sent to rank 0. Collective: every rank calls it. A tied head
-    split over PP stages is taken from the first stage's embedding."""
-    tp_group = ps.get_tensor_model_parallel_group()
-    full = {n: _gather_tp(p, value(p), tp_group) for n, p in model.named_parameters()}
-    layers = getattr(model.decoder, "layers", [])
-    numbers = {local: layer.layer_number - 1 for local, layer in enumerate(layers)}
-    return gather_stages(hf_state_from_stage(full, job.arch, numbers, tp_size=job.layout.tp))
-
-
-def gather_stages(stage: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-    """Each stage's HF-named tensors ``stage`` (whole over TP) merged on global rank 0 (``None``
-    on the others), taken from each stage's TP-0, CP-0 ranks. Collective: every rank calls it."""
-    mine = None
-    if ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0:
-        mine = {k: v.cpu() for k, v in stage.items()}
-    stages: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(mine, stages, dst=0)
-    if stages is None:
-        return None
-    out: dict[str, torch.Tensor] = {}
-    for part in stages:
-        for name, value in (part or {}).items():
-            out.setdefault(name, value)
-    return out
 
 
 @dataclass
@@ -473,7 +329,7 @@ def _microbatch(
         vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
         x = logits[rows_d]
         if batch.sampling is not None:  # the processed distribution the sampler drew from
-            from ..sglang.sampling import process_rows
+            from ..common.sampling import process_rows
 
             x = process_rows(x, scored.seq[mine], batch.sampling, kp, vocab_start, vocab,
                              tp_group)  # fmt: skip
@@ -517,12 +373,3 @@ def _microbatch(
     first = ps.get_tensor_model_parallel_rank() == 0 and cp_rank == 0
     per_seq = list(torch.split(logprobs, scored.counts)) if first else None
     return _MicrobatchResult(per_seq, sums, dev)
-
-
-def tied_embedding_group(job: Any) -> Any:
-    """The embedding group when a tied LM head is split over PP stages (the first stage's
-    embedding and the last stage's copy): their gradients must be summed, as megatron-core's
-    ``_allreduce_word_embedding_grads`` does. ``None`` otherwise."""
-    if not job.arch.tie_word_embeddings or job.layout.pp == 1:
-        return None
-    return ps.get_embedding_group() if ps.is_rank_in_embedding_group() else None

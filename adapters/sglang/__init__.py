@@ -1,8 +1,9 @@
 """contractgen.adapters.sglang: the rollout target's adapter.
 
 Its names (``codegen.targets.ROLE_API["rollout"]``) are what the parity gate calls, imported on
-first use: the engine (``engine.py``), the reference model (``model.py``) and checkpoint reading
-(``checkpoint.py``). This package file imports nothing heavy.
+first use: the engine (``engine.py``), the reference model (``model.py``), and the model
+description and checkpoint reading every target shares (``common/model.py``,
+``common/checkpoint.py``). This package file imports nothing heavy.
 """
 
 # The layer blocks (``Family.layer_blocks``: MLP blocks, and a hybrid family's token mixers) the
@@ -10,15 +11,18 @@ first use: the engine (``engine.py``), the reference model (``model.py``) and ch
 # block one side lacks (exit 2, one line).
 MLP_BLOCKS = frozenset({"dense_mlp", "moe", "full_attention", "linear_attention"})
 
+# What the ranks' fork server imports once (``common.workers.preload``): the rank code.
+PRELOAD = ("contractgen.parity.rollout",)
+
 _LAZY = {
-    "RolloutEngine": "engine",
-    "Request": "engine",
-    "ModelArch": "model",
-    "ReferenceModel": "model",
-    "random_weights": "model",
-    "load_checkpoint": "checkpoint",
-    "check_checkpoint": "checkpoint",
-    "check_weight_files": "checkpoint",
+    "RolloutEngine": ".engine",
+    "Request": ".engine",
+    "ModelArch": "..common.model",
+    "ReferenceModel": ".model",
+    "random_weights": "..common.model",
+    "load_checkpoint": "..common.checkpoint",
+    "check_checkpoint": "..common.checkpoint",
+    "check_weight_files": "..common.checkpoint",
 }
 
 
@@ -26,5 +30,5 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(name)

@@ -15,7 +15,7 @@ One layer, with the casts the trainer must reproduce (h is the residual stream, 
 ``kernels.moe.moe_block`` with the same linears, then the residual add). Final:
 ``rms_norm(h, norm)`` → ``.to(lm_head_input_dtype)`` → LM head (``invariant_matmul``) → logits.
 
-With a LoRA adapter in the weights (``contractgen.adapters.lora`` names, a LoRA contract's
+With a LoRA adapter in the weights (``contractgen.adapters.common.lora`` names, a LoRA contract's
 ``kernel_policy.lora_*``), every adapted linear's output is ``kernels.lora.lora_add(base,
 lora_delta(x, A, B))``: a column linear's right after its matmul, a row linear's after its
 all-reduce and before the residual add. Column shards split B's rows, row shards A's columns.
@@ -24,14 +24,23 @@ all-reduce and before the residual add. Column shards split B's rows, row shards
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..families import LAYER_PREFIX, Family, family_for
+from ..common.layout import padded_vocab
+from ..common.lora import LORA_ALPHA_KEY, adapter_names, split_adapter
+from ..common.model import (
+    ACTIVATIONS,
+    ROPE_STYLES,
+    ModelArch,
+    check_weights,
+    random_weights,  # noqa: F401 (the rollout's ROLE_API name)
+    rotary_dim,
+)
+from ..families import LAYER_PREFIX
 from ..kernels._dtypes import dtype_of
 from ..kernels.all_reduce import all_gather_exact, world_size
 from ..kernels.attention import chunked_attention
@@ -44,313 +53,16 @@ from ..kernels.linear_attention import (
 )
 from ..kernels.lora import lora_add, lora_delta, lora_scale, merged_weight
 from ..kernels.matmul import N_TILE
-from ..kernels.mlp import silu_glu
 from ..kernels.moe import moe_block
 from ..kernels.norm import rms_norm
-from ..kernels.policy import KernelPolicy
+from ..kernels.policy import KernelPolicy, kernel_policy
 from ..kernels.residual import residual_add
-from ..kernels.rope import apply_rope, rope_cos_sin
-from ..lora import LORA_ALPHA_KEY, adapter_names, split_adapter
+from ..kernels.rope import rope_cos_sin
+from .kv_cache import KVCache, KVPool, LinearState
 from .ops import resolve_ops
+from .placement import _parts_gather, _parts_rows, _same_values, _shard_of, _vocab_rows
 
-ACTIVATIONS = {"silu_glu": silu_glu}
-ROPE_STYLES = {"neox": apply_rope}
 MLP_BLOCKS = {"dense_mlp": "_dense_mlp", "moe": "_moe_mlp"}  # a layer's MLP block -> method
-
-
-@dataclass(frozen=True)
-class ModelArch:
-    """Everything the forward pass needs from a model profile and one of its ``ModelDims``."""
-
-    name: str
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    norm_eps: float
-    qk_norm: bool
-    rope_theta: float
-    rope_scaling: tuple | None = None
-    activation: str = "silu_glu"
-    rope_style: str = "neox"
-    family: str = "qwen3_dense"
-    # mixture of experts (None for dense models; the family says which layers are MoE)
-    num_experts: int | None = None
-    num_experts_per_tok: int | None = None
-    moe_intermediate_size: int | None = None
-    norm_topk_prob: bool | None = None
-    decoder_sparse_step: int | None = None
-    mlp_only_layers: tuple[int, ...] | None = None
-    tied_router_experts: tuple[int, ...] | None = None
-    """Reference model only: experts whose router rows ``random_weights`` makes equal."""
-    # hybrid linear attention (None outside hybrid families; the family says which layers)
-    linear_num_key_heads: int | None = None
-    linear_num_value_heads: int | None = None
-    linear_key_head_dim: int | None = None
-    linear_value_head_dim: int | None = None
-    linear_conv_kernel_dim: int | None = None
-    full_attention_interval: int | None = None
-    partial_rotary_factor: float | None = None
-    shared_expert_intermediate_size: int | None = None
-
-    @property
-    def spec(self) -> Family:
-        """The family description (weight names, sharding, optional blocks)."""
-        return family_for(self.family)
-
-    @classmethod
-    def from_profile(cls, profile, dims=None) -> ModelArch:
-        """From a generated ``ModelProfile`` and one ``ModelDims`` (default: its reference model);
-        RoPE is the checkpoint's own (the generated dims carry it resolved)."""
-        dims = dims or profile.reference_model
-        family = family_for(profile.family)
-        for what, value, known in (
-            ("activation", profile.activation, ACTIVATIONS),
-            ("rope_style", profile.rope_style, ROPE_STYLES),
-        ):
-            if value not in known:
-                raise ValueError(
-                    f"model profile {what}={value!r} is not supported; known: {sorted(known)}"
-                )
-        if profile.attention_bias:
-            raise ValueError(
-                "model profile attention_bias=True is not supported by the reference model"
-            )
-        scaling = dims.rope_scaling
-        if isinstance(scaling, dict):
-            scaling = tuple(sorted(scaling.items()))
-        return cls(
-            name=dims.name,
-            hidden_size=dims.hidden_size,
-            intermediate_size=dims.intermediate_size,
-            num_layers=dims.num_layers,
-            num_attention_heads=dims.num_attention_heads,
-            num_kv_heads=dims.num_kv_heads,
-            head_dim=dims.head_dim,
-            vocab_size=dims.vocab_size,
-            tie_word_embeddings=dims.tie_word_embeddings,
-            max_position_embeddings=dims.max_position_embeddings,
-            norm_eps=profile.norm_eps,
-            qk_norm=profile.qk_norm,
-            rope_theta=dims.rope_theta,
-            rope_scaling=scaling,
-            activation=profile.activation,
-            rope_style=profile.rope_style,
-            family=family.name,
-            **{f: getattr(dims, f) for f in (family.moe.config_keys if family.moe else ())},
-            **{f: getattr(dims, f) for f in (family.hybrid.config_keys if family.hybrid else ())},
-            tied_router_experts=dims.tied_router_experts,
-        )
-
-
-def rotary_dim(arch: ModelArch) -> int:
-    """Dims of each head RoPE rotates: all, or ``partial_rotary_factor`` of them (the first)."""
-    return int(arch.head_dim * (arch.partial_rotary_factor or 1.0))
-
-
-def weight_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
-    """Every HF-named tensor of the model and its full (unsharded) shape (from the family)."""
-    return arch.spec.weight_shapes(arch, qk_norm=arch.qk_norm)
-
-
-def random_weights(arch: ModelArch, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded float32 weights: linears ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norms ~ 1 + N(0, 0.1²).
-    With ``arch.tied_router_experts`` (the contract's reference model), every MoE layer's router
-    rows of those experts are copies of the first one's: their logits tie for every token."""
-    g = torch.Generator().manual_seed(seed)
-    init = {
-        "norm": lambda shape: 1.0 + 0.1 * torch.randn(shape, generator=g),
-        "embedding": lambda shape: torch.randn(shape, generator=g),
-        "linear": lambda shape: torch.randn(shape, generator=g) / math.sqrt(shape[1]),
-        "small": lambda shape: 0.1 * torch.randn(shape, generator=g),
-        # log of per-head decay rates in [0.01, 0.1): states that carry over tens of tokens
-        "log_rate": lambda shape: torch.log(0.01 + 0.09 * torch.rand(shape, generator=g)),
-    }
-    specs = arch.spec.weights(arch, qk_norm=arch.qk_norm)
-    weights = {name: init[w.init](w.shape(arch)) for name, w in specs.items()}
-    if arch.tied_router_experts:
-        first, *others = arch.tied_router_experts
-        router = arch.spec.layer_weights["router"]
-        for name in [n for n, w in specs.items() if w is router]:
-            weights[name][list(others)] = weights[name][first].clone()
-    return weights
-
-
-def check_weights(
-    arch: ModelArch, weights: dict[str, torch.Tensor], where: str = "weights"
-) -> None:
-    """Every expected tensor present with its shape; clear error otherwise."""
-    expected = weight_shapes(arch)
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise ValueError(
-            f"{where}: missing tensors for {arch.name}: {', '.join(missing[:5])}"
-            + (" …" if len(missing) > 5 else "")
-        )
-    bad = [
-        f"{n}: {tuple(weights[n].shape)} (expected {s})"
-        for n, s in expected.items()
-        if tuple(weights[n].shape) != s
-    ]
-    if bad:
-        raise ValueError(
-            f"{where}: tensors of the wrong shape for {arch.name}: " + "; ".join(bad[:5])
-        )
-
-
-class KVPool:
-    """Preallocated post-RoPE keys and values for every layer (``[rows, kv_heads_local, head_dim]``,
-    in the dtype of the first rows written), shared by the requests of one forward or one engine
-    run. Each request holds one contiguous region of rows. A step writes its new rows in place, and
-    attention reads every request's keys where they lie (``k_starts``), so nothing is concatenated
-    per step. A request that outgrows its region moves to one twice as large. A pool with no free
-    gap grows: new tensors, the rows copied once."""
-
-    def __init__(self, layers: int):
-        self.k: list[torch.Tensor | None] = [None] * layers
-        self.v: list[torch.Tensor | None] = [None] * layers
-        self.rows = 0
-        self.regions: dict[int, int] = {}  # start -> rows, of every region in use
-        self.fixed = False  # a static pool (``static``) never grows: its tensors never move
-
-    @classmethod
-    def static(
-        cls, layers: int, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device
-    ) -> KVPool:
-        """A pool of ``rows`` rows allocated now, ``[rows, kv_heads, head_dim]`` per layer, that
-        never grows: every layer's K/V stays at one address (what a captured CUDA graph reads).
-        A region that does not fit is refused."""
-        pool = cls(layers)
-        pool.k = [
-            torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(layers)
-        ]
-        pool.v = [torch.zeros_like(t) for t in pool.k]
-        pool.rows, pool.fixed = rows, True
-        return pool
-
-    def reserve(self, rows: int) -> int:
-        """The first row of a free region of ``rows`` rows (first fit; grows the pool if none)."""
-        at = 0
-        for start in sorted(self.regions):
-            if start - at >= rows:
-                break
-            at = max(at, start + self.regions[start])
-        if at + rows > self.rows:
-            self._grow(max(2 * self.rows, at + rows))
-        self.regions[at] = rows
-        return at
-
-    def release(self, start: int) -> None:
-        del self.regions[start]
-
-    def move(self, src: int, dst: int, rows: int) -> None:
-        """Copy rows ``src .. src + rows`` to ``dst ..`` in every layer's keys and values."""
-        for t in (*self.k, *self.v):
-            if t is not None:
-                t[dst : dst + rows] = t[src : src + rows]
-
-    def write(self, layer: int, dst: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Put ``k``/``v`` at rows ``dst`` of ``layer``; that layer's whole ``(K, V)``."""
-        for t, x in ((self.k, k), (self.v, v)):
-            if t[layer] is None:
-                t[layer] = x.new_empty((self.rows, *x.shape[1:]))
-            t[layer].index_copy_(0, dst, x)
-        return self.k[layer], self.v[layer]
-
-    def _grow(self, rows: int) -> None:
-        if self.fixed:
-            used = sum(self.regions.values())
-            raise ValueError(
-                f"static KV pool of {self.rows} rows is full ({used} in use): size it for "
-                f"{rows} rows (every request's prompt + max_new_tokens, plus the padding rows)"
-            )
-        for t in (self.k, self.v):
-            for i, old in enumerate(t):
-                if old is not None:
-                    new = old.new_empty((rows, *old.shape[1:]))
-                    new[: old.shape[0]] = old
-                    t[i] = new
-        self.rows = rows
-
-
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal shapes and values, compared in the wider dtype (widening is exact: no float64
-    copies of a vocab-sized table)."""
-    wide = torch.promote_types(a.dtype, b.dtype)
-    return a.shape == b.shape and torch.equal(a.to(wide), b.to(wide))
-
-
-def _shard_of(shard: Callable, n: int, t: torch.Tensor) -> torch.Tensor:
-    """``shard(t, n)`` (argument order for ``functools.partial``)."""
-    return shard(t, n)
-
-
-def _parts_rows(
-    parts: Sequence[int], rank: int, tp: int, dtype: torch.dtype, t: torch.Tensor
-) -> torch.Tensor:
-    """This rank's rows of each concatenated part of ``t`` (``parts`` row counts), joined."""
-    chunks = t.split(list(parts))
-    return torch.cat([c[rank * (n // tp) : (rank + 1) * (n // tp)] for c, n in zip(chunks, parts, strict=True)]).to(dtype).contiguous()  # fmt: skip
-
-
-def _parts_gather(parts: Sequence[int], shards: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Inverse of ``_parts_rows`` over every rank's shard."""
-    tp = len(shards)
-    pieces = [s.split([n // tp for n in parts]) for s in shards]
-    return torch.cat([torch.cat([p[j] for p in pieces]) for j in range(len(parts))])
-
-
-def _vocab_rows(t: torch.Tensor, rank: int, per: int) -> torch.Tensor:
-    """Rows ``rank * per ..`` of ``t`` zero-padded to ``per`` rows (the vocab padding falls in
-    the last shards): a view when the shard holds no padding, so the table is never copied whole."""
-    lo, hi = rank * per, (rank + 1) * per
-    if hi <= t.shape[0]:
-        return t[lo:hi]
-    pad = t.new_zeros(hi - max(lo, t.shape[0]), *t.shape[1:])
-    return torch.cat([t[lo:], pad])
-
-
-@dataclass
-class KVCache:
-    """One request's place in a ``KVPool``: rows ``start .. start + length`` of every layer's
-    keys and values, in a region of ``capacity`` rows. ``capacity_hint`` (prompt + new tokens)
-    sizes the first region; without a pool the forward makes one for the call."""
-
-    capacity_hint: int = 0
-    pool: KVPool | None = None
-    start: int = 0
-    capacity: int = 0
-    length: int = 0
-    # hybrid families: this request's conv and recurrent state per linear-attention layer
-    linear: dict[int, LinearState] = field(default_factory=dict)
-
-    def make_room(self, pool: KVPool, new_rows: int) -> None:
-        """Hold ``length + new_rows`` rows in ``pool``: reserve the first region, or move to a
-        region twice as large (the rows copied, the old region released)."""
-        need = self.length + new_rows
-        if self.pool is None:
-            self.pool, self.capacity = pool, max(need, self.capacity_hint)
-            self.start = pool.reserve(self.capacity)
-        elif self.pool is not pool:
-            raise ValueError("the caches of one forward must share one KVPool")
-        elif need > self.capacity:
-            capacity = max(need, 2 * self.capacity)
-            start = pool.reserve(capacity)
-            pool.move(self.start, start, self.length)
-            pool.release(self.start)
-            self.start, self.capacity = start, capacity
-
-    def release(self) -> None:
-        """Give the region back to the pool (the request is done)."""
-        if self.pool is not None:
-            self.pool.release(self.start)
-            self.pool, self.capacity, self.length = None, 0, 0
-        self.linear = {}
 
 
 @dataclass
@@ -387,18 +99,6 @@ class _Layer:
     shared_expert_gate: torch.Tensor | None = None
 
 
-@dataclass
-class LinearState:
-    """One request's linear-attention state in one layer: the conv's last ``taps - 1`` inputs
-    ``[conv_dim, taps - 1]``, the delta rule's ``[v_heads, k_dim, v_dim]`` state at the last
-    chunk boundary and the delta-rule inputs ``(q, k, v, g, beta)`` of the tokens since it
-    (``kernels.linear_attention.continue_delta_rule``)."""
-
-    conv: torch.Tensor
-    boundary_state: torch.Tensor | None
-    pending: tuple[torch.Tensor, ...]
-
-
 class ReferenceModel:
     """The rollout model on one TP rank (``group`` of size 1 or unset: the whole model)."""
 
@@ -427,7 +127,7 @@ class ReferenceModel:
             self._loads.setdefault(name, []).append((t, local))
             return t
 
-        kp = KernelPolicy.of(kp)  # the rollout's edge: typed from here down
+        kp = kernel_policy(kp)  # the rollout's edge: typed from here down
         self.arch, self.kp, self.rp, self.group = arch, kp, rp, group
         self.tp = world_size(group)
         self.rank = dist.get_rank(group) if self.tp > 1 else 0
@@ -513,7 +213,7 @@ class ReferenceModel:
         self.final_norm = place(
             names["final_norm"], functools.partial(torch.Tensor.to, dtype=dense)
         )
-        vp = math.ceil(arch.vocab_size / (N_TILE * tp)) * N_TILE * tp
+        vp = padded_vocab(arch.vocab_size, tp, N_TILE)
         lm_dtype = dtype_of(kp.lm_head_input_dtype)
 
         def lm_rows(t: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,7 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     scratch = tempfile.TemporaryDirectory(prefix="contractgen-model-")
     t0 = time.perf_counter()
     path, n = write_random_checkpoint(contract_id, name, Path(scratch.name) / "checkpoint")
-    from ..adapters.memory import release_free_memory
+    from ..adapters.common.memory import release_free_memory
 
     release_free_memory()  # the model it built is gone: its heap goes back to the OS
     if not quiet:
@@ -146,7 +146,7 @@ def _with_lora(contract_id: str, schema, weights: object, text: str, scratch: ob
             f"error: --lora {text!r}: alpha {alpha:g} exceeds {contract_id}'s lora.max_alpha "
             f"{section['max_alpha']:g}"
         )
-    from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, random_adapter
+    from ..adapters.common.lora import CHECKPOINT_ADAPTER_FILE, random_adapter
     from ..parity.targets import rollout_adapter
 
     modules = tuple(section["target_modules"])
@@ -207,7 +207,7 @@ def _with_adapter_dir(contract_id: str, schema, weights: object, folder: Path) -
     import torch
     from safetensors.torch import load_file
 
-    from ..adapters.lora import LORA_ALPHA_KEY
+    from ..adapters.common.lora import LORA_ALPHA_KEY
 
     adapter = {
         k.removeprefix(PEFT_PREFIX): v.float() for k, v in load_file(folder / WEIGHTS_FILE).items()

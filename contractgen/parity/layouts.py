@@ -1,11 +1,11 @@
-"""Parallel layouts of the parity gate: ``tp2``, ``pp2``, ``cp2``, ``tp2pp2`` … (``adapters.layout.Layout``,
+"""Parallel layouts of the parity gate: ``tp2``, ``pp2``, ``cp2``, ``tp2pp2`` … (``adapters.common.layout.Layout``,
 checked by the launcher's layout rules)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..adapters.layout import Layout, LayoutError, parse_layout, parse_layouts
+from ..adapters.common.layout import Layout, LayoutError, parse_layout, parse_layouts
 from ..codegen.targets import by_role
 from ..codegen.vendored import load_target
 from .targets import rollout_target

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..adapters.common.model import hf_config_keys
 from ..adapters.families import family_for
 
 # max |our float32 logprob - transformers' float32 logprob| allowed, per (device our two sides
@@ -82,33 +83,11 @@ def reference_sequences(vocab_size: int, max_positions: int) -> list[list[int]]:
     return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
-# The oracle's own reading of the contract: generated ``ModelDims`` field -> transformers config
-# key. The adapters map the same profile to ``ModelArch`` (the rollout's and the trainer's model);
-# the reference config never goes through that mapping, so a wrong value there (a RoPE theta, an
-# eps) is on one side of the transformers comparison only. Fields a family lacks are None, left out.
-CONFIG_KEYS = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "intermediate_size": "intermediate_size",
-    "num_layers": "num_hidden_layers",
-    "num_attention_heads": "num_attention_heads",
-    "num_kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
-    "max_position_embeddings": "max_position_embeddings",
-    "tie_word_embeddings": "tie_word_embeddings",
-    "num_experts": "num_experts",
-    "num_experts_per_tok": "num_experts_per_tok",
-    "moe_intermediate_size": "moe_intermediate_size",
-    "norm_topk_prob": "norm_topk_prob",
-    "decoder_sparse_step": "decoder_sparse_step",
-    "mlp_only_layers": "mlp_only_layers",
-    "linear_num_key_heads": "linear_num_key_heads",
-    "linear_num_value_heads": "linear_num_value_heads",
-    "linear_key_head_dim": "linear_key_head_dim",
-    "linear_value_head_dim": "linear_value_head_dim",
-    "linear_conv_kernel_dim": "linear_conv_kernel_dim",
-    "shared_expert_intermediate_size": "shared_expert_intermediate_size",
-}
+# The generated ``ModelDims`` field -> transformers config key table is the family's
+# (``adapters.common.model.hf_config_keys``); the hybrid's layer pattern and partial rotary
+# factor reach the config as ``layer_types`` and RoPE parameters instead. Fields a family lacks
+# are None, left out.
+SKIPPED_KEYS = ("full_attention_interval", "partial_rotary_factor")
 
 # transformers 5's default experts kernel (torch grouped_mm) refuses float64 (the gradient
 # reference) and expert rows that are not 16-byte multiples; its eager per-expert loop computes
@@ -118,18 +97,17 @@ EAGER_EXPERTS = {"experts_implementation": "eager"}
 
 def reference_config(profile: Any, dims: Any = None):
     """transformers' config of ``profile.hf_architecture`` for ``dims`` (default: the reference
-    model), built by transformers from the generated profile's values (``CONFIG_KEYS``, the
+    model), built by transformers from the generated profile's values (``hf_config_keys``, the
     profile's eps and attention bias, the dims' resolved RoPE). Every value is read back from the
     built config: a key transformers ignored would leave its default in the oracle."""
     import transformers
 
     dims = dims or profile.reference_model
-    given = {
-        key: getattr(dims, f) for f, key in CONFIG_KEYS.items() if getattr(dims, f) is not None
-    }
+    family = family_for(profile.family)
+    keys = hf_config_keys(family, skip=SKIPPED_KEYS)
+    given = {key: getattr(dims, f) for f, key in keys.items() if getattr(dims, f) is not None}
     given = {k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}
     given |= {"rms_norm_eps": profile.norm_eps, "attention_bias": profile.attention_bias}
-    family = family_for(profile.family)
     if family.hybrid is not None:  # HF names each layer's mixer as the family does
         given["layer_types"] = [family.mixer(dims, i) for i in range(dims.num_layers)]
     rope = dict(dims.rope_scaling or ())  # the contract's (type, factor, …): transformers 5 names
@@ -147,7 +125,7 @@ def reference_config(profile: Any, dims: Any = None):
     if wrong := [f"{k}={read[k]!r} (contract: {v!r})" for k, v in want.items() if read[k] != v]:
         raise RuntimeError(
             f"transformers {transformers.__version__} {cls.__name__} did not take the "
-            f"{dims.name} model's values: {', '.join(wrong)}; fix reference.CONFIG_KEYS"
+            f"{dims.name} model's values: {', '.join(wrong)}; fix the family's config keys (adapters/families)"
         )
     return config
 
@@ -176,13 +154,13 @@ def hf_model(weights: Any, profile: Any, dtype: torch.dtype, dims: Any = None):
             ) from exc
         from safetensors.torch import load_file
 
-        from ..adapters.lora import CHECKPOINT_ADAPTER_FILE
+        from ..adapters.common.lora import CHECKPOINT_ADAPTER_FILE
 
         carried = Path(weights) / CHECKPOINT_ADAPTER_FILE
         if carried.is_file():  # the checkpoint carries an adapter: peft serves it unmerged
             return peft_model(model, load_file(str(carried)), dtype).eval()
         return model.eval()
-    from ..adapters.lora import split_adapter
+    from ..adapters.common.lora import split_adapter
 
     weights, adapter = split_adapter(weights)
     cls = getattr(transformers, profile.hf_architecture)
@@ -214,7 +192,7 @@ def peft_model(model, adapter: dict[str, torch.Tensor], dtype: torch.dtype):
     reference, PEFT's own forward (``base(x) + lora_B(lora_A(x)) * alpha / r``)."""
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
-    from ..adapters.lora import (
+    from ..adapters.common.lora import (
         adapter_alpha,
         adapter_rank,
         peft_state_dict,
@@ -331,7 +309,7 @@ def _peft_to_adapter_name(name: str) -> str:
     """peft's parameter name of an adapter tensor (``base_model.model.model.layers.0.self_attn
     .q_proj.lora_A.default.weight``) -> the gate's (``model.layers.0.self_attn.q_proj.lora_A
     .weight``); other names unchanged (a peft model's base is frozen: only A and B have grads)."""
-    from ..adapters.lora import PEFT_PREFIX
+    from ..adapters.common.lora import PEFT_PREFIX
 
     if not name.startswith(PEFT_PREFIX):
         return name

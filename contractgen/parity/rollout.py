@@ -19,11 +19,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..adapters.workers import RankPool, free_port
+from ..adapters.common.distributed import Rendezvous, start_process_group
+from ..adapters.common.policy import with_dtype
+from ..adapters.common.workers import RankPool
 from . import ROLLOUT
 from .workload import DEFAULT_WORKLOAD, PromptSpec
-
-DTYPE_FIELDS_SUFFIX = "_dtype"
 
 
 @dataclass
@@ -96,7 +96,7 @@ the sender fills in (it hashes them while the rollout runs)."""
 
 def pushed_weights(weights: Any) -> dict[str, torch.Tensor]:
     """An update's HF state dict (views of a ``SharedTensors`` buffer, not copies)."""
-    from ..adapters.shared_tensors import SharedTensors
+    from ..adapters.common.shared_tensors import SharedTensors
 
     return weights.tensors() if isinstance(weights, SharedTensors) else weights
 
@@ -106,7 +106,7 @@ def _update(job: RolloutJob, rank: int, tp: int) -> dict[str, torch.Tensor]:
     adapter faults')."""
     sync, pushed = job.weight_sync, pushed_weights(job.weights)
     if sync.skip_adapter:
-        from ..adapters.lora import split_adapter
+        from ..adapters.common.lora import split_adapter
 
         pushed = split_adapter(pushed)[0]
     if sync.stale is not None and not sync.reset and rank == tp - 1:
@@ -181,7 +181,7 @@ def sync_report(model, pushed: dict[str, torch.Tensor], digest: str | None = Non
     adapter the rollout serves (its gathered A, B and alpha, in the dtypes it holds them in),
     always hashed here from what it holds, never taken from the push (None: it serves none):
     the handshake the trainer checks against the adapter it pushed."""
-    from ..adapters.lora import split_adapter
+    from ..adapters.common.lora import split_adapter
 
     gathered, problems = model.gathered_weights()
     served = split_adapter(gathered)[1]
@@ -217,14 +217,7 @@ def policies(
     gen = load_target(ROLLOUT)
     kp = gen.schema.kernel_policy_for(contract_id)
     if dtype_override is not None:
-        kp = dataclasses.replace(
-            kp,
-            **{
-                f.name: dtype_override
-                for f in dataclasses.fields(kp)
-                if f.name.endswith(DTYPE_FIELDS_SUFFIX)
-            },
-        )
+        kp = with_dtype(kp, dtype_override)
     kp = dataclasses.replace(kp, **dict(kernel_changes))
     rp = gen.runtime_policy.policy_for(contract_id, SimpleNamespace(tp_size=tp))
     rp = dataclasses.replace(rp, **dict(runtime_changes))
@@ -385,12 +378,8 @@ def _worker(rank: int, commands, results, tp: int, device: str, port: int) -> No
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    backend, rank_device = BACKENDS[device]
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(backend, rank=rank, world_size=tp)
+    _, rank_device = BACKENDS[device]
+    start_process_group(rank, tp, port, device)
     try:
         while (job := commands.get()) is not None:
             try:
@@ -411,9 +400,14 @@ class RolloutSession:
             raise ValueError(f"device={device!r}: expected one of {sorted(BACKENDS)}")
         self.tp, self.device, self.timeout_s = tp, device, timeout_s
         self._pool = RankPool(
-            f"rollout session (TP={tp})", tp, _worker, lambda: (tp, device, free_port()),
+            f"rollout session (TP={tp})", tp, _worker, self._start_args,
             device=device, timeout_s=timeout_s,
         )  # fmt: skip
+
+    def _start_args(self) -> tuple:
+        """The ranks' arguments, joined at a rendezvous this session serves (one per start)."""
+        self._rendezvous = Rendezvous()
+        return (self.tp, self.device, self._rendezvous.port)
 
     def __enter__(self) -> RolloutSession:
         return self
@@ -424,7 +418,7 @@ class RolloutSession:
     def run(self, job: RolloutJob) -> RolloutResult:
         """One rollout run on every rank; rank 0's result."""
         if self.tp == 1 and self.device == "cpu":  # in this process: its freed model goes back
-            from ..adapters.memory import release_free_memory
+            from ..adapters.common.memory import release_free_memory
 
             try:
                 return _run(job)

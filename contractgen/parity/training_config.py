@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from ..adapters.common.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
 from ..adapters.families import LAYER_PREFIX
-from ..adapters.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
 from . import correctness  # as a module: tests replace its grad_reference_of
 from .fault_runs import fault_change
 from .faults import catalogue

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..adapters.lora import split_adapter
+from ..adapters.common.lora import split_adapter
 from .compare import compare
 from .gate_run import GateRun
 from .layouts import Layout

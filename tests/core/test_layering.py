@@ -123,7 +123,7 @@ def test_no_torch_import_anywhere_in_schema_or_codegen(folder: str) -> None:
 STDLIB_ADAPTERS = (
     "contractgen.adapters.families",
     "contractgen.adapters.tile_order",
-    "contractgen.adapters.layout",
+    "contractgen.adapters.common.layout",
 )
 
 
@@ -135,7 +135,7 @@ def test_families_are_stdlib_only() -> None:
     """schema/ rules import the family descriptions, so they import nothing heavy and no other
     adapter (``contractgen.adapters/__init__`` is a docstring)."""
     files = [*_source_files("adapters/families"), ROOT / "adapters/tile_order.py",
-             ROOT / "adapters/layout.py"]  # fmt: skip
+             ROOT / "adapters/common/layout.py"]  # fmt: skip
     assert {p.name for p in files} >= {"__init__.py", "qwen3_dense.py", "llama3_dense.py"}
     offenders = [
         f"{p.relative_to(ROOT)}: {name}"

@@ -1,11 +1,11 @@
-"""How ranks start (``adapters/workers.py``): from a fork server, under the parent's environment
+"""How ranks start (``adapters/common/workers.py``): from a fork server, under the parent's environment
 as it is when the rank starts, not as it was when the server started."""
 
 from __future__ import annotations
 
 import os
 
-from contractgen.adapters.workers import rank_context, start_rank
+from contractgen.adapters.common.workers import rank_context, start_rank
 
 
 def _report_env(name: str, results) -> None:
@@ -47,7 +47,7 @@ def _echo_rank(rank: int, commands, results, scale: int) -> None:
 def test_rank_pool_answers_fails_and_reports_a_dead_rank():
     import pytest
 
-    from contractgen.adapters.workers import RankPool
+    from contractgen.adapters.common.workers import RankPool
 
     pool = RankPool("echo pool", 2, _echo_rank, (10,), timeout_s=60)
     try:
@@ -77,7 +77,7 @@ def _many_tensors(n: int) -> dict:
 
 
 def _checksum_rank(weights, results) -> None:
-    from contractgen.adapters.shared_tensors import SharedTensors
+    from contractgen.adapters.common.shared_tensors import SharedTensors
 
     tensors = weights.tensors() if isinstance(weights, SharedTensors) else weights
     results.put(
@@ -88,7 +88,7 @@ def _checksum_rank(weights, results) -> None:
 def test_shared_tensors_round_trip_bitwise():
     import torch
 
-    from contractgen.adapters.shared_tensors import SharedTensors
+    from contractgen.adapters.common.shared_tensors import SharedTensors
 
     tensors = _many_tensors(5)
     back = SharedTensors.pack(tensors).tensors()
@@ -103,7 +103,7 @@ def test_a_fork_server_rank_receives_a_state_dict_of_any_size():
     descriptor and the fork server refuses ("too many fds"). Packed, it is one."""
     import pytest
 
-    from contractgen.adapters.shared_tensors import SharedTensors
+    from contractgen.adapters.common.shared_tensors import SharedTensors
 
     tensors = _many_tensors(400)
     ctx = rank_context()
@@ -123,7 +123,7 @@ def test_shared_tensors_from_safetensors_files_equal_their_loaded_state_dict(tmp
     import torch
     from safetensors.torch import load_file, save_file
 
-    from contractgen.adapters.shared_tensors import SharedTensors
+    from contractgen.adapters.common.shared_tensors import SharedTensors
 
     tensors = _many_tensors(6)
     names = list(tensors)

@@ -27,7 +27,7 @@ from contractgen.adapters.kernels.matmul import (  # noqa: E402
     reference_matmul,
     shard_policy,
 )
-from contractgen.adapters.kernels.policy import KernelPolicy  # noqa: E402
+from contractgen.adapters.kernels.policy import kernel_policy  # noqa: E402
 from contractgen.adapters.kernels.triton import matmul as tmm  # noqa: E402
 from contractgen.codegen.vendored import load_target  # noqa: E402
 
@@ -41,7 +41,7 @@ BACKENDS = {"reference": reference_matmul, "triton": tmm.triton_matmul}
 def kps():
     schema = load_target("sglang").schema
     return {
-        v: KernelPolicy.of(schema.kernel_policy_for(f"qwen3_dense_true_on_policy_{v}"))
+        v: kernel_policy(schema.kernel_policy_for(f"qwen3_dense_true_on_policy_{v}"))
         for v in ("v3", "v4")
     }
 

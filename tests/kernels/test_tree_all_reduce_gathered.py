@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from contractgen.adapters.common.workers import free_port
 from contractgen.adapters.kernels import all_reduce, tree_sum
-from contractgen.adapters.workers import free_port
 
 RANKS = 4
 SIZES = ((1000,), (3, 1000), (1000,))  # the third call fits in the grown buffer: reused

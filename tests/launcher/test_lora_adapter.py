@@ -38,7 +38,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An adapter of the reference model written by ``export_peft`` (r=8, alpha=16)."""
-    from contractgen.adapters.lora import export_peft, random_adapter
+    from contractgen.adapters.common.lora import export_peft, random_adapter
     from contractgen.codegen.vendored import load_target
     from contractgen.parity.targets import rollout_adapter
 

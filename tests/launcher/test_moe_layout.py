@@ -40,7 +40,7 @@ def test_235b_a22b_runs_tp4_not_pp4() -> None:
     ],
 )
 def test_ep_layouts_parse_and_size_their_trainer_session(token, sizes, world) -> None:
-    from contractgen.adapters.layout import parse_layout
+    from contractgen.adapters.common.layout import parse_layout
 
     layout = parse_layout(token)
     assert layout == Layout(**sizes)

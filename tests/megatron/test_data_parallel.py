@@ -15,18 +15,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from contractgen.adapters.common.data_parallel import microbatches, split_batch
+from contractgen.adapters.common.layout import LayoutError, parse_layout
+from contractgen.adapters.common.run_types import OptimizerSettings
+from contractgen.adapters.common.workers import free_port
 from contractgen.adapters.kernels.all_reduce import tree_sum
-from contractgen.adapters.layout import LayoutError, parse_layout
 from contractgen.adapters.megatron.data_parallel import (
     GradBuffer,
-    microbatches,
     replica_mismatches,
     replica_tensors,
-    split_batch,
 )
 from contractgen.adapters.megatron.distributed_optimizer import ShardedAdamW, shard_bounds
-from contractgen.adapters.megatron.run_types import OptimizerSettings
-from contractgen.adapters.workers import free_port
 
 
 def test_split_batch_spreads_the_groups_and_keeps_microbatch_order():

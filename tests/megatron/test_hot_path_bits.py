@@ -193,8 +193,8 @@ def test_planted_backward_bug_still_reaches_the_trainer_attention():
     """The parity gate plants ``attention_dk_scale_dropped`` by replacing
     ``attention.attention_backward`` on the module; the trainer's backward (now through
     ``attention_meta``) must still run the replacement: dK comes back divided by the scale."""
+    from contractgen.adapters.common.policy import float32_kernel_policy
     from contractgen.adapters.kernels.planted import planted
-    from contractgen.adapters.megatron.policy import float32_kernel_policy
 
     kp = float32_kernel_policy(generated().schema.kernel_policy_for(V1))
     params = _pack(False).seq_params()

@@ -51,8 +51,9 @@ def hf_checkpoint(tmp_path_factory):
 def test_checkpoint_dir_exact_vs_rollout_and_close_to_hf(hf_checkpoint):
     from megatron_reference import random_sequences
 
-    from contractgen.adapters.megatron.policy import float32_kernel_policy, generated
-    from contractgen.adapters.sglang.checkpoint import load_checkpoint
+    from contractgen.adapters.common.checkpoint import load_checkpoint
+    from contractgen.adapters.common.policy import float32_kernel_policy
+    from contractgen.adapters.megatron.policy import generated
     from contractgen.adapters.sglang.engine import RolloutEngine
     from contractgen.adapters.sglang.model import ReferenceModel
     from contractgen.codegen.vendored import load_target

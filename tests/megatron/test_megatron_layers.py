@@ -11,11 +11,12 @@ import torch.nn.functional as F
 from megatron_testing import single_process_megatron
 
 from contractgen.adapters import kernels as K
+from contractgen.adapters.common.policy import float32_kernel_policy
 from contractgen.adapters.megatron import attention as attn_mod
 from contractgen.adapters.megatron import layers as L
 from contractgen.adapters.megatron.model import Layout, make_config
 from contractgen.adapters.megatron.packing import pack_sequences
-from contractgen.adapters.megatron.policy import float32_kernel_policy, generated
+from contractgen.adapters.megatron.policy import generated
 
 V1 = "qwen3_dense_true_on_policy_v1"
 

@@ -175,7 +175,8 @@ def test_tp1_float32_diagnostic_mode_exact_and_kv_chunk_twin(tp1, arch, weights,
     different KV chunk (split-KV tiling) is visible; in bf16 it is mostly rounded away."""
     from megatron_reference import rollout_layer_outputs, rollout_rescore
 
-    from contractgen.adapters.megatron.policy import float32_kernel_policy, generated
+    from contractgen.adapters.common.policy import float32_kernel_policy
+    from contractgen.adapters.megatron.policy import generated
 
     kp32 = float32_kernel_policy(generated().schema.kernel_policy_for(V1))
     want_lp = rollout_rescore(V1, arch, weights, sequences, kp=kp32)

@@ -14,9 +14,10 @@ import pytest
 import torch
 from megatron_testing import single_process_megatron
 
+from contractgen.adapters.common.policy import float32_kernel_policy
 from contractgen.adapters.kernels import moe as moe_kernels
 from contractgen.adapters.megatron.model import Layout, make_config
-from contractgen.adapters.megatron.policy import float32_kernel_policy, generated
+from contractgen.adapters.megatron.policy import generated
 from contractgen.adapters.megatron.provider import SGLangSpecProvider, _moe_spec
 from contractgen.adapters.sglang.model import ACTIVATIONS, ModelArch
 from contractgen.adapters.sglang.ops import resolve_ops

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contractgen.adapters.layout import Layout
+from contractgen.adapters.common.layout import Layout
+from contractgen.adapters.common.run_types import TrainerFault, TrainerRun
 from contractgen.adapters.megatron.checkpoint import _moe_to_megatron
-from contractgen.adapters.megatron.run_types import TrainerFault, TrainerRun
 from contractgen.adapters.megatron.trainer import TrainerSession, trainer_logprobs_runs
 from contractgen.adapters.sglang.model import ModelArch, random_weights
 from contractgen.codegen.vendored import load_target

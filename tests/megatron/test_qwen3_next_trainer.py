@@ -13,7 +13,7 @@ import pytest
 import torch
 from megatron_reference import random_sequences, rollout_rescore
 
-from contractgen.adapters.layout import Layout
+from contractgen.adapters.common.layout import Layout
 from contractgen.adapters.megatron.model import arch_for, make_config
 from contractgen.adapters.megatron.trainer import TrainerFault, TrainerRun, TrainerSession
 from contractgen.adapters.sglang.model import random_weights

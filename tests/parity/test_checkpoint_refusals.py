@@ -118,8 +118,8 @@ def test_tied_config_with_its_own_lm_head(saved, tmp_path):
     """config.json ties the head, but the files carry a head of their own: transformers 5
     computes with that head, the contract with the embedding, so the weights are refused unless
     the two are equal (then the extra tensor is only a copy)."""
-    from contractgen.adapters.sglang.checkpoint import CheckpointError, check_weight_files
-    from contractgen.adapters.sglang.model import ModelArch
+    from contractgen.adapters.common.checkpoint import CheckpointError, check_weight_files
+    from contractgen.adapters.common.model import ModelArch
     from contractgen.codegen.vendored import load_target
 
     profile = load_target("sglang").schema.model_profile_for(V1)

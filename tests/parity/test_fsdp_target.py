@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import V1, run_parity, run_parity_in_process
 
-from contractgen.adapters.layout import LayoutError, parse_layout
+from contractgen.adapters.common.layout import LayoutError, parse_layout
 
 
 def test_fsdp_layouts_parse_and_go_to_the_fsdp_trainer_only() -> None:
@@ -67,7 +67,7 @@ def test_lora_on_the_fsdp_trainer_is_refused_in_one_line(tmp_path: Path) -> None
 def _fault_run(layouts: str, rollout_tps: list[int], trainer: str = "fsdp", hf: bool = True):
     from types import SimpleNamespace
 
-    from contractgen.adapters.layout import parse_layouts
+    from contractgen.adapters.common.layout import parse_layouts
 
     lays = parse_layouts(layouts)
     config = SimpleNamespace(rollout_tps=rollout_tps, hf_reference=hf, layouts=lays)
@@ -160,8 +160,8 @@ def test_fsdp2_trains_a_step_at_ratio_one_and_pushes_the_updated_weights(referen
     """``--train-steps``' trainer half at fsdp2: the training forward scores the sequences with
     the bits of the plain forward (ratio exactly 1, loss its value at ratio 1), AdamW moves the
     sharded weights, and the pushed full state dict has every checkpoint name in bfloat16."""
+    from contractgen.adapters.common.run_types import OptimizerSettings
     from contractgen.adapters.fsdp import TrainBatch, TrainerSession, TrainInit
-    from contractgen.adapters.fsdp.run_types import OptimizerSettings
 
     arch, weights = reference_weights
     g = torch.Generator().manual_seed(0)

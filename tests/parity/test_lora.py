@@ -14,7 +14,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from contractgen.adapters.lora import check_adapter, random_adapter
+from contractgen.adapters.common.lora import check_adapter, random_adapter
 from contractgen.adapters.sglang.model import KVCache, ReferenceModel, random_weights
 from contractgen.cli import main
 from contractgen.parity.faults import flipped
@@ -216,7 +216,7 @@ def test_peft_export_round_trip(tmp_path) -> None:
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from contractgen.adapters.lora import export_peft, split_adapter
+    from contractgen.adapters.common.lora import export_peft, split_adapter
     from contractgen.codegen.vendored import load_target
     from contractgen.parity.reference import hf_logprobs, hf_model
 

@@ -16,7 +16,7 @@ QWEN = "qwen3_dense_lora_true_on_policy_v1"
 
 @pytest.fixture(scope="module")
 def adapter_and_folder(tmp_path_factory):
-    from contractgen.adapters.lora import export_peft, random_adapter
+    from contractgen.adapters.common.lora import export_peft, random_adapter
     from contractgen.codegen.vendored import load_target
     from contractgen.parity.targets import rollout_adapter
 
@@ -71,8 +71,8 @@ def test_a_model_checkpoint_carries_the_random_adapter_to_every_reader(tmp_path)
     is never written into (exit 2)."""
     from peft import PeftModel
 
-    from contractgen.adapters.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
-    from contractgen.adapters.sglang.checkpoint import check_weight_files
+    from contractgen.adapters.common.checkpoint import check_weight_files
+    from contractgen.adapters.common.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
     from contractgen.codegen.vendored import load_target
     from contractgen.commands.parity import _with_lora
     from contractgen.parity.random_model import write_random_checkpoint
@@ -101,7 +101,7 @@ def test_a_model_checkpoint_carries_the_random_adapter_to_every_reader(tmp_path)
 def test_the_grad_check_report_says_it_compares_the_adapter(tmp_path) -> None:
     from types import SimpleNamespace
 
-    from contractgen.adapters.lora import CHECKPOINT_ADAPTER_FILE, LORA_ALPHA_KEY
+    from contractgen.adapters.common.lora import CHECKPOINT_ADAPTER_FILE, LORA_ALPHA_KEY
     from contractgen.parity.training import _GradCheck
 
     def dtype(weights) -> str:

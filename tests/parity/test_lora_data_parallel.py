@@ -12,7 +12,7 @@ QWEN = "qwen3_dense_lora_true_on_policy_v1"
 
 @pytest.mark.slow  # one dp2 run, 2 steps of 4 samples x 3 tokens: ~13 s
 def test_lora_dp2_microbatches_distributed_optimizer_is_exact(tmp_path) -> None:
-    from contractgen.adapters.lora import random_adapter
+    from contractgen.adapters.common.lora import random_adapter
     from contractgen.codegen.vendored import load_target
     from contractgen.parity.targets import rollout_adapter
 

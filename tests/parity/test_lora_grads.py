@@ -17,7 +17,7 @@ BUG = "lora_grad_scale_twice"
 def case():
     """Reference-model weights with an r=8 adapter (alpha 12: scale 1.5, so a doubled scale
     shows), two sequences, and peft's float64 gradients of the gate's loss."""
-    from contractgen.adapters.lora import random_adapter
+    from contractgen.adapters.common.lora import random_adapter
     from contractgen.codegen.vendored import load_target
     from contractgen.parity.correctness import GradReference
     from contractgen.parity.reference import hf_grads, hf_model

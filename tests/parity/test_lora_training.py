@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import run_parity
 
-from contractgen.adapters.lora import LORA_ALPHA_KEY, is_adapter_name, random_adapter
+from contractgen.adapters.common.lora import LORA_ALPHA_KEY, is_adapter_name, random_adapter
 from contractgen.adapters.sglang.model import ReferenceModel, random_weights
 from contractgen.parity.rollout import model_arch, policies, weights_digest
 from contractgen.parity.training import NO_ADAPTER, STALE_ADAPTER, adapter_check
@@ -84,7 +84,7 @@ def test_rollout_digests_the_adapter_it_serves_and_the_faults_skip_it(lora_weigh
 def test_trainer_trains_only_the_adapter_and_pushes_it_alone(lora_weights) -> None:
     """TrainInit: base + adapter pushed (A, B rounded to bf16 as served), the optimizer holds
     the adapter's elements alone; a step: the push is the adapter alone, A and B moved."""
-    from contractgen.adapters.megatron.run_types import OptimizerSettings, TrainBatch, TrainInit
+    from contractgen.adapters.common.run_types import OptimizerSettings, TrainBatch, TrainInit
     from contractgen.adapters.megatron.trainer import TrainerSession
     from contractgen.parity.layouts import parse_layouts
 

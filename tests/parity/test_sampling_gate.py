@@ -104,7 +104,7 @@ def test_trainer_scores_the_processed_distribution(reference_weights):
     """At T != 1, top-k and top-p the trainer (TP=2: the truncated rows gathered over the vocab
     shards) scores each sequence's processed distribution bit for bit as the rollout's re-score
     does, and not the logits' distribution."""
-    from contractgen.adapters.megatron.run_types import TrainBatch, TrainInit
+    from contractgen.adapters.common.run_types import TrainBatch, TrainInit
     from contractgen.adapters.megatron.trainer import TrainerRun, TrainerSession
     from contractgen.adapters.sglang.engine import Request, RolloutEngine
     from contractgen.adapters.sglang.model import ReferenceModel

@@ -124,7 +124,7 @@ def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
     """The fault skips one tensor of the update on the last rank only; the engine a rank keeps
     across pushes then still holds that tensor's old value (loaded in place, never rebuilt),
     and the sync check names it. A first push (``reset``) loads everything."""
-    from contractgen.adapters.shared_tensors import SharedTensors
+    from contractgen.adapters.common.shared_tensors import SharedTensors
     from contractgen.parity import rollout
     from contractgen.parity.rollout import RolloutJob, WeightSync, policies, sync_report
 
@@ -306,7 +306,7 @@ def test_a_broken_session_reports_what_its_ranks_sent():
     or still queued), not only "rank(s) [0] exited"."""
     import queue
 
-    from contractgen.adapters.workers import errors_before_exit
+    from contractgen.adapters.common.workers import errors_before_exit
 
     results = queue.Queue()
     results.put((0, "err", "Traceback: rank 0 ran out of memory", None, None))

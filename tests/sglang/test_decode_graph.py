@@ -357,7 +357,7 @@ def no_host_reads(monkeypatch):
 
 
 def _lora_weights(arch, seed: int) -> dict[str, torch.Tensor]:
-    from contractgen.adapters.lora import random_adapter
+    from contractgen.adapters.common.lora import random_adapter
 
     modules = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     return random_weights(arch, 0) | random_adapter(arch, modules, 8, 12.0, seed=seed)
@@ -413,7 +413,7 @@ def test_lora_static_decode_equals_eager_bitwise(lora_model):
 
 def test_lora_scale_follows_a_loaded_alpha_in_place(lora_model):
     """A pushed alpha refreshes the held scale in place (a captured graph reads the new value)."""
-    from contractgen.adapters.lora import LORA_ALPHA_KEY
+    from contractgen.adapters.common.lora import LORA_ALPHA_KEY
 
     ((rank, held),) = lora_model.lora_scales.items()
     before, address = held.clone(), held.data_ptr()

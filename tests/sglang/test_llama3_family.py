@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from contractgen.adapters.sglang.checkpoint import (
+from contractgen.adapters.common.checkpoint import (
     CheckpointError,
     dims_from_hf_config,
     hf_config_fields,

@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from contractgen.adapters.kernels import moe
-from contractgen.adapters.sglang.checkpoint import (
+from contractgen.adapters.common.checkpoint import (
     dims_from_hf_config,
     load_checkpoint,
     read_hf_config,
 )
+from contractgen.adapters.kernels import moe
 from contractgen.adapters.sglang.engine import Request, RolloutEngine
 from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
 from contractgen.codegen.vendored import load_target

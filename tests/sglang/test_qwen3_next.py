@@ -335,7 +335,7 @@ def test_hf_checkpoint_directory_loads_and_agrees(tmp_path, policy):
     the rollout loads its weights, and float32 logits agree with transformers'."""
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-    from contractgen.adapters.sglang.checkpoint import (
+    from contractgen.adapters.common.checkpoint import (
         dims_from_hf_config,
         load_checkpoint,
         read_hf_config,

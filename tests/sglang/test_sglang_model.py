@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from contractgen.adapters.sglang.checkpoint import (
+from contractgen.adapters.common.checkpoint import (
     CheckpointError,
     dims_from_hf_config,
     load_checkpoint,
@@ -68,7 +68,7 @@ def _hf_model(tmp_path, name, seed=0):
 
 def _profile_for(profile, path):
     """The v1 profile widened to cover a tiny test checkpoint (family fields from its config)."""
-    from contractgen.adapters.sglang.checkpoint import hf_config_fields
+    from contractgen.adapters.common.checkpoint import hf_config_fields
 
     cfg = read_hf_config(path)
     f = hf_config_fields(cfg, profile.family)

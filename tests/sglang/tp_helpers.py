@@ -1,4 +1,4 @@
-"""Test helpers: tensor parallelism across processes on CPU (gloo; ranks from ``contractgen.adapters.workers``).
+"""Test helpers: tensor parallelism across processes on CPU (gloo; ranks from ``contractgen.adapters.common.workers``).
 
 ``spawn(n, fn, *args)`` runs ``fn(rank, n, *args)`` on ``n`` fresh processes sharing one gloo
 process group (the default group) and returns the per-rank results; a worker's traceback is
@@ -52,7 +52,7 @@ def _entry(rank: int, commands, results, world: int, tmp: str) -> None:
 def spawn(world_size: int, fn: Callable, *args, timeout: float = 300.0) -> list:
     """``[fn(rank, world_size, *args) for rank in ranks]``, each rank in its own process (a
     ``RankPool`` for one command); a rank's traceback is raised here."""
-    from contractgen.adapters.workers import RankPool
+    from contractgen.adapters.common.workers import RankPool
 
     with tempfile.TemporaryDirectory(prefix="contractgen-tp-") as tmp:
         pool = RankPool(f"TP={world_size} workers", world_size, _entry, (world_size, tmp),
@@ -68,7 +68,7 @@ def rollout_on_rank(arch, weights, kp, rp, requests=(), rescore=(), layer_output
     """The rollout on this rank of an initialised default group (call inside a ``spawn`` worker).
 
     ``kp``/``rp`` may be dicts (from ``plain``) or policy objects."""
-    from contractgen.adapters.sglang.checkpoint import load_safetensors
+    from contractgen.adapters.common.checkpoint import load_safetensors
     from contractgen.adapters.sglang.engine import RolloutEngine
     from contractgen.adapters.sglang.model import ReferenceModel, random_weights
 

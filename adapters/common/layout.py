@@ -134,3 +134,12 @@ def parse_layouts(spec: str) -> list[Layout]:
     if len(set(names)) != len(names):
         raise LayoutError(f"--layouts: repeated layout in {spec!r}")
     return layouts
+
+
+def padded_vocab(vocab_size: int, tp: int, unit: int) -> int:
+    """``vocab_size`` rounded up to a multiple of ``unit`` x ``tp``: every TP rank's vocab shard a
+    whole number of ``unit`` columns. The one padding rule: the trainer's LM head pads to whole
+    log-softmax vocab blocks (Megatron's ``make_vocab_size_divisible_by``), the rollout's to whole
+    GEMM column tiles, the launch plan as the trainer does."""
+    step = unit * tp
+    return -(-vocab_size // step) * step

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .families import LAYER_PREFIX
+from ..families import LAYER_PREFIX
 
 LORA_ALPHA_KEY = "lora.alpha"
 """The adapter's alpha (a 0-d float64 tensor) in a state dict that carries an adapter."""

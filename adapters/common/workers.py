@@ -1,7 +1,7 @@
 """What the spawned-rank sessions (the rollout's and the trainer's) share: how ranks start, and
 reading why a session broke. Standard library only at import.
 
-On CPU, ranks start from a fork server that has imported torch, megatron-core and the rank code
+On CPU, ranks start from a fork server that has imported torch and every target's rank code
 once (``rank_context``): a spawned interpreter re-imports them for every rank, seconds of CPU
 each, which was most of the cost of starting a session on the tiny models. On CUDA each rank is
 a fresh interpreter (``spawn``), as CUDA requires. The fork server is started once per parent
@@ -22,15 +22,21 @@ from dataclasses import dataclass
 from typing import Any
 
 # Imported once, in the fork server; a rank forked from it starts with them loaded. A module
-# that does not import (no megatron-core on a rollout-only machine) is skipped by the server.
-PRELOAD = (
-    "torch",
-    "torch.distributed",
-    "megatron.core.models.gpt",
-    "megatron.core.optimizer",
-    "contractgen.adapters.megatron.runtime",
-    "contractgen.parity.rollout",
-)
+# that does not import (a trainer library absent from a rollout-only machine) is skipped.
+# Every registered target's adapter adds its rank modules (its ``PRELOAD``): ``preload()``.
+PRELOAD = ("torch", "torch.distributed")
+
+
+def preload() -> list[str]:
+    """What the fork server imports: torch, then every registered target's ``PRELOAD`` (its
+    adapter module's heavy rank code), found through the target registry."""
+    from contractgen.codegen.targets import registry
+
+    names = list(PRELOAD)
+    for target in registry().values():
+        if target.adapter:
+            names += getattr(target.runtime(), "PRELOAD", ())
+    return list(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)
@@ -40,8 +46,8 @@ class TrainerJob:
     contract_id: str
     weights: Any  # HF names -> tensors; a ``SharedTensors`` on its way to the ranks
     sequences: list[list[int]]
-    layout: Any  # contractgen.adapters.layout.Layout
-    arch: Any  # contractgen.adapters.sglang.model.ModelArch
+    layout: Any  # common.layout.Layout
+    arch: Any  # common.model.ModelArch
     device: str
     port: int
 
@@ -62,7 +68,7 @@ def rank_context(device: str = "cpu"):
     if device != "cpu":
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    ctx.set_forkserver_preload(preload())
     return ctx
 
 

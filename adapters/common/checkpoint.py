@@ -29,7 +29,7 @@ from ..families.hf_config import (
     unrunnable,
 )
 from ..families.hf_config import hf_config_fields as _family_fields
-from ..lora import CHECKPOINT_ADAPTER_FILE, is_adapter_name
+from .lora import CHECKPOINT_ADAPTER_FILE, is_adapter_name
 from .model import ModelArch, weight_shapes
 
 __all__ = [

@@ -1,6 +1,8 @@
-"""What the trainer's parent process and its spawned ranks share: run descriptions, results, the
-fault helper. A module of its own so that ``trainer`` (parent) and ``runtime`` (ranks) both import
-it and not each other."""
+"""The trainer role's data types, one definition for every trainer target: what the gate builds
+(``TrainerRun``, ``TrainerFault``, ``TrainInit``, ``TrainBatch``, ``OptimizerSettings``) and what a
+session answers (``TrainerResult``, ``TrainStepResult``), plus the fault helper. A target's parent
+process (its session) and its ranks both import this, not each other. Each target's README says how
+it implements a setting (``OptimizerSettings`` is mixed-precision AdamW wherever it runs)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ class TrainerResult:
     """Per sequence: ``{"layer.<i>": [len, hidden]}``, the residual stream after layer ``i``
     (output + residual), comparable with the rollout's ``layer_outputs``."""
     grads: dict[str, torch.Tensor] | None = None
-    """Global rank 0's parameter gradients (megatron names: first stage, TP/CP rank 0)."""
+    """Global rank 0's parameter gradients (the target's own names: first stage, TP/CP rank 0)."""
     hf_grads: dict[str, torch.Tensor] | None = None
     """Every parameter's gradient, gathered from every TP shard and PP stage, under HF names."""
     kernel_calls: Any = None
@@ -49,8 +51,8 @@ class TrainerRun:
     prompt_lens: tuple[int, ...] | None = None
     dump_layers: bool = False
     grads: bool = False
-    """Training step instead: loss = summed next-token cross-entropy (megatron-core's
-    ``vocab_parallel_cross_entropy``) of each rank's tokens (with ``prompt_lens``: response
+    """Training step instead: loss = summed next-token cross-entropy (vocab-parallel)
+    of each rank's tokens (with ``prompt_lens``: response
     tokens only), backward through every stage, ``grads.finalize_grads``; the result's ``grads``
     and ``hf_grads`` hold the gradients (see ``TrainerResult``)."""
     kernel_audit: str | None = None
@@ -60,7 +62,7 @@ class TrainerRun:
     """Shared-kernel bugs switched on for this run (``kernels.planted``: the parity gate's
     self-test; the rollout side gets the same ones)."""
     sampling: tuple[Any, ...] | None = None
-    """Per sequence, the ``sglang.sampling.SamplingParams`` its tokens were drawn with: its
+    """Per sequence, the ``common.sampling.SamplingParams`` its tokens were drawn with: its
     logprobs are of that processed distribution (temperature, top-k, top-p), as the sampler's.
     None: of the logits (temperature 1). The forward only (not ``grads``)."""
 
@@ -78,17 +80,17 @@ def with_fault(policy: Any, changes: Mapping[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """The trainer's optimizer: megatron-core's bf16 mixed-precision optimizer (fp32 main
-    parameters) around ``torch.optim.AdamW`` (what megatron-core falls back to without Apex or
-    Transformer Engine)."""
+    """The trainer's optimizer: bf16 mixed precision (fp32 main parameters) around
+    ``torch.optim.AdamW`` (what a model-parallel trainer falls back to without Apex or Transformer
+    Engine; an FSDP trainer's AdamW on its sharded parameters)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
     clip_grad: float = 0.0
-    """Gradient-norm clipping; 0 = off (megatron-core's clipping allocates on CUDA, so CPU runs
-    cannot use it)."""
+    """Gradient-norm clipping; 0 = off (the model-parallel trainer's library clipping allocates on
+    CUDA, so CPU runs cannot use it)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class TrainInit:
     distributed_optimizer: bool = False
     """Shard the optimizer state over the data-parallel ranks (``distributed_optimizer.
     ShardedAdamW``: reduce-scatter, AdamW on this rank's fp32 shard, all-gather) instead of
-    megatron-core's mixed-precision optimizer on every rank."""
+    the mixed-precision optimizer on every rank."""
     desync_dp: bool = False
     """Fault: the last data-parallel rank skips the gradient reduction and steps on its own
     gradient (with the distributed optimizer: skips taking the all-gathered parameters), so its
