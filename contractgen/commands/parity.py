@@ -197,6 +197,12 @@ def _random_checkpoint(contract_id: str, name: str, checkpoint: Path | None, qui
     "plugins) whose generated policy has the contract.",
 )  # fmt: skip
 @click.option(
+    "--rollouts", default=None, metavar="NAME[,NAME]",
+    help="Rollout targets: sglang (the reference engine, the default) and vllm (real vLLM in "
+    ".venv-vllm: tools/install-vllm.sh). Each runs the workload and is compared bitwise with the "
+    "reference rollout and with every trainer at every layout (pairs name their rollout_target).",
+)  # fmt: skip
+@click.option(
     "--lora", "lora", default=None, metavar="RANK[,ALPHA]",
     help="A LoRA contract only: add a seeded random adapter (B != 0) of this rank on the "
     "contract's lora.target_modules, served unmerged on both sides; the transformers check "
@@ -221,7 +227,7 @@ def command(
     no_reference: bool, plant_bugs: tuple[str, ...], train_steps: int, train_fault: str | None,
     train_lr: float | None, strict: bool, quiet: bool, no_grad_check: bool = False,
     train_temperature: float | None = None, trainers: str | None = None, lora: str | None = None,
-    lora_adapter: Path | None = None,
+    lora_adapter: Path | None = None, rollouts: str | None = None,
     train_microbatches: int | None = None, train_distributed_optimizer: bool = False,
 ) -> None:  # fmt: skip
     """Compare rollout and trainer logprobs bitwise for every pairing of layouts.
@@ -376,6 +382,7 @@ def command(
             inject_faults, not quiet, rollout_tps=tps, workload=make_workload(*sizes),
             hf_reference=not no_reference, grads=grads, planted_bugs=tuple(plant_bugs),
             strict=strict, trainers=tuple(chosen_trainers),
+            rollouts=_rollouts(rollouts, arch, lora, train_steps, strict, inject_faults),
         )  # fmt: skip
         check_layouts(config)
     except LayoutError as exc:
@@ -425,6 +432,23 @@ def command(
         else:
             json_path.write_text(text + "\n")
     sys.exit(EXIT_OK if passed(report) else EXIT_DRIFT)
+
+
+def _rollouts(text, arch, lora, train_steps, strict, inject_faults) -> tuple[str, ...]:
+    """``--rollouts`` checked (``parity/rollout_targets.py``); exit 2 in one line."""
+    from ..parity import rollout_targets as rt
+
+    if text is None:
+        return ()
+    try:
+        names = rt.parse_rollouts(text)
+        rt.check_rollouts(
+            names, arch.family, lora=lora is not None, train_steps=train_steps, strict=strict,
+            inject_faults=inject_faults,
+        )  # fmt: skip
+    except rt.RolloutTargetError as exc:
+        fail(f"error: {exc}")
+    return names
 
 
 def parse_lora(text: str) -> tuple[int, float]:

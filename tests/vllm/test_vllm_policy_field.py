@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_case import CONTRACT, reference_case, reference_rollout, require_vllm
+from vllm_case import CONTRACT, reference_case, reference_rollout, require_vllm, run_once
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def case(tmp_path_factory):
     ref = reference_rollout(make_engine(), requests)
     ref_flipped = reference_rollout(make_engine(flipped), requests)
     job = client.make_job(ckpt, arch, flipped, [("flipped", requests)], engine={"max_num_batched_tokens": 16})  # fmt: skip
-    _, out = client.run(job, tmp_path_factory.mktemp("vllm_job"))
+    _, out = run_once(job, tmp_path_factory)
     return requests, ref, ref_flipped, out
 
 

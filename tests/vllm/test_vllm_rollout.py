@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_case import CONTRACT, reference_case, reference_rollout, require_vllm
+from vllm_case import CONTRACT, reference_case, reference_rollout, require_vllm, run_once
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def case(tmp_path_factory):
     ref = reference_rollout(make_engine(), requests)
     runs = [("batched", requests)] + [(f"alone-{r.rid}", [r]) for r in requests if r.rid in ALONE]
     job = client.make_job(ckpt, arch, kp, runs, engine=ENGINE)
-    meta, out = client.run(job, tmp_path_factory.mktemp("vllm_job"))
+    meta, out = run_once(job, tmp_path_factory)
     return {"requests": requests, "ref": ref, "meta": meta, "out": out, "runs": runs}
 
 

@@ -59,3 +59,31 @@ def reference_rollout(engine, requests):
         )
         for i, r in enumerate(requests)
     }
+
+
+def run_once(job: dict, tmp_path_factory):
+    """``client.run(job)`` once per session whatever the number of xdist workers: the first
+    worker to ask runs the engine under a file lock, the others read its files (``--dist
+    worksteal`` may split one module's tests over both workers)."""
+    import fcntl
+    import hashlib
+    import json
+
+    from contractgen.adapters.vllm import client
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this session
+    # the checkpoint's path is each worker's own; its contents are the same (seeded)
+    same = {k: v for k, v in job.items() if k != "checkpoint"}
+    key = hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
+    workdir = root / f"vllm-job-{key}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (workdir / "out" / "result.json").exists():
+            from safetensors.torch import load_file
+
+            meta = json.loads((workdir / "out" / "result.json").read_text())
+            return meta, load_file(str(workdir / "out" / "result.safetensors"))
+        return client.run(job, workdir)
