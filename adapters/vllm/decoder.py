@@ -179,10 +179,14 @@ class ContractDecoder(torch.nn.Module):
         return h
 
     @torch.no_grad()
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """``[rows, vocab]`` logits of residual-stream rows: final norm, LM head, vocab trimmed."""
+    def logits(self, h: torch.Tensor, norm: Callable | None = None) -> torch.Tensor:
+        """``[rows, vocab]`` logits of residual-stream rows: final norm, LM head, vocab trimmed.
+        ``norm`` replaces the final norm (a planted stock op: ``--strict``'s self-test only)."""
         kp = self.kp
-        hf = rms_norm(h, self.held(self.final_norm_name), self.arch.norm_eps, kp)
+        if norm is not None:
+            hf = norm(h)
+        else:
+            hf = rms_norm(h, self.held(self.final_norm_name), self.arch.norm_eps, kp)
         lm = dtype_of(kp.lm_head_input_dtype)
         out = invariant_matmul(hf.to(lm), self.lm_head, kp)
         return out[:, : self.arch.vocab_size]

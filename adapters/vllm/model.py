@@ -147,6 +147,14 @@ class ContractForCausalLM(nn.Module):
             layer.impl = ContractAttentionImpl(
                 self.kp, a.num_attention_heads, a.num_kv_heads, a.head_dim
             )
+        # the strict check's self-test: vLLM's own RMSNorm as the final norm (never in a real run)
+        self.plant = spec.get("plant_stock")
+        if self.plant not in (None, "rms_norm"):
+            raise ValueError(f"contractgen vllm model: unknown plant_stock {self.plant!r}")
+        if self.plant == "rms_norm":
+            from vllm.model_executor.layers.layernorm import RMSNorm
+
+            self.stock_norm = RMSNorm(a.hidden_size, eps=a.norm_eps)
 
     # -- vLLM's model interface --------------------------------------------------------------
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -171,8 +179,16 @@ class ContractForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor, *_) -> torch.Tensor:
         """The contract's logits (the LM head's output dtype); the sampler takes it from here."""
-        return self.decoder.logits(hidden_states)
+        norm = getattr(self, "stock_norm", None)
+        return self.decoder.logits(hidden_states, norm)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Whole HF tensors copied into the held weights in place (first load and updates)."""
-        return self.decoder.load(weights)
+        weights = list(weights)
+        loaded = self.decoder.load(weights)
+        if self.plant == "rms_norm":
+            for name, value in weights:
+                if name == self.decoder.final_norm_name:
+                    self.stock_norm.weight.data.copy_(value)
+                    loaded.add("stock_norm.weight")
+        return loaded

@@ -12,7 +12,8 @@ suite call this module as a subprocess. One engine serves every run of the job (
   "prompt", "max_new_tokens", "temperature", "seed", "arrival_step", "top_k", "top_p",
   "stop_token_ids"}], "rescore": true}]``, optional ``updates``: before run ``i``, the weights in
   ``updates[i]`` (a safetensors file of HF-named tensors) are pushed into the running engine in
-  place (``collective_rpc`` + ``reset_prefix_cache``).
+  place (``collective_rpc`` + ``reset_prefix_cache``); optional ``plant_stock`` (``"rms_norm"``:
+  vLLM's own RMSNorm as the final norm, the strict check's self-test).
 - ``OUT_DIR/result.safetensors``: per run and request ``{run}/{rid}/tokens`` (int64, the new
   tokens), ``{run}/{rid}/decode_lp`` (the sampler's logprobs) and ``{run}/{rid}/prefill_lp`` (the
   re-score of the finished sequence, response positions), both in the contract's
@@ -82,7 +83,11 @@ def build_llm(job: dict):
         max_model_len=max_len,
         hf_overrides={
             "architectures": [ARCHITECTURES[family]],
-            "contractgen": {"arch": arch, "kernel_policy": kp},
+            "contractgen": {
+                "arch": arch,
+                "kernel_policy": kp,
+                "plant_stock": job.get("plant_stock"),
+            },
         },
         **engine,
     )
@@ -182,6 +187,34 @@ def counts(llm) -> dict:
     return llm.collective_rpc(read)[0]
 
 
+def stock_ops(worker) -> list[str]:
+    """``collective_rpc`` target: what on the scored path is vLLM's own rather than the contract's
+    (empty for a contract run): any vLLM custom op or pluggable layer in the model (its RMSNorm,
+    rotary embedding, linear, vocab embedding, logits processor), an attention layer whose
+    implementation is not the contract's, a sampler or prompt scorer that is not the contract's.
+    A torch function mode alone does not see these: they call vLLM's C++ ops directly."""
+    from vllm.model_executor.custom_op import CustomOp, PluggableLayer
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    from .model import ContractAttentionImpl
+    from .sampler import ContractSampler, prompt_logprobs
+
+    runner = worker.model_runner
+    found = []
+    for name, mod in runner.model.named_modules():
+        if isinstance(mod, Attention):
+            if not isinstance(mod.impl, ContractAttentionImpl):
+                found.append(f"{name}: attention impl {type(mod.impl).__name__}")
+        elif isinstance(mod, (CustomOp, PluggableLayer)):
+            found.append(f"{name}: {type(mod).__name__}")
+    if not isinstance(runner.sampler, ContractSampler):
+        found.append(f"sampler: {type(runner.sampler).__name__}")
+    scorer = getattr(runner._get_prompt_logprobs_dict, "__func__", None)
+    if scorer is not prompt_logprobs:
+        found.append("prompt logprobs: vLLM's own")
+    return found
+
+
 def run_job(job: dict, out_dir: Path) -> dict:
     import torch
     from safetensors.torch import save_file
@@ -217,6 +250,7 @@ def run_job(job: dict, out_dir: Path) -> dict:
                 tensors[key + "/prefill_lp"] = _exact(scored[rid][n - 1 :], lp_dtype)
         meta["runs"][run["name"]] = {"generate_s": t2 - t1, "rescore_s": t3 - t2}
     meta["counts"] = counts(llm)
+    meta["stock_ops"] = llm.collective_rpc(stock_ops)[0]
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "result.safetensors"))
     (out_dir / "result.json").write_text(json.dumps(meta, indent=1))

@@ -382,7 +382,7 @@ def command(
             inject_faults, not quiet, rollout_tps=tps, workload=make_workload(*sizes),
             hf_reference=not no_reference, grads=grads, planted_bugs=tuple(plant_bugs),
             strict=strict, trainers=tuple(chosen_trainers),
-            rollouts=_rollouts(rollouts, arch, lora, train_steps, strict, inject_faults),
+            rollouts=_rollouts(rollouts, arch, lora, train_steps, inject_faults),
         )  # fmt: skip
         check_layouts(config)
     except LayoutError as exc:
@@ -434,7 +434,7 @@ def command(
     sys.exit(EXIT_OK if passed(report) else EXIT_DRIFT)
 
 
-def _rollouts(text, arch, lora, train_steps, strict, inject_faults) -> tuple[str, ...]:
+def _rollouts(text, arch, lora, train_steps, inject_faults) -> tuple[str, ...]:
     """``--rollouts`` checked (``parity/rollout_targets.py``); exit 2 in one line."""
     from ..parity import rollout_targets as rt
 
@@ -443,7 +443,7 @@ def _rollouts(text, arch, lora, train_steps, strict, inject_faults) -> tuple[str
     try:
         names = rt.parse_rollouts(text)
         rt.check_rollouts(
-            names, arch.family, lora=lora is not None, train_steps=train_steps, strict=strict,
+            names, arch.family, lora=lora is not None, train_steps=train_steps,
             inject_faults=inject_faults,
         )  # fmt: skip
     except rt.RolloutTargetError as exc:

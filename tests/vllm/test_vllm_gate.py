@@ -49,7 +49,7 @@ def test_gate_with_vllm_rollout_is_exact(tmp_path):
     ("args", "says"),
     [
         (("--rollouts", "vllm,tgi"), "unknown rollout target 'tgi'"),
-        (("--rollouts", "vllm", "--strict"), "--strict is not built for the vLLM run"),
+        (("--rollouts", "vllm", "--inject-faults"), "--inject-faults is not built for the vLLM"),
         (("--rollouts", "vllm", "--train-steps", "1"), "--train-steps with --rollouts vllm"),
     ],
 )

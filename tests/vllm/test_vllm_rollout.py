@@ -71,8 +71,10 @@ def test_alone_equals_batched(case):
 
 
 def test_the_contract_ops_ran_and_prefill_was_chunked(case):
-    """The contract's attention ran in every layer of every step and the contract sampler drew
-    every token; re-scores took more than one step each (chunked prefill)."""
+    """No vLLM op on the scored path (``runner.stock_ops``); the contract's attention ran in every
+    layer of every step and the contract sampler drew every token; re-scores took more than one
+    step each (chunked prefill)."""
+    assert case["meta"]["stock_ops"] == [], case["meta"]["stock_ops"]
     calls, layers = case["meta"]["counts"], 4
     assert calls["attention"] == calls["kv_write"] > 0
     assert calls["attention"] % layers == 0
