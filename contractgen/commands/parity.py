@@ -213,6 +213,14 @@ _REEXPORTED = (_fit_gpus, _with_adapter_dir, _with_lora)  # tests import them fr
     "plugins) whose generated policy has the contract.",
 )
 @click.option(
+    "--rollouts",
+    default=None,
+    metavar="NAME[,NAME]",
+    help="Rollout targets: sglang (the reference engine, the default) and vllm (real vLLM in "
+    ".venv-vllm: tools/install-vllm.sh). Each runs the workload and is compared bitwise with the "
+    "reference rollout and with every trainer at every layout (pairs name their rollout_target).",
+)
+@click.option(
     "--lora",
     "lora",
     default=None,
@@ -346,11 +354,34 @@ def gate_config(opts: ParityOptions, weights: object, trainers: list[str]):
             planted_bugs=tuple(checks.plant_bugs),
             strict=checks.strict,
             trainers=tuple(trainers),
+            rollouts=_rollouts(opts, arch),
         )
         check_layouts(config)
     except LayoutError as exc:
         fail(f"error: {exc}")
     return config
+
+
+def _rollouts(opts: ParityOptions, arch) -> tuple[str, ...]:
+    """``--rollouts`` checked against the run (``parity/rollout_targets.py``); exit 2 in one
+    line."""
+    from ..parity import rollout_targets as rt
+
+    text = opts.layouts.rollouts
+    if text is None:
+        return ()
+    try:
+        names = rt.parse_rollouts(text)
+        rt.check_rollouts(
+            names,
+            arch.family,
+            lora=opts.lora.lora is not None or opts.lora.lora_adapter is not None,
+            train_steps=opts.training.train_steps,
+            inject_faults=opts.checks.inject_faults,
+        )
+    except rt.RolloutTargetError as exc:
+        fail(f"error: {exc}")
+    return names
 
 
 def _run_gate(config) -> dict:

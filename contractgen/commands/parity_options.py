@@ -32,11 +32,13 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class LayoutOptions:
-    """Where it runs: trainer layouts, rollout TPs, trainer targets (None: the defaults)."""
+    """Where it runs: trainer layouts, rollout TPs, trainer and rollout targets (None: the
+    defaults)."""
 
     layouts: str | None
     rollout_tps: str | None
     trainers: str | None
+    rollouts: str | None
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,11 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
         run.use_trainer(trainer)
         for key, entries in run_layouts(run, ref, grad_ref).items():
             checked[key] += entries
+    from . import rollout_targets
+
+    rollout_targets.label_pairs(checked["pairs"])
+    targets = rollout_targets.report(run)
+    checked["pairs"] += targets["pairs"]
     run.use_trainer(config.trainer_targets[0])
     sampling, three_way = sampling_report(run)
     faults = run_faults(run, ref) if config.inject_faults else NO_FAULTS
@@ -139,6 +144,7 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
         "trainers": list(config.trainer_targets),
         "rollout_tokens_identical": rollouts["rollout_tokens_identical"],
         "rollouts": rollouts["rollouts"],
+        "rollout_targets": targets["rollout_targets"],
         "layouts": checked["layouts"],
         "pairs": checked["pairs"],
         "sampling": sampling,
@@ -188,6 +194,9 @@ def failures(report: dict) -> list[str]:
     out += [f"fault error: {n}" for n in faults.get("errors", {})]
     out += [f"fault listed unobservable but detected: {n}" for n in faults.get("contradicted", [])]
     out += kernel_audit.failures(report)
+    from .rollout_targets import failures as rollout_target_failures
+
+    out += rollout_target_failures(report)
     return out
 
 

@@ -52,6 +52,8 @@ class GateConfig:
     trainers: tuple[str, ...] = ()
     """Trainer targets to run (``--trainers``), each paired with the rollout; empty: every
     trainer target whose generated policy has the contract (``targets.trainer_targets``)."""
+    rollouts: tuple[str, ...] = ()
+    """Rollout targets besides the reference engine (``--rollouts``; ``rollout_targets.py``)."""
 
     @property
     def trainer_targets(self) -> tuple[str, ...]:
