@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..common.draw import SamplingParams, draw_key, draw_keys, process, sample_rows
 from ..kernels import audit
 from ..kernels.logsoftmax import token_logprobs
 from .decode_graph import DecodeRunner, unsupported
 from .model import KVCache, ReferenceModel
-from .sampling import SamplingParams, draw_key, draw_keys, process, sample_rows
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 
+from ..common.draw import SamplingParams, draw_key, draw_keys, process, sample_rows
 from ..kernels.logsoftmax import token_logprobs
 from ..kernels.policy import KernelPolicy
-from ..sglang.sampling import SamplingParams, draw_key, draw_keys, process, sample_rows
 
 EXTRA_KEY = "contractgen"
 CALLS = {"sample": 0, "prompt_logprobs": 0}

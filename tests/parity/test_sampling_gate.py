@@ -16,7 +16,7 @@ from conftest import V1, V2, run_parity, run_parity_in_process
 
 import contractgen.adapters.sglang.engine as engine_mod
 import contractgen.adapters.sglang.model as model_mod
-from contractgen.adapters.sglang.sampling import SamplingParams
+from contractgen.adapters.common.draw import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,7 @@ import math
 import pytest
 import torch
 
-from contractgen.adapters.kernels.logsoftmax import full_logprobs, token_logprobs
-from contractgen.adapters.sglang.engine import Request, RolloutEngine
-from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
-from contractgen.adapters.sglang.sampling import (
+from contractgen.adapters.common.draw import (
     SamplingParams,
     draw,
     draw_key,
@@ -24,6 +21,9 @@ from contractgen.adapters.sglang.sampling import (
     sample_rows,
     scale,
 )
+from contractgen.adapters.kernels.logsoftmax import full_logprobs, token_logprobs
+from contractgen.adapters.sglang.engine import Request, RolloutEngine
+from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
 from contractgen.parity.workload import sample_seed
 
 V = 12

@@ -1,5 +1,5 @@
-"""The rollout's sampler: draws from the processed distribution (``common/sampling.py``, which every
-side scores).
+"""The contract's sampler draw, one for every rollout target: draws from the processed distribution
+(``common/sampling.py``, which every side scores) with the request's per-sample keys.
 
 ``draw_rows`` is Gumbel-max over the processed logprobs: ``argmax(lp + g)``, ``g = -log(-log(u))``,
 which samples from ``softmax(lp)``; the logprob reported for the drawn token is read from the same
@@ -27,7 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..common.sampling import (  # noqa: F401 (the processed distribution, named here too)
+from ..kernels.policy import KernelPolicy
+from .sampling import (  # noqa: F401 (the processed distribution, named here too)
     GREEDY,
     PLAIN,
     SamplingParams,
@@ -37,7 +38,6 @@ from ..common.sampling import (  # noqa: F401 (the processed distribution, named
     process_shard,
     scale,
 )
-from ..kernels.policy import KernelPolicy
 
 _M32 = (1 << 32) - 1
 _M64 = (1 << 64) - 1
