@@ -31,7 +31,7 @@ from .config import ProjectConfig
 from .drift import extra_files, target_files
 from .fingerprint import split_generated
 from .locate import MissingAnchorError, config_lines, misplaced, missing_anchor
-from .sync import sibling_packages
+from .sync import check_repo_is_right, sibling_packages
 
 PROBE = Path(__file__).with_name("adopt_probe.py")
 PUBLIC_IDS = ("qwen3_dense_true_on_policy_v1", "qwen3_moe_true_on_policy_v1")
@@ -262,6 +262,7 @@ def plan_adopt(
     """Every change that syncing ``target`` into ``repo`` makes to its hand-kept package."""
     plan = AdoptPlan()
     package = config.package(target)
+    check_repo_is_right(repo, target, config)
     elsewhere = misplaced(repo, target, package, sibling_packages(target, config))
     if elsewhere:
         plan.changes.append(Change(target, package, package, "contracts", elsewhere,

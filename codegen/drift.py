@@ -26,6 +26,17 @@ class Drift:
         return asdict(self)
 
 
+CONFLICT_MARKERS = (b"<<<<<<< ", b"=======", b">>>>>>> ")
+
+
+def conflict_lines(content: bytes) -> list[int]:
+    """1-based lines holding merge-conflict markers (``<<<<<<<``, ``=======``, ``>>>>>>>``)."""
+    return [
+        n for n, line in enumerate(content.splitlines(), 1)
+        if line.startswith(CONFLICT_MARKERS) or line.rstrip() == b"======="
+    ]  # fmt: skip
+
+
 def unified_diff(old: bytes, new: bytes, path: str) -> str:
     a = old.decode("utf-8", errors="replace").splitlines(keepends=True)
     b = new.decode("utf-8", errors="replace").splitlines(keepends=True)

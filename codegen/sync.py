@@ -20,9 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import ProjectConfig
-from .drift import extra_files, leftover_temp_files, target_files, unified_diff
+from .drift import (
+    conflict_lines,
+    extra_files,
+    leftover_temp_files,
+    target_files,
+    unified_diff,
+)
 from .fingerprint import is_hand_edited, same_generated
-from .locate import MissingAnchorError, misplaced, missing_anchor
+from .locate import MissingAnchorError, WrongRepoError, misplaced, missing_anchor, wrong_repo
 from .writer import UnsafePathError, atomic_write, safe_destination
 
 
@@ -34,16 +40,7 @@ class SyncWriteError(OSError):
     """A write failed mid-sync; every file written before it was put back (one line)."""
 
 
-CONFLICT_MARKERS = (b"<<<<<<< ", b"=======", b">>>>>>> ")
 MAX_SHOWN = 8  # changed lines listed per refused file
-
-
-def conflict_lines(content: bytes) -> list[int]:
-    """1-based lines holding merge-conflict markers (``<<<<<<<``, ``=======``, ``>>>>>>>``)."""
-    return [
-        n for n, line in enumerate(content.splitlines(), 1)
-        if line.startswith(CONFLICT_MARKERS) or line.rstrip() == b"======="
-    ]  # fmt: skip
 
 
 def changed_lines(current: bytes, content: bytes) -> str:
@@ -138,6 +135,7 @@ def plan_sync(
         if not repo.is_dir():
             raise FileNotFoundError(f"--repo {target}={repo}: not a directory")
         package = config.package(target)
+        check_repo_is_right(repo, target, config)
         files = target_files(rendered, target, config)
         elsewhere = misplaced(repo, target, package, sibling_packages(target, config))
         if elsewhere:  # never a silent write beside the package the repo really uses
@@ -193,6 +191,15 @@ def plan_sync(
         if not f.problem:
             f.problem = writable_problem(f.dest)
     return plan
+
+
+def check_repo_is_right(repo: Path, target: str, config: ProjectConfig) -> None:
+    """Raise WrongRepoError when ``repo`` holds another repo's target package, not ``target``'s."""
+    mine = config.targets[target].repo
+    others = {t: config.package(t) for t in config.targets if config.targets[t].repo != mine}
+    problem = wrong_repo(repo, target, config.package(target), others)
+    if problem:
+        raise WrongRepoError(problem)
 
 
 def sibling_packages(target: str, config: ProjectConfig) -> frozenset[str]:

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ..codegen.config import ConfigError, ProjectConfig
+from ..codegen.locate import WrongRepoError
 from ..codegen.writer import UnsafePathError
 from ..project import Project, open_project
 from ..schema.errors import ContractError
@@ -37,7 +38,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(EXIT_USAGE)
         except ConfigError as exc:  # already ``contractgen.toml:LINE:COL: key: message``
             fail(str(exc))
-        except (UnsafePathError, FileNotFoundError) as exc:
+        except (UnsafePathError, FileNotFoundError, WrongRepoError) as exc:
             fail(f"error: {exc}")
         except OSError as exc:  # permissions, a full disk: one line naming the path
             fail(f"error: {os_error_line(exc)}")

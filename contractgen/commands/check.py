@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -12,6 +13,7 @@ from ..codegen.drift import (
     check_generated,
     check_repo,
     check_siblings,
+    conflict_lines,
     extra_files,
     target_files,
 )
@@ -35,6 +37,18 @@ def _errors_as_json(exc: Exception) -> list[dict]:
             for p in exc.problems
         ]
     return [{"message": str(exc)}]
+
+
+def _conflict_note(root: Path | None, rel: str) -> str:
+    """ " (merge-conflict markers at line …; resolve the conflict)" when the file holds them."""
+    path = None if root is None else root / rel
+    if path is None or not path.is_file():
+        return ""
+    lines = conflict_lines(path.read_bytes())
+    if not lines:
+        return ""
+    where = ", ".join(str(n) for n in lines[:6])
+    return f" (merge-conflict markers at line {where}: resolve the conflict, then regenerate)"
 
 
 @click.command("check")
@@ -96,8 +110,12 @@ def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
         }
         click.echo(json.dumps(report, indent=2))
     else:
+        roots = {"generated": project.config.generated_dir, **dict(targets)}
         for d in drift:
-            click.echo(f"{d.kind}: {d.path}")
+            if d.kind == "orphaned":  # its whole body as a deletion diff says nothing more
+                click.echo(f"orphaned (remove it): {d.path}")
+                continue
+            click.echo(f"{d.kind}: {d.path}{_conflict_note(roots.get(d.where), d.rel)}")
             if d.diff:
                 click.echo(d.diff, nl=not d.diff.endswith("\n"))
         for label, rels in own.items():  # one line per repo, not one per module

@@ -241,7 +241,7 @@ def test_check_repo_reports_extra_files_in_the_vendored_package(tmp_path: Path) 
     own.write_text("FLAG = True\n")
     check = cli("--root", root, "check", "--repo", f"sglang={repo}")
     assert check.exit_code == 1, check.output
-    assert "orphaned: sglang:" in check.output and "old_generated.py" in check.output
+    assert "orphaned (remove it): sglang:" in check.output and "old_generated.py" in check.output
     # one note per repo, not one per module of its own (issue 30: 14 in Megatron-LM)
     notes = [line for line in check.output.splitlines() if line.startswith("note: ")]
     assert notes == [
