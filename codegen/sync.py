@@ -27,7 +27,7 @@ from .drift import (
     target_files,
     unified_diff,
 )
-from .fingerprint import is_hand_edited, same_generated
+from .fingerprint import is_hand_edited, read_stamp, same_generated
 from .locate import MissingAnchorError, WrongRepoError, misplaced, missing_anchor, wrong_repo
 from .writer import UnsafePathError, atomic_write, safe_destination
 
@@ -52,8 +52,8 @@ def changed_lines(current: bytes, content: bytes) -> str:
         None, old, new, autojunk=False
     ).get_opcodes():
         if tag != "equal":
-            minus += [ln.strip() for ln in old[i1:i2] if not ln.startswith("# ") and ln.strip()]
-            plus += [ln.strip() for ln in new[j1:j2] if not ln.startswith("# ") and ln.strip()]
+            minus += [ln.strip() or "(a blank line)" for ln in old[i1:i2]]
+            plus += [ln.strip() or "(a blank line)" for ln in new[j1:j2]]
     shown = [f"    - {ln}" for ln in minus[:MAX_SHOWN]] + [f"    + {ln}" for ln in plus[:MAX_SHOWN]]
     more = max(len(minus), len(plus)) - MAX_SHOWN
     if more > 0:
@@ -70,7 +70,8 @@ def edit_problem(dest: Path, current: bytes, content: bytes) -> str:
             f"{dest}: holds merge-conflict markers (line {where}) and does not parse; resolve the "
             "conflict (or re-run `contractgen sync` after `git checkout` of the file), or use --force"
         )
-    values = changed_lines(current, content)
+    ours, theirs = read_stamp(content), read_stamp(current)  # the bodies: headers differ anyway
+    values = changed_lines(theirs.body if theirs else current, ours.body if ours else content)
     return (
         f"{dest}: edited by hand (its content no longer matches the sha256 in its header); move "
         "the change into the contract or template, or use --force. Changed (on disk -> generated):"

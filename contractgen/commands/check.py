@@ -57,9 +57,15 @@ def _conflict_note(root: Path | None, rel: str) -> str:
     help="Also check the vendored copy in a sibling repo (NAME: a target, e.g. sglang, megatron, fsdp, launcher, or a repo, e.g. miles, for all its targets).",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report instead of text.")
+@click.option(
+    "--require-repo", is_flag=True, hidden=True,
+    help="Fail without --repo (the contractgen-check pre-commit hook: a sibling repo's copy).",
+)  # fmt: skip
 @click.pass_context
 @handle_errors
-def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
+def command(
+    ctx: click.Context, repos: tuple[str, ...], as_json: bool, require_repo: bool = False
+) -> None:
     """Exit 0 when generated/ (and every --repo) matches what the contracts render, else 1.
 
     Reports stale, missing and orphaned files with a unified diff, temp files an interrupted
@@ -68,6 +74,12 @@ def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
     implements), up to formatting: a formatter run over it (black, ruff-format, isort) is not
     drift. The repo's own modules in a vendored package are counted in one note and left alone.
     """
+    if require_repo and not repos:
+        fail(
+            "error: contractgen-check needs the repo to check: add args: [--repo, NAME=.] to the "
+            "hook in .pre-commit-config.yaml (NAME: sglang, Megatron-LM or miles); without it "
+            "only contractgen's own generated/ would be checked"
+        )
     try:  # NAME is looked up in the project's target registry (its plugins included)
         names = project_from(ctx).config
     except (ContractError, ConfigError, UnsafePathError):
