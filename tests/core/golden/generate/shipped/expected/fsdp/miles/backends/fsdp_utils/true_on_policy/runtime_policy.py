@@ -125,8 +125,7 @@ CONDITIONS = {
     "train_tp": lambda config: _size(config, "tensor_model_parallel_size") > 1,
     # As the public Megatron module reads it: a2a for every layer (a str) or for any layer (a list).
     "ulysses_cp": lambda config: (
-        _size(config, "context_parallel_size") > 1
-        and any(kind == "a2a" for kind in _cp_comm_types(config))
+        _size(config, "context_parallel_size") > 1 and any(kind == "a2a" for kind in _cp_comm_types(config))
     ),
 }
 
@@ -300,8 +299,7 @@ class FsdpTrueOnPolicyContract:
         uses_megatron = train_backend == "megatron"
         if parallel_layout is not None:
             uses_tp = bool(
-                getattr(parallel_layout, "uses_train_tp", False)
-                or getattr(parallel_layout, "uses_rollout_tp", False)
+                getattr(parallel_layout, "uses_train_tp", False) or getattr(parallel_layout, "uses_rollout_tp", False)
             )
         else:
             uses_tp = sglang_target == "fsdp_tp"
@@ -311,8 +309,7 @@ class FsdpTrueOnPolicyContract:
             "sglang_attention_backend": self.sglang_attention_backend,
             "megatron_uses_sglang_backend": uses_megatron and bool(megatron["use_sglang_backend"]),
             "disable_rope_fusion": uses_megatron and bool(megatron["disable_rope_fusion"]),
-            "disable_bias_swiglu_fusion": uses_megatron
-            and bool(megatron["disable_bias_swiglu_fusion"]),
+            "disable_bias_swiglu_fusion": uses_megatron and bool(megatron["disable_bias_swiglu_fusion"]),
             "batch_invariant_mode": uses_megatron and bool(launcher["batch_invariant_mode"]),
             "tp_invariant_row_linear": uses_tp,
             "deterministic_tp_allreduce": uses_tp,
