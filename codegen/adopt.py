@@ -20,10 +20,18 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
+from .adopt_compare import (
+    compare_outcomes,
+    fields_changes,
+    outcome_text,
+    params_changes,
+    value_change,
+)
 from .config import ProjectConfig
 from .drift import extra_files, target_files
 from .fingerprint import split_generated
 from .locate import MissingAnchorError, config_lines, misplaced, missing_anchor
+from .sync import check_repo_is_right, sibling_packages
 
 PROBE = Path(__file__).with_name("adopt_probe.py")
 PUBLIC_IDS = ("qwen3_dense_true_on_policy_v1", "qwen3_moe_true_on_policy_v1")
@@ -161,173 +169,11 @@ def probe(root: Path, dotted: str, stems: list[str], names: dict[str, list[str]]
           ids: list[str]) -> dict:  # fmt: skip
     """``adopt_probe.describe`` of the package at ``root``/``dotted``, in a fresh interpreter."""
     spec = {"root": str(root), "package": dotted, "modules": stems, "names": names, "ids": ids}
-    done = subprocess.run([sys.executable, "-I", str(PROBE), json.dumps(spec)],
+    done = subprocess.run([sys.executable, "-I", "-B", str(PROBE), json.dumps(spec)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     if done.returncode != 0:
         return {"modules": {}, "probes": {}, "errors": {"*": done.stderr.strip()[-2000:]}}
     return json.loads(done.stdout)
-
-
-def _params_changes(name: str, old: list, new: list) -> list[tuple[str, str]]:
-    """(detail, refuse) for each parameter difference of one callable."""
-    out: list[tuple[str, str]] = []
-    old_p = [p for p in old if p[0] != "self"]
-    new_p = [p for p in new if p[0] != "self"]
-    new_by_name = {p[0]: p for p in new_p}
-    for i, (pname, kind, default) in enumerate(old_p):
-        if pname in new_by_name:
-            _, nkind, ndefault = new_by_name[pname]
-            if nkind != kind:
-                breaks = kind == "POSITIONAL_OR_KEYWORD" and nkind != "POSITIONAL_OR_KEYWORD"
-                out.append((f"parameter {pname}: {kind.lower()} -> {nkind.lower()}",
-                            "--allow-change" if breaks else ""))  # fmt: skip
-            if ndefault != default:
-                removed = ndefault == "<required>"
-                changed = default != "<required>" and not removed
-                out.append((f"parameter {pname}: default {default} -> {ndefault}",
-                            "--allow-change" if removed or changed else ""))  # fmt: skip
-            continue
-        at = new_p[i] if i < len(new_p) else None
-        if at is not None and at[0] not in {p[0] for p in old_p}:
-            out.append((f"parameter {pname} renamed {at[0]} (a call {name}({pname}=…) raises "
-                        "TypeError)", "--allow-change"))  # fmt: skip
-        else:
-            out.append((f"parameter {pname} removed", "--allow-drop"))
-    old_names = {p[0] for p in old_p}
-    for j, (pname, kind, default) in enumerate(new_p):
-        if pname in old_names or (j < len(old_p) and old_p[j][0] not in new_by_name):
-            continue
-        out.append((f"parameter {pname} added ({kind.lower()}, default {default})",
-                    "--allow-change" if default == "<required>" else ""))  # fmt: skip
-    return out
-
-
-def _fields_changes(old: list, new: list) -> list[tuple[str, str, str]]:
-    """(field, detail, refuse) for each dataclass field difference."""
-    out = []
-    old_names, new_names = [f[0] for f in old], [f[0] for f in new]
-    new_by = {f[0]: f for f in new}
-    for fname, ftype, default in old:
-        if fname not in new_by:
-            out.append((fname, f"field {fname}: {ftype} (default {default}) removed",
-                        "--allow-drop"))  # fmt: skip
-        elif new_by[fname][2] != default:
-            out.append((fname, f"field {fname}: default {default} -> {new_by[fname][2]}",
-                        "--allow-change"))  # fmt: skip
-    for fname, ftype, default in new:
-        if fname not in old_names:
-            out.append((fname, f"field {fname}: {ftype} = {default} added",
-                        "--allow-change" if default == "<required>" else ""))  # fmt: skip
-    common_old = [n for n in old_names if n in new_by]
-    common_new = [n for n in new_names if n in old_names]
-    if common_old != common_new:
-        out.append(("", f"fields reordered: {', '.join(common_old)} -> {', '.join(common_new)}",
-                    "--allow-change"))  # fmt: skip
-    return out
-
-
-def _outcome_text(o: dict) -> str:
-    if "value" in o:
-        return o["value"]
-    return f"raises {o['raises']}: {o['message']}"
-
-
-def _compare_outcomes(key: str, old: dict, new: dict) -> tuple[str, str] | None:
-    """(detail, refuse) when a probe's outcome differs; None when equal."""
-    if old == new:
-        return None
-    if "value" in old and "value" in new:
-        return _value_change(old, new)
-    if "raises" in old and "raises" in new and old["message"] == new["message"]:
-        if old["raises"] in new["mro"]:
-            return (f"error type {old['raises']} -> {new['raises']} (a subclass: `except "
-                    f"{old['raises']}` still catches it)", "")  # fmt: skip
-        return f"error type {old['raises']} -> {new['raises']}", "--allow-change"
-    if "raises" in old and "raises" in new:
-        return "error message changed", "--allow-change"
-    return "value changed", "--allow-change"
-
-
-def _gained(old: object, new: object, path: str = "") -> list[str] | None:
-    """Fields ``new`` adds to ``old`` (dotted paths) when every old value is kept; None when some
-    old value differs."""
-    if isinstance(old, dict) and isinstance(new, dict) and "__class__" in old:
-        if old.get("__class__") != new.get("__class__"):
-            return None
-        found: list[str] = []
-        for key, value in old["fields"].items():
-            if key not in new["fields"]:
-                return None
-            sub = _gained(value, new["fields"][key], f"{path}{key}.")
-            if sub is None:
-                return None
-            found += sub
-        found += [f"{path}{k}={v}" for k, v in new["fields"].items() if k not in old["fields"]]
-        return found
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        found = []
-        for a, b in zip(old, new, strict=False):
-            sub = _gained(a, b, path)
-            if sub is None:
-                return None
-            found += sub
-        return found
-    return [] if old == new else None
-
-
-def _value_change(old: dict, new: dict) -> tuple[str, str] | None:
-    if old.get("value") == new.get("value"):
-        return None
-    gained = _gained(old.get("tree"), new.get("tree"))
-    if gained:
-        return f"same values, gains fields {', '.join(gained)}", ""
-    if "literal" in old and "literal" in new:
-        gained = sorted(set(new["literal"]) - set(old["literal"]))
-        lost = sorted(set(old["literal"]) - set(new["literal"]))
-        if not lost:
-            return f"Literal widened by {', '.join(gained)}", ""
-        return f"Literal loses {', '.join(lost)}", "--allow-change"
-    ov, nv = old.get("value", ""), new.get("value", "")
-    if nv.startswith(ov[:-1].split("(", 1)[0] + "(") and ov.endswith(")"):
-        # a dataclass instance: the same values in the old fields, plus new ones, is a widening
-        old_fields = _split_fields(ov)
-        new_fields = _split_fields(nv)
-        if (
-            old_fields is not None
-            and new_fields is not None
-            and all(new_fields.get(k) == v for k, v in old_fields.items())
-        ):
-            extra = [f"{k}={v}" for k, v in new_fields.items() if k not in old_fields]
-            return f"same values, gains fields {', '.join(extra)}", ""
-    return "value changed", "--allow-change"
-
-
-def _split_fields(text: str) -> dict[str, str] | None:
-    """``Cls(a=1, b=X(c=2))`` -> {"a": "1", "b": "X(c=2)"} (top-level fields only)."""
-    if "(" not in text or not text.endswith(")"):
-        return None
-    body, out, depth, current = text[text.index("(") + 1 : -1], {}, 0, ""
-    quote = ""
-    for ch in body + ",":
-        if quote:
-            current += ch
-            quote = "" if ch == quote else quote
-            continue
-        if ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            key, sep, value = current.strip().partition("=")
-            if not sep:
-                return None
-            out[key] = value
-            current = ""
-            continue
-        current += ch
-    return out
 
 
 def _dynamic(target: str, old: dict, new: dict, files: dict[str, str]) -> tuple[list[Change], int, int]:  # fmt: skip
@@ -346,7 +192,7 @@ def _dynamic(target: str, old: dict, new: dict, files: dict[str, str]) -> tuple[
                                       refuse="--allow-change"))  # fmt: skip
                 continue
             if entry["kind"] == "class":
-                for fname, detail, refuse in _fields_changes(entry.get("fields") or [],
+                for fname, detail, refuse in fields_changes(entry.get("fields") or [],
                                                              other.get("fields") or []):  # fmt: skip
                     shown = f"{name}.{fname}" if fname else name
                     changes.append(Change(target, rel, shown, "field", detail, refuse=refuse))
@@ -356,18 +202,18 @@ def _dynamic(target: str, old: dict, new: dict, files: dict[str, str]) -> tuple[
                         changes.append(Change(target, rel, f"{name}.{method}", "dropped",
                                               "method removed", refuse="--allow-drop"))  # fmt: skip
                         continue
-                    for detail, refuse in _params_changes(method, params or [], new_params or []):
+                    for detail, refuse in params_changes(method, params or [], new_params or []):
                         changes.append(Change(target, rel, f"{name}.{method}", "param", detail,
                                               refuse=refuse))  # fmt: skip
                 for prop in set(entry.get("properties") or []) - set(other.get("properties") or []):
                     changes.append(Change(target, rel, f"{name}.{prop}", "dropped",
                                           "property removed", refuse="--allow-drop"))  # fmt: skip
             elif entry["kind"] == "function":
-                for detail, refuse in _params_changes(name, entry.get("params") or [],
+                for detail, refuse in params_changes(name, entry.get("params") or [],
                                                       other.get("params") or []):  # fmt: skip
                     changes.append(Change(target, rel, name, "param", detail, refuse=refuse))
             else:
-                found = _value_change(entry, other)
+                found = value_change(entry, other)
                 if found:
                     changes.append(Change(target, rel, name, "value", found[0], entry["value"],
                                           other["value"], refuse=found[1]))  # fmt: skip
@@ -377,7 +223,7 @@ def _dynamic(target: str, old: dict, new: dict, files: dict[str, str]) -> tuple[
         if key not in new["probes"]:
             continue
         run += 1
-        found = _compare_outcomes(key, outcome, new["probes"][key])
+        found = compare_outcomes(key, outcome, new["probes"][key])
         if not found:
             continue
         rel = next((files[s] for s, n in old["modules"].items()
@@ -387,8 +233,8 @@ def _dynamic(target: str, old: dict, new: dict, files: dict[str, str]) -> tuple[
             continue
         differ += 1
         kind = "error" if "raises" in outcome or "raises" in new["probes"][key] else "value"
-        changes.append(Change(target, rel, key, kind, found[0], _outcome_text(outcome),
-                              _outcome_text(new["probes"][key]), refuse=found[1]))  # fmt: skip
+        changes.append(Change(target, rel, key, kind, found[0], outcome_text(outcome),
+                              outcome_text(new["probes"][key]), refuse=found[1]))  # fmt: skip
     for (rel, name, detail), keys in sorted(info.items()):
         shown = keys[0] if len(keys) == 1 else f"{name}(…)"
         changes.append(Change(target, rel, shown, "error" if "error" in detail else "value",
@@ -416,8 +262,7 @@ def plan_adopt(
     """Every change that syncing ``target`` into ``repo`` makes to its hand-kept package."""
     plan = AdoptPlan()
     package = config.package(target)
-    from .sync import sibling_packages
-
+    check_repo_is_right(repo, target, config)
     elsewhere = misplaced(repo, target, package, sibling_packages(target, config))
     if elsewhere:
         plan.changes.append(Change(target, package, package, "contracts", elsewhere,
@@ -427,6 +272,30 @@ def plan_adopt(
     if missing:
         raise MissingAnchorError(missing)
     files = target_files(vendored, target, config)
+    hand_kept = _file_changes(plan, target, repo, package, files)
+    if not hand_kept:
+        return plan
+    root, dotted = import_root(repo, package)
+    static_old = _static_changes(plan, target, repo, dotted, files, hand_kept)
+    old_report, new_report = _probe_both(root, dotted, files, hand_kept, static_old, known_ids)
+    for where, report in (("hand-kept", old_report), ("generated", new_report)):
+        for stem, error in report["errors"].items():
+            plan.notes.append(f"{target}: could not import the {where} {stem}: {error}; its "
+                              "values are not compared")  # fmt: skip
+    by_stem = {PurePosixPath(rel).stem: rel for rel in files}
+    changes, run, differ = _dynamic(target, old_report, new_report, by_stem)
+    plan.changes += changes
+    plan.probes[target] = (run, differ)
+    today = _implemented_today(old_report)
+    if today is not None:
+        plan.changes.append(_contracts_change(target, package, today, config))
+    return plan
+
+
+def _file_changes(
+    plan: AdoptPlan, target: str, repo: Path, package: str, files: dict[str, bytes]
+) -> dict[str, bytes]:
+    """One ``file`` change per created, replaced or removed file; the hand-kept files by path."""
     hand_kept: dict[str, bytes] = {}
     for rel in sorted(files):
         dest = repo / rel
@@ -436,7 +305,7 @@ def plan_adopt(
             continue
         current = dest.read_bytes()
         if split_generated(current) is not None:
-            continue  # already contractgen's: sync's own checks apply
+            continue  # already contractgen's: sync's own checks (hand edits, conflicts) apply
         hand_kept[rel] = current
         plan.changes.append(Change(target, rel, PurePosixPath(rel).name, "file",
                                    "hand-kept file replaced by the generated one"))  # fmt: skip
@@ -447,9 +316,18 @@ def plan_adopt(
     if own:
         plan.notes.append(f"{target}: {len(own)} module(s) of the repo's own in {package}/ are "
                           "left alone: " + ", ".join(PurePosixPath(r).name for r in own))  # fmt: skip
-    if not hand_kept:
-        return plan
-    root, dotted = import_root(repo, package)
+    return hand_kept
+
+
+def _static_changes(
+    plan: AdoptPlan,
+    target: str,
+    repo: Path,
+    dotted: str,
+    files: dict[str, bytes],
+    hand_kept: dict[str, bytes],
+) -> dict[str, dict[str, str]]:
+    """Added and dropped public names, file by file; the hand-kept files' public names."""
     static_new = {rel: public_names(content, dotted) for rel, content in files.items()}
     static_old = {}
     for rel, content in hand_kept.items():
@@ -471,42 +349,45 @@ def plan_adopt(
                 plan.changes.append(Change(target, rel, name, "dropped",
                                            f"public name removed{hint}", old=old[name],
                                            refuse="--allow-drop"))  # fmt: skip
-    # import both versions and compare their behaviour
+    return static_old
+
+
+def _probe_both(
+    root: Path,
+    dotted: str,
+    files: dict[str, bytes],
+    hand_kept: dict[str, bytes],
+    static_old: dict[str, dict[str, str]],
+    known_ids: list[str] | None,
+) -> tuple[dict, dict]:
+    """The probe reports of the hand-kept package (in the repo) and of the generated one (in a
+    temp folder)."""
     stems = sorted({PurePosixPath(rel).stem for rel in hand_kept} | {"runtime_policy"})
-    stems = [s for s in stems if s != "__init__"]
-    by_stem = {PurePosixPath(rel).stem: rel for rel in files}
     names = {PurePosixPath(rel).stem: sorted(static_old.get(rel, {})) for rel in hand_kept}
-    ids = sorted({*(known_ids or []), *PUBLIC_IDS, "unknown_contract"})
-    ids.remove("unknown_contract")
-    ids.append("unknown_contract")
-    old_report = probe(root, dotted, [s for s in stems if s in names], names, ids)
+    stems = [s for s in stems if s != "__init__" and s in names]
+    ids = sorted({*(known_ids or []), *PUBLIC_IDS} - {"unknown_contract"}) + ["unknown_contract"]
+    old_report = probe(root, dotted, stems, names, ids)
     with tempfile.TemporaryDirectory(prefix="contractgen-adopt-") as tmp:
         new_root = Path(tmp)
         for rel, content in files.items():
             dest = new_root.joinpath(*dotted.split("."), PurePosixPath(rel).name)
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(content)
-        new_report = probe(new_root, dotted, [s for s in stems if s in names], names, ids)
-    for where, report in (("hand-kept", old_report), ("generated", new_report)):
-        for stem, error in report["errors"].items():
-            plan.notes.append(f"{target}: could not import the {where} {stem}: {error}; its "
-                              "values are not compared")  # fmt: skip
-    changes, run, differ = _dynamic(target, old_report, new_report, by_stem)
-    plan.changes += changes
-    plan.probes[target] = (run, differ)
-    today = _implemented_today(old_report)
+        new_report = probe(new_root, dotted, stems, names, ids)
+    return old_report, new_report
+
+
+def _contracts_change(target: str, package: str, today: list[str], config: ProjectConfig) -> Change:
+    """What the hand-kept package implements today against the contract set declared for it."""
     declared = config.declared.get(target)
-    if today is not None:
-        if declared is None:
-            plan.changes.append(Change(
-                target, package, "contracts", "contracts",
-                f"the repo implements {', '.join(today) or 'no contract'} today, but "
-                f"contractgen.toml declares no contract set for {target} (every contract would "
-                f"be vendored and accepted). Declare it:\n{config_lines(target, package, tuple(today))}",
-                refuse="config",
-            ))  # fmt: skip
-        else:
-            plan.changes.append(Change(target, package, "contracts", "contracts",
-                                       f"implements today: {', '.join(today)}; declared in "
-                                       f"contractgen.toml: {', '.join(declared)}"))  # fmt: skip
-    return plan
+    if declared is None:
+        return Change(
+            target, package, "contracts", "contracts",
+            f"the repo implements {', '.join(today) or 'no contract'} today, but "
+            f"contractgen.toml declares no contract set for {target} (every contract would "
+            f"be vendored and accepted). Declare it:\n{config_lines(target, package, tuple(today))}",
+            refuse="config",
+        )  # fmt: skip
+    return Change(target, package, "contracts", "contracts",
+                  f"implements today: {', '.join(today)}; declared in "
+                  f"contractgen.toml: {', '.join(declared)}")  # fmt: skip

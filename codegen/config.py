@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from .formatters import parse_format
 from .targets import BUILTIN, Target, UnknownTargetError
 
 if sys.version_info >= (3, 11):
@@ -49,6 +50,8 @@ class ProjectConfig:
     kernels_where: dict[str, str] = field(default_factory=dict)
     # Targets this project adds (``[targets.NAME] plugin = "file.py"``), after the built-ins.
     plugins: dict[str, Target] = field(default_factory=dict)
+    # Each target repo's formatters (``[targets.NAME.format]``): target -> ((tool, options), …)
+    formats: dict[str, tuple] = field(default_factory=dict)
 
     @property
     def targets(self) -> dict[str, Target]:
@@ -197,6 +200,7 @@ def load_config(root: Path) -> ProjectConfig:
     declared_where: dict[str, str] = {}
     kernels: set[str] = set()
     kernels_where: dict[str, str] = {}
+    formats: dict[str, tuple] = {n: t.default_format for n, t in known.items() if t.default_format}
     for name, entry in targets.items():
         table = f"targets.{name}"
         if name not in known:
@@ -206,13 +210,18 @@ def load_config(root: Path) -> ProjectConfig:
                 'file defining TARGET, named by plugin = "path/to/target.py"',
                 table,
             )
-        keys = {"package", "init", "contracts", "kernels", "plugin"}
+        keys = {"package", "init", "contracts", "kernels", "plugin", "format"}
         if not isinstance(entry, dict) or set(entry) - keys:
             raise error(
                 table,
-                "only 'package', 'init', 'contracts', 'kernels' and 'plugin' may be set",
+                "only 'package', 'init', 'contracts', 'kernels', 'plugin' and 'format' may be set",
                 table,
             )
+        if "format" in entry:
+            try:
+                formats[name] = parse_format(entry["format"], f"{table}.format")
+            except ValueError as exc:
+                raise error(f"{table}.format", str(exc), f"{table}.format", "format") from None
         if "kernels" in entry:
             if not isinstance(entry["kernels"], bool):
                 raise error(
@@ -273,6 +282,7 @@ def load_config(root: Path) -> ProjectConfig:
         kernels=frozenset(kernels),
         kernels_where=kernels_where,
         plugins=plugins,
+        formats=formats,
     )
 
 

@@ -26,6 +26,17 @@ class Drift:
         return asdict(self)
 
 
+CONFLICT_MARKERS = (b"<<<<<<< ", b"=======", b">>>>>>> ")
+
+
+def conflict_lines(content: bytes) -> list[int]:
+    """1-based lines holding merge-conflict markers (``<<<<<<<``, ``=======``, ``>>>>>>>``)."""
+    return [
+        n for n, line in enumerate(content.splitlines(), 1)
+        if line.startswith(CONFLICT_MARKERS) or line.rstrip() == b"======="
+    ]  # fmt: skip
+
+
 def unified_diff(old: bytes, new: bytes, path: str) -> str:
     a = old.decode("utf-8", errors="replace").splitlines(keepends=True)
     b = new.decode("utf-8", errors="replace").splitlines(keepends=True)
@@ -155,16 +166,6 @@ def check_repo(
 SHARED_FILE = "schema.py"
 
 
-def _canonical_or_bytes(content: bytes) -> bytes:
-    from .fingerprint import canonical_source, read_stamp
-
-    stamp = read_stamp(content)
-    try:
-        return canonical_source(stamp.body if stamp else content)
-    except (SyntaxError, ValueError):
-        return content
-
-
 def _fingerprints(content: bytes) -> dict[str, str]:
     import ast
 
@@ -187,9 +188,8 @@ def check_siblings(
 ) -> list[Drift]:
     """Sibling repos' copies of the shared ``schema.py`` compared with each other.
 
-    Independent of what the contracts render now, and up to formatting (each repo may run its
-    own formatter over its copy): two copies meant to be the same (the same contracts) whose
-    canonical forms differ are named with the diff between them; two repos that implement
+    Independent of what the contracts render now: two copies meant to be the same (the same
+    contracts) that differ in any byte are named with the diff between them; two repos that implement
     different contracts must agree on the fingerprint of every contract both carry.
     """
     copies = []
@@ -202,7 +202,7 @@ def check_siblings(
     found = []
     for i, (t1, r1, rel1, c1) in enumerate(copies):
         for t2, r2, rel2, c2 in copies[i + 1 :]:
-            if c1 == c2 or _canonical_or_bytes(c1) == _canonical_or_bytes(c2):
+            if c1 == c2:  # byte-identical copies, nothing else
                 continue
             a, b = f"{t1}:{r1.as_posix()}/{rel1}", f"{t2}:{r2.as_posix()}/{rel2}"
             e1, e2 = expected.get(t1), expected.get(t2)

@@ -6,10 +6,10 @@ JSON (sorted keys, no whitespace, UTF-8) leaving out ``description`` (documentat
 to a shipped contract leaves the numerics fingerprint (what rollout and trainer agree on in the
 handshake) unchanged, while any change of identity, model profile, parallel support or kernel
 policy changes it. A generated file's
-header records the sha256 of its own body's canonical form (its syntax tree, written out so that
-black, ruff-format or isort leave it the same), so anyone holding the file (a sibling repo's CI
-without contractgen installed) can tell whether it was edited by hand, and a repo's formatter can
-run over it.
+header records the sha256 of its own body's bytes (format 3), so anyone holding the file (a
+sibling repo's CI without contractgen installed) can tell whether it was edited by hand, down to a
+comment or a blank line. The body is rendered in the form every formatter of contractgen.toml
+leaves unchanged (``formatters.common_form``), so a repo's formatter has nothing to change.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GENERATOR = "contractgen"
-# 2: the stamp hashes the body's canonical form (formatter-proof), ``# canonical-sha256:``;
-# 1: it hashed the body's bytes, ``# sha256:`` (still verified, so older copies read as ours).
-GENERATOR_FORMAT = 2  # bump only when templates change what is generated
+# 3: the stamp hashes the body's bytes, ``# sha256:``, the body in the form every configured
+#    formatter keeps; 2: it hashed the body's canonical form, ``# canonical-sha256:``; 1: bytes.
+# Older stamps are still verified (the file reads as ours, not hand-edited) and reported stale.
+GENERATOR_FORMAT = 3  # bump only when templates change what is generated
 DOC_ONLY_FIELDS = ("description",)
 PER_TARGET_FIELDS = ("runtime_policy",)  # fingerprinted per target, not in the numerics one
 _STAMP = re.compile(rb"^# (canonical-sha256|sha256): ([0-9a-f]{64})\n", re.MULTILINE)
@@ -73,7 +74,7 @@ def header(sources: list[str], fingerprints: dict[str, str], body: bytes) -> byt
         *(f"#   {s if s.isprintable() else json.dumps(s)}" for s in sources),
         "# Contract fingerprints:",
         *(f"#   {cid} {fp}" for cid, fp in sorted(fingerprints.items())),
-        f"# canonical-sha256: {body_hash(body)}",
+        f"# sha256: {hashlib.sha256(body).hexdigest()}",
     ]
     return ("\n".join(lines) + "\n").encode()
 
@@ -126,11 +127,6 @@ def is_hand_edited(content: bytes) -> bool | None:
 
 
 def same_generated(on_disk: bytes, rendered: bytes) -> bool:
-    """Whether ``on_disk`` is ``rendered`` up to formatting: the same bytes, or an intact
-    generated file whose body has the same canonical form (a formatter ran over it)."""
-    if on_disk == rendered:
-        return True
-    ours, theirs = read_stamp(rendered), read_stamp(on_disk)
-    if ours is None or theirs is None or not theirs.matches():
-        return False
-    return theirs.canonical() == ours.canonical()
+    """Whether ``on_disk`` is what contractgen renders now: the same bytes (format 3 renders the
+    form every configured formatter keeps, so any byte difference is drift)."""
+    return on_disk == rendered

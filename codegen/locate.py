@@ -50,6 +50,25 @@ def config_lines(target: str, package: str, contracts: tuple[str, ...] | None = 
     return "\n".join(lines)
 
 
+class WrongRepoError(ValueError):
+    """``--repo NAME=PATH`` points at another target's repo (a usage error, exit 2)."""
+
+
+def wrong_repo(repo: Path, target: str, package: str, others: dict[str, str]) -> str:
+    """Why ``repo`` looks like another target's checkout ('' when it does not): it lacks
+    ``package`` but holds the package another target (``others``: target -> package) writes."""
+    if (repo / package).is_dir():
+        return ""
+    for other, their in sorted(others.items()):
+        if their != package and (repo / their).is_dir():
+            return (
+                f"--repo {target}={repo}: this looks like {other}'s checkout (it holds {their}/, "
+                f"not {package}/); pass --repo {target}=PATH with a checkout of {target}'s repo, "
+                f"or --repo {other}={repo} to sync {other} there"
+            )
+    return ""
+
+
 def misplaced(repo: Path, target: str, package: str, siblings: frozenset[str] = frozenset()) -> str:
     """Why writing ``package`` into ``repo`` would be a write elsewhere ('' when it is fine):
     the configured folder does not exist but the repo keeps its package at another path (not one

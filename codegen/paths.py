@@ -42,4 +42,5 @@ def builtin_config() -> ProjectConfig:
         packages=config.packages,
         no_init=config.no_init,
         declared=dict(BUILTIN_DECLARED),
+        formats=config.formats,
     )

@@ -26,8 +26,9 @@ from ..schema.models import (
     When,
 )
 from ..schema.models import FromConfig as FromConfigRule
-from .config import ProjectConfig
+from .config import CONFIG_NAME, ConfigError, ProjectConfig
 from .fingerprint import GENERATOR_FORMAT, contract_fingerprint, header, policy_fingerprints
+from .formatters import FormatConflict, Formatter, common_form, formatters_of
 from .literals import INDENT, py_literal, py_str
 from .public_api import (
     PUBLIC_CONTRACT_NAMES,
@@ -330,8 +331,18 @@ def _source_names(contracts: list[LoadedContract], config: ProjectConfig) -> lis
 
 
 def _stamp(
-    body: str, sources: list[str], fingerprints: dict[str, str], path: str, parsed: set[bytes]
+    body: str,
+    sources: list[str],
+    fingerprints: dict[str, str],
+    path: str,
+    parsed: set[bytes],
+    formatters: tuple[Formatter, ...] = (),
 ) -> bytes:
+    if formatters:  # the one form every repo's formatter keeps, found before the stamp
+        try:
+            body = common_form(body, formatters, path)
+        except FormatConflict as exc:
+            raise ConfigError(f"{CONFIG_NAME}: {exc}") from None
     encoded = body.encode("utf-8")
     if encoded not in parsed:  # schema.py is the same body for every target: parse it once
         try:
@@ -339,7 +350,11 @@ def _stamp(
         except SyntaxError as exc:  # a template bug: never write such a file
             raise RenderError(f"{path}: generated code does not parse: {exc}") from exc
         parsed.add(encoded)
-    return header(sources, fingerprints, encoded) + encoded
+    stamped = header(sources, fingerprints, encoded) + encoded
+    for formatter in formatters:  # the header is comments: the whole file must stay as it is
+        if formatter.apply(stamped.decode("utf-8")).encode("utf-8") != stamped:
+            raise RenderError(f"{path}: {formatter.describe()} reformats the stamped file")
+    return stamped
 
 
 def _render_target(
@@ -384,7 +399,11 @@ def _render_target(
         if file == "__init__.py" and not with_init:
             continue  # the sibling repo keeps its own package __init__.py
         path = str(base / file)
-        out[path] = _stamp(bodies[file], sources, fingerprints, path, parsed)
+        # schema.py is shared by every repo (byte-identical): every repo's formatters keep it;
+        # the other files go to this target's repo only: its formatters keep them
+        shared = file == "schema.py"
+        formatters = formatters_of(config.formats, None if shared else [name])
+        out[path] = _stamp(bodies[file], sources, fingerprints, path, parsed, formatters)
     return out
 
 
@@ -449,7 +468,6 @@ def _render_kernels(
     base: PurePosixPath,
 ) -> dict[str, bytes]:
     """The opt-in kernel module (``kernels = true``), stamped like every vendored file."""
-    from .config import CONFIG_NAME, ConfigError
     from .kernels_module import (
         MODULE_NAME,
         KernelsModuleError,
@@ -474,4 +492,5 @@ def _render_kernels(
     }
     path = str(base / MODULE_NAME)
     sources = [*_source_names(selected, config), *kernel_sources]
-    return {path: _stamp(body, sources, fingerprints, path, set())}
+    own = formatters_of(config.formats, [target])
+    return {path: _stamp(body, sources, fingerprints, path, set(), own)}

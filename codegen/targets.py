@@ -61,6 +61,19 @@ ROLE_API: dict[str, tuple[str, ...]] = {
 TEMPLATES = Path(__file__).parent / "templates"
 
 
+# radixark/miles' pyproject.toml: black at 119 and isort (profile black, 119)
+MILES_FORMAT = (
+    ("black", (("line-length", 119),)),
+    ("isort", (("known-first-party", ("miles", "miles_plugins")), ("line-length", 119),
+               ("profile", "black"))),
+)  # fmt: skip
+# radixark/Megatron-LM miles-main's pyproject.toml: black at 100, quotes and commas as written
+FORK_FORMAT = (
+    ("black", (("line-length", 100), ("skip-magic-trailing-comma", True),
+               ("skip-string-normalization", True))),
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -91,6 +104,9 @@ class Target:
     # Whether a sibling repo gets contractgen's __init__.py by default: each public repo keeps
     # its own (miles and SGLang re-export launch/config helpers, Megatron-LM a docstring).
     default_init: bool = False
+    # The formatters the public repo runs (``[targets.NAME.format]`` overrides them):
+    # ((tool, ((setting, value), …)), …); every vendored file is rendered in a form they keep.
+    default_format: tuple = ()
     # The module the target's runtime is reached through (``ROLE_API[role]`` names).
     adapter: str = ""
     # Its template folder (``runtime_policy.py.j2``, ``__init__.py.j2``); default
@@ -137,6 +153,7 @@ BUILTIN: dict[str, Target] = {
             repo="Megatron-LM",
             # The public fork's path (there is no megatron/core/true_on_policy on any branch).
             default_package="miles_megatron_plugins/true_on_policy",
+            default_format=FORK_FORMAT,
             policy_class="MegatronTrueOnPolicyRuntimePolicy",
             contract_class="MegatronTrueOnPolicyContract",
             id_constant_is_object=False,
@@ -155,6 +172,7 @@ BUILTIN: dict[str, Target] = {
             repo="miles",
             # beside miles' FSDP backend (miles/backends/fsdp_utils), not its launcher package
             default_package="miles/backends/fsdp_utils/true_on_policy",
+            default_format=MILES_FORMAT,
             policy_class="FsdpTrueOnPolicyRuntimePolicy",
             contract_class="FsdpTrueOnPolicyContract",
             id_constant_is_object=False,
@@ -167,6 +185,7 @@ BUILTIN: dict[str, Target] = {
             name="launcher",
             repo="miles",
             default_package="miles/true_on_policy",
+            default_format=MILES_FORMAT,
             policy_class="LauncherTrueOnPolicyRuntimePolicy",
             contract_class="TrueOnPolicyContract",  # miles' own class name
             id_constant_is_object=True,
@@ -188,10 +207,18 @@ def registry(config: ProjectConfig | None = None) -> dict[str, Target]:
     """Every target of ``config``'s project (default: the active one): the built-in entries,
     then its plugins (``[targets.NAME] plugin = …``), in that order."""
     if config is None:
-        from .vendored import active_config
-
-        config = active_config()[0]
+        config = active_project_config()
     return config.targets
+
+
+# The module that knows which project is active (``codegen.vendored``), looked up by name when
+# first needed: this registry is below the config in the import graph and never imports back.
+SELECTION_MODULE = __name__.rsplit(".", 1)[0] + ".vendored"
+
+
+def active_project_config() -> ProjectConfig:
+    """The active project's config (``codegen.vendored.active_config``)."""
+    return importlib.import_module(SELECTION_MODULE).active_config()[0]
 
 
 class UnknownTargetError(KeyError):

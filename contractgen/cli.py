@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 from pathlib import Path
 
@@ -33,7 +34,27 @@ COMMANDS = (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The group that turns Ctrl-C into one line and exit 130, and an OS error anywhere into one
+    line and exit 2, instead of click's ``Aborted!`` (exit 1) or a traceback."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        from .commands._common import EXIT_INTERRUPTED, EXIT_USAGE, os_error_line
+
+        try:
+            return super().invoke(ctx)
+        except (KeyboardInterrupt, click.Abort):
+            click.echo(
+                "\ninterrupted (Ctrl-C): stopped; a sync in progress put back what it had written",
+                err=True,
+            )
+            sys.exit(EXIT_INTERRUPTED)
+        except OSError as exc:
+            click.echo(f"error: {os_error_line(exc)}", err=True)
+            sys.exit(EXIT_USAGE)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="contractgen")
 @click.option(
     "--root", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -50,6 +50,11 @@ def open_project(root: Path | None = None, contracts_dir: Path | None = None) ->
     if root is None:
         found = find_root(Path.cwd())
         config = load_config(found) if (found / "contractgen.toml").is_file() else builtin_config()
+    elif not root.is_dir():
+        raise FileNotFoundError(
+            f"--root {root}: no such folder; give the folder that holds contractgen.toml "
+            "(or leave --root out to use the nearest one above the current directory)"
+        )
     else:
         config = load_config(root)
     if contracts_dir is not None:

@@ -11,11 +11,13 @@ from typing import Any
 import click
 
 from ..codegen.config import ConfigError, ProjectConfig
+from ..codegen.locate import WrongRepoError
 from ..codegen.writer import UnsafePathError
 from ..project import Project, open_project
 from ..schema.errors import ContractError
 
 EXIT_OK, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> None:
@@ -36,14 +38,23 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(EXIT_USAGE)
         except ConfigError as exc:  # already ``contractgen.toml:LINE:COL: key: message``
             fail(str(exc))
-        except (UnsafePathError, FileNotFoundError) as exc:
+        except (UnsafePathError, FileNotFoundError, WrongRepoError) as exc:
             fail(f"error: {exc}")
+        except OSError as exc:  # permissions, a full disk: one line naming the path
+            fail(f"error: {os_error_line(exc)}")
         except KeyError as exc:
             # KeyError's own str() quotes its argument; errors that explain themselves keep theirs
             own_str = type(exc).__str__ is not KeyError.__str__
             fail(f"error: {exc if own_str or not exc.args else exc.args[0]}")
 
     return wrapper
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OS error as one line that names the path: ``PATH: Permission denied``."""
+    if exc.filename and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
 
 
 def project_from(ctx: click.Context) -> Project:

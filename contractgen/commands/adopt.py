@@ -98,6 +98,10 @@ def _markdown(plan: AdoptPlan, refused: set[int], written: int | None) -> str:
     show_default=True, help="text for people, json for tools, markdown for a PR description.",
 )  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Report the changes; write nothing.")
+@click.option(
+    "--force", is_flag=True,
+    help="Replace vendored files contractgen stamped that were edited by hand (as sync --force).",
+)  # fmt: skip
 @click.pass_context
 @handle_errors
 def command(
@@ -107,6 +111,7 @@ def command(
     allow_change: tuple[str, ...],
     fmt: str,
     dry_run: bool,
+    force: bool,
 ) -> None:
     """Replace a hand-kept vendored package with the generated one, after a review-grade diff.
 
@@ -116,6 +121,8 @@ def command(
     nothing written, when it would drop a name, field or parameter (unless --allow-drop NAME),
     change a probed value, error or signature (unless --allow-change NAME), write beside the
     package the repo really uses, or vendor a contract set contractgen.toml does not declare.
+    Like sync, it refuses (exit 1, nothing written) to replace a file contractgen stamped that was
+    edited by hand or holds merge-conflict markers, listing the changed lines, unless --force.
     """
     project = project_from(ctx)
     targets = parse_repo_options(repos, project.config)
@@ -135,12 +142,15 @@ def command(
     refused_list = plan.refused(set(allow), set(allow_change))
     refused = {id(c) for c in refused_list}
     written = None
+    # sync's own plan, always: a stamped file edited by hand, an unwritable folder, a symlink out
+    sync_plan, files = sync(project.vendored, targets, project.config, force=force,
+                            dry_run=dry_run or bool(refused_list), hand_kept_ok=True)  # fmt: skip
+    if sync_plan.refused:
+        for f in sync_plan.refused:
+            click.echo(f"refused: {f.problem}", err=True)
+        click.echo("adopt: nothing written", err=True)
+        sys.exit(EXIT_DRIFT)
     if not refused_list and not dry_run:
-        sync_plan, files = sync(project.vendored, targets, project.config, force=True)
-        if sync_plan.refused:  # e.g. a symlink leading out of the repo
-            for f in sync_plan.refused:
-                click.echo(f"refused: {f.problem}", err=True)
-            sys.exit(EXIT_DRIFT)
         written = len(files)
     if fmt == "json":
         click.echo(json.dumps({

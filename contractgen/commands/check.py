@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -12,6 +13,7 @@ from ..codegen.drift import (
     check_generated,
     check_repo,
     check_siblings,
+    conflict_lines,
     extra_files,
     target_files,
 )
@@ -37,15 +39,33 @@ def _errors_as_json(exc: Exception) -> list[dict]:
     return [{"message": str(exc)}]
 
 
+def _conflict_note(root: Path | None, rel: str) -> str:
+    """ " (merge-conflict markers at line …; resolve the conflict)" when the file holds them."""
+    path = None if root is None else root / rel
+    if path is None or not path.is_file():
+        return ""
+    lines = conflict_lines(path.read_bytes())
+    if not lines:
+        return ""
+    where = ", ".join(str(n) for n in lines[:6])
+    return f" (merge-conflict markers at line {where}: resolve the conflict, then regenerate)"
+
+
 @click.command("check")
 @click.option(
     "--repo", "repos", multiple=True, metavar="NAME=PATH",
     help="Also check the vendored copy in a sibling repo (NAME: a target, e.g. sglang, megatron, fsdp, launcher, or a repo, e.g. miles, for all its targets).",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report instead of text.")
+@click.option(
+    "--require-repo", is_flag=True, hidden=True,
+    help="Fail without --repo (the contractgen-check pre-commit hook: a sibling repo's copy).",
+)  # fmt: skip
 @click.pass_context
 @handle_errors
-def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
+def command(
+    ctx: click.Context, repos: tuple[str, ...], as_json: bool, require_repo: bool = False
+) -> None:
     """Exit 0 when generated/ (and every --repo) matches what the contracts render, else 1.
 
     Reports stale, missing and orphaned files with a unified diff, temp files an interrupted
@@ -54,6 +74,12 @@ def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
     implements), up to formatting: a formatter run over it (black, ruff-format, isort) is not
     drift. The repo's own modules in a vendored package are counted in one note and left alone.
     """
+    if require_repo and not repos:
+        fail(
+            "error: contractgen-check needs the repo to check: add args: [--repo, NAME=.] to the "
+            "hook in .pre-commit-config.yaml (NAME: sglang, Megatron-LM or miles); without it "
+            "only contractgen's own generated/ would be checked"
+        )
     try:  # NAME is looked up in the project's target registry (its plugins included)
         names = project_from(ctx).config
     except (ContractError, ConfigError, UnsafePathError):
@@ -96,8 +122,12 @@ def command(ctx: click.Context, repos: tuple[str, ...], as_json: bool) -> None:
         }
         click.echo(json.dumps(report, indent=2))
     else:
+        roots = {"generated": project.config.generated_dir, **dict(targets)}
         for d in drift:
-            click.echo(f"{d.kind}: {d.path}")
+            if d.kind == "orphaned":  # its whole body as a deletion diff says nothing more
+                click.echo(f"orphaned (remove it): {d.path}")
+                continue
+            click.echo(f"{d.kind}: {d.path}{_conflict_note(roots.get(d.where), d.rel)}")
             if d.diff:
                 click.echo(d.diff, nl=not d.diff.endswith("\n"))
         for label, rels in own.items():  # one line per repo, not one per module

@@ -61,10 +61,16 @@ def command(
     Exit 0 when both run the same contract from intact, identical vendored copies; exit 1 with
     the reason otherwise (different contract, different version, hand-edited copy).
     """
-    config = use_project_from(ctx).config
+    project = use_project_from(ctx)
+    config = project.config
     ids = (rollout_contract or contract_id, trainer_contract or contract_id)
     if None in ids:
         raise click.UsageError("give --contract, or both --rollout-contract and --trainer-contract")
+    known = [lc.id for lc in project.contracts]
+    for cid in dict.fromkeys(ids):
+        if cid not in known:
+            fail(f"error: unknown contract {cid!r}; `contractgen list` shows the known ones: "
+                 f"{', '.join(known)}")  # fmt: skip
     try:
         targets = (
             by_role("rollout", rollout_target, config).name,
