@@ -11,8 +11,12 @@ switches a formatter off is ever written. Settings that admit no common form are
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 # option name in contractgen.toml -> (type, keyword of the library)
 BLACK_OPTIONS = {
@@ -109,10 +113,54 @@ def formatters_of(
     )
 
 
+def cache_dir() -> Path | None:
+    """Where common forms are kept across processes: ``CONTRACTGEN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/contractgen`` (``~/.cache/contractgen``); ``CONTRACTGEN_CACHE_DIR=""``
+    turns the cache off. Formatting a large ``schema.py`` with every repo's black and isort
+    takes seconds; the result is a pure function of the source, the settings and the
+    formatters' versions, which name the entry."""
+    given = os.environ.get("CONTRACTGEN_CACHE_DIR")
+    if given is not None:
+        return Path(given) / "format" if given else None
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "contractgen" / "format"
+
+
+def _cache_key(source: str, formatters: tuple[Formatter, ...]) -> str:
+    import black
+    import isort
+
+    h = hashlib.sha256(f"black {black.__version__} isort {isort.__version__}\n".encode())
+    h.update(repr([(f.tool, f.options) for f in formatters]).encode())
+    h.update(b"\0" + source.encode())
+    return h.hexdigest()
+
+
 @lru_cache(maxsize=256)
 def common_form(source: str, formatters: tuple[Formatter, ...], path: str) -> str:
     """``source`` in the form every formatter leaves unchanged (a round in which none of them
-    changed it); FormatConflict when they keep undoing each other."""
+    changed it); FormatConflict when they keep undoing each other. Kept in ``cache_dir()``."""
+    folder = cache_dir() if formatters else None
+    entry = folder / _cache_key(source, formatters) if folder else None
+    try:
+        return (
+            entry.read_text(encoding="utf-8") if entry else _common_form(source, formatters, path)
+        )
+    except OSError:  # not cached yet (or unreadable): compute it
+        pass
+    form = _common_form(source, formatters, path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
+            out.write(form)
+        os.replace(tmp, entry)
+    except OSError:  # a read-only home: no cache, same result
+        pass
+    return form
+
+
+def _common_form(source: str, formatters: tuple[Formatter, ...], path: str) -> str:
     current = source
     changed_by: list[str] = []
     for _ in range(MAX_ROUNDS):

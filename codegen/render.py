@@ -351,9 +351,10 @@ def _stamp(
             raise RenderError(f"{path}: generated code does not parse: {exc}") from exc
         parsed.add(encoded)
     stamped = header(sources, fingerprints, encoded) + encoded
-    for formatter in formatters:  # the header is comments: the whole file must stay as it is
-        if formatter.apply(stamped.decode("utf-8")).encode("utf-8") != stamped:
-            raise RenderError(f"{path}: {formatter.describe()} reformats the stamped file")
+    # the header is comments: the whole file must stay as it is (one round, cached like the body)
+    if formatters and common_form(stamped.decode("utf-8"), formatters, path).encode() != stamped:
+        raise RenderError(f"{path}: {', '.join(f.describe() for f in formatters)} reformat the "
+                          "stamped file")  # fmt: skip
     return stamped
 
 
