@@ -46,12 +46,21 @@ def module_name(path: Path) -> str | None:
 
 
 def imports_of(tree: ast.Module, name: str, is_pkg: bool, known: set[str]) -> set[str]:
-    """Absolute module names this module imports, at any depth (``from x import y``: x.y when
+    """Absolute module names this module imports at run time, at any depth, ``if TYPE_CHECKING``
+    blocks left out (``from x import y``: x.y when
     that is a module, else x; a package's ``__init__`` is not a dependency of its submodules'
     ``from . import sibling``)."""
     base = name.split(".") if is_pkg else name.split(".")[:-1]
     found: set[str] = set()
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+        for n in ast.walk(block)
+    }
     for node in ast.walk(tree):
+        if id(node) in typing_only:  # annotations only: no import at run time
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
