@@ -48,8 +48,28 @@ def py_str(text: str) -> str:
     return "".join(out)
 
 
-def py_literal(value: object, level: int = 0) -> str:
-    """A deterministic, ruff-format-stable Python literal for JSON-shaped ``value``."""
+HOLD = "# one item a line"
+"""A comment on a line of its own inside a collection: no formatter joins those lines."""
+JOIN_WINDOW = (88, 140)
+"""Joined lengths at which one repo's formatter may join a collection onto one line while
+another splits it again: black at 119 joins what fits in 119 columns, black at 100 without magic
+trailing commas hugs what does not fit in 100 (88..140 holds black's default 88 and every line
+length a shipped target sets, with room). A collection whose one-line form, with what stands
+before it on its line, falls in this window gets ``HOLD``, so every repo keeps one form."""
+
+
+def _one_line(value: object) -> str:
+    """``value`` as a formatter would join it onto one line."""
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_one_line(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{py_str(k)}: {_one_line(value[k])}" for k in sorted(value)) + "}"
+    return py_literal(value)
+
+
+def py_literal(value: object, level: int = 0, before: int = 0) -> str:
+    """A deterministic, formatter-stable Python literal for JSON-shaped ``value`` (``before``:
+    the columns that stand before it on its line, indent included)."""
     if value is None:
         return "None"
     if value is True:
@@ -65,18 +85,22 @@ def py_literal(value: object, level: int = 0) -> str:
     if isinstance(value, str):
         return py_str(value)
     inner = INDENT * (level + 1)
+    if isinstance(value, list | tuple | dict) and value:
+        joined = before + len(_one_line(value)) + 1  # its trailing comma
+        hold = f"{inner}{HOLD}\n" if JOIN_WINDOW[0] < joined <= JOIN_WINDOW[1] else ""
     if isinstance(value, list | tuple):
         if not value:
             return "[]"
-        items = "".join(f"{inner}{py_literal(v, level + 1)},\n" for v in value)
-        return f"[\n{items}{INDENT * level}]"
+        items = "".join(f"{inner}{py_literal(v, level + 1, len(inner))},\n" for v in value)
+        return f"[\n{hold}{items}{INDENT * level}]"
     if isinstance(value, dict):
         if not value:
             return "{}"
         if not all(isinstance(k, str) for k in value):
             raise TypeError("only string keys can be emitted")
         items = "".join(
-            f"{inner}{py_str(k)}: {py_literal(value[k], level + 1)},\n" for k in sorted(value)
+            f"{inner}{py_str(k)}: {py_literal(value[k], level + 1, len(inner) + len(py_str(k)) + 2)},\n"
+            for k in sorted(value)
         )
-        return f"{{\n{items}{INDENT * level}}}"
+        return f"{{\n{hold}{items}{INDENT * level}}}"
     raise TypeError(f"cannot emit {type(value).__name__} as a literal")

@@ -71,12 +71,19 @@ def _environment(config: ProjectConfig) -> jinja2.Environment:
     )
 
 
+SEQ_COMMENT = "# one item a line"
+"""A comment on a line of its own inside a sequence: no formatter joins those lines, so the
+form is the same under every repo's settings (black at 119 joins what fits in 119 columns,
+black at 100 without magic trailing commas hugs it again: a 101-119 column ``Literal[...]`` of
+contract ids otherwise has no form both keep)."""
+
+
 def _seq(items: list[str], open_: str, close: str) -> str:
-    """A sequence literal that ruff's formatter keeps as written."""
+    """A sequence literal that every configured formatter (and ruff's) keeps as written."""
     if len(items) == 1:
         return f"{open_}{items[0]},{close}" if open_ == "(" else f"{open_}{items[0]}{close}"
     body = "".join(f"{INDENT}{item},\n" for item in items)
-    return f"{open_}\n{body}{close}"
+    return f"{open_}\n{INDENT}{SEQ_COMMENT}\n{body}{close}"
 
 
 def _call_arg_tuple(keyword: str, items: list[str]) -> str:

@@ -26,7 +26,7 @@
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
 #   qwen3_next_true_on_policy_v1 sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b
-# sha256: 584cc796768cb1e2b78bf8d52fc14de54a561cf7c0e8b3523337b0e0d886f395
+# sha256: 68fb55fe03771abe169efaebc5aa395099c2a6376acd35768d23dae74f81fb0d
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -49,6 +49,7 @@ SCHEMA_VERSION = 1
 GENERATOR_FORMAT = 3
 
 TrueOnPolicyContractName = Literal[
+    # one item a line
     "llama3_dense_lora_true_on_policy_v1",
     "llama3_dense_true_on_policy_v1",
     "llama3_dense_true_on_policy_v2",
@@ -62,8 +63,15 @@ TrueOnPolicyContractName = Literal[
     "qwen3_moe_true_on_policy_v3",
     "qwen3_next_true_on_policy_v1",
 ]
-ModelFamily = Literal["llama3_dense", "qwen3_dense", "qwen3_moe", "qwen3_next"]
+ModelFamily = Literal[
+    # one item a line
+    "llama3_dense",
+    "qwen3_dense",
+    "qwen3_moe",
+    "qwen3_next",
+]
 KernelContract = Literal[
+    # one item a line
     "llama3_dense_fp32_runs",
     "llama3_dense_sglang_math",
     "llama3_dense_sglang_math_lora",
@@ -76,9 +84,14 @@ KernelContract = Literal[
     "qwen3_moe_sglang_math",
     "qwen3_next_gdn_math",
 ]
-LogprobContract = Literal["decode", "sglang_prefill"]
+LogprobContract = Literal[
+    # one item a line
+    "decode",
+    "sglang_prefill",
+]
 
 CONTRACT_IDS: tuple[str, ...] = (
+    # one item a line
     "llama3_dense_lora_true_on_policy_v1",
     "llama3_dense_true_on_policy_v1",
     "llama3_dense_true_on_policy_v2",
@@ -347,6 +360,7 @@ CONTRACT_DATA: dict[str, dict] = {
             "max_alpha": 1024.0,
             "max_rank": 64,
             "target_modules": [
+                # one item a line
                 "q_proj",
                 "k_proj",
                 "v_proj",
@@ -359,6 +373,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "LlamaForCausalLM",
                 "megatron": "LlamaModelProvider",
                 "sglang": "LlamaForCausalLM",
@@ -754,12 +769,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -769,6 +793,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -776,11 +801,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -792,6 +819,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -844,6 +872,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "LlamaForCausalLM",
                 "megatron": "LlamaModelProvider",
                 "sglang": "LlamaForCausalLM",
@@ -1247,12 +1276,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -1262,6 +1300,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -1269,11 +1308,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -1285,6 +1326,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -1337,6 +1379,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "LlamaForCausalLM",
                 "megatron": "LlamaModelProvider",
                 "sglang": "LlamaForCausalLM",
@@ -1740,12 +1783,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -1755,6 +1807,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -1762,11 +1815,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -1778,6 +1833,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -1839,6 +1895,7 @@ CONTRACT_DATA: dict[str, dict] = {
             "max_alpha": 1024.0,
             "max_rank": 64,
             "target_modules": [
+                # one item a line
                 "q_proj",
                 "k_proj",
                 "v_proj",
@@ -1851,6 +1908,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3ForCausalLM",
                 "megatron": "Qwen3ModelProvider",
                 "sglang": "Qwen3ForCausalLM",
@@ -2009,12 +2067,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -2024,6 +2091,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -2031,11 +2099,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -2047,6 +2117,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -2096,6 +2167,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3ForCausalLM",
                 "megatron": "Qwen3ModelProvider",
                 "sglang": "Qwen3ForCausalLM",
@@ -2262,12 +2334,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -2277,6 +2358,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -2284,11 +2366,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -2300,6 +2384,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -2349,6 +2434,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3ForCausalLM",
                 "megatron": "Qwen3ModelProvider",
                 "sglang": "Qwen3ForCausalLM",
@@ -2515,12 +2601,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -2530,6 +2625,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -2537,11 +2633,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -2553,6 +2651,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -2602,6 +2701,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3ForCausalLM",
                 "megatron": "Qwen3ModelProvider",
                 "sglang": "Qwen3ForCausalLM",
@@ -2768,12 +2868,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -2783,6 +2892,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -2790,11 +2900,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -2806,6 +2918,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -2855,6 +2968,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3ForCausalLM",
                 "megatron": "Qwen3ModelProvider",
                 "sglang": "Qwen3ForCausalLM",
@@ -3021,12 +3135,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -3036,6 +3159,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -3043,11 +3167,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -3059,6 +3185,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -3114,6 +3241,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3MoeForCausalLM",
                 "megatron": "Qwen3MoEModelProvider",
                 "sglang": "Qwen3MoeForCausalLM",
@@ -3223,12 +3351,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -3238,6 +3375,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -3245,11 +3383,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -3261,6 +3401,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -3290,7 +3431,11 @@ CONTRACT_DATA: dict[str, dict] = {
         "identity": {
             "disable_megatron_sequence_parallel": True,
             "fsdp_attention_implementation": "flash_attention_3",
-            "kernel_contracts": ["qwen3_dense_sglang_math_fp32_logprobs", "qwen3_moe_sglang_math"],
+            "kernel_contracts": [
+                # one item a line
+                "qwen3_dense_sglang_math_fp32_logprobs",
+                "qwen3_moe_sglang_math",
+            ],
             "logprob_contract": "decode",
             "sglang_attention_backend": "fa3",
         },
@@ -3321,6 +3466,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3MoeForCausalLM",
                 "megatron": "Qwen3MoEModelProvider",
                 "sglang": "Qwen3MoeForCausalLM",
@@ -3430,12 +3576,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -3445,6 +3600,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -3452,11 +3608,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -3468,6 +3626,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -3495,7 +3654,11 @@ CONTRACT_DATA: dict[str, dict] = {
         "identity": {
             "disable_megatron_sequence_parallel": True,
             "fsdp_attention_implementation": "flash_attention_3",
-            "kernel_contracts": ["qwen3_dense_fp32_runs_fp32_logprobs", "qwen3_moe_fp32_runs"],
+            "kernel_contracts": [
+                # one item a line
+                "qwen3_dense_fp32_runs_fp32_logprobs",
+                "qwen3_moe_fp32_runs",
+            ],
             "logprob_contract": "decode",
             "sglang_attention_backend": "fa3",
         },
@@ -3527,6 +3690,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3MoeForCausalLM",
                 "megatron": "Qwen3MoEModelProvider",
                 "sglang": "Qwen3MoeForCausalLM",
@@ -3617,12 +3781,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -3632,6 +3805,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -3639,11 +3813,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -3655,6 +3831,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -3682,6 +3859,7 @@ CONTRACT_DATA: dict[str, dict] = {
             "disable_megatron_sequence_parallel": True,
             "fsdp_attention_implementation": "flash_attention_3",
             "kernel_contracts": [
+                # one item a line
                 "qwen3_dense_sglang_math",
                 "qwen3_moe_sglang_math",
                 "qwen3_next_gdn_math",
@@ -3723,6 +3901,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3NextForCausalLM",
                 "megatron": "Qwen3NextModelProvider",
                 "sglang": "Qwen3NextForCausalLM",
@@ -3820,12 +3999,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": False,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -3835,6 +4023,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -3842,11 +4031,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -3858,6 +4049,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",

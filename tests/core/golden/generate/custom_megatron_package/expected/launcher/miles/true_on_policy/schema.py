@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# sha256: ecc9584d5e61beec97bea2e2aeb9a1cf318e746e24e739bcaab1afe7946ccc9e
+# sha256: 71998274980f76efcc73a4b14e41823b4b98065034538b4055261cc1476b364f
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -26,9 +26,22 @@ from typing import Literal
 SCHEMA_VERSION = 1
 GENERATOR_FORMAT = 3
 
-TrueOnPolicyContractName = Literal["qwen3_dense_true_on_policy_v1", "qwen3_moe_true_on_policy_v1"]
-ModelFamily = Literal["qwen3_dense", "qwen3_moe", "qwen3_next"]
-KernelContract = Literal["qwen3_dense_sglang_math", "qwen3_moe_sglang_math"]
+TrueOnPolicyContractName = Literal[
+    # one item a line
+    "qwen3_dense_true_on_policy_v1",
+    "qwen3_moe_true_on_policy_v1",
+]
+ModelFamily = Literal[
+    # one item a line
+    "qwen3_dense",
+    "qwen3_moe",
+    "qwen3_next",
+]
+KernelContract = Literal[
+    # one item a line
+    "qwen3_dense_sglang_math",
+    "qwen3_moe_sglang_math",
+]
 LogprobContract = Literal["sglang_prefill"]
 
 CONTRACT_IDS: tuple[str, ...] = ("qwen3_dense_true_on_policy_v1",)
@@ -278,6 +291,7 @@ CONTRACT_DATA: dict[str, dict] = {
         "model_profile": {
             "activation": "silu_glu",
             "architectures": {
+                # one item a line
                 "hf": "Qwen3ForCausalLM",
                 "megatron": "Qwen3ModelProvider",
                 "sglang": "Qwen3ForCausalLM",
@@ -436,12 +450,21 @@ CONTRACT_DATA: dict[str, dict] = {
             "megatron": {
                 "apply_logits_contract": True,
                 "attention_backend": "fa3_varlen",
-                "batch_invariant_mode": {"default": False, "from_config": "batch_invariant_mode"},
+                "batch_invariant_mode": {
+                    # one item a line
+                    "default": False,
+                    "from_config": "batch_invariant_mode",
+                },
                 "cast_attention_input_to_dense_math_dtype": True,
                 "cast_lm_head_input_to_weight_dtype": True,
                 "cast_qk_after_rope_to_dense_math_dtype": True,
                 "cast_qk_norm_input_before_weight_mul": True,
-                "cp_layout": {"otherwise": None, "value": "ulysses_a2a", "when": "ulysses_cp"},
+                "cp_layout": {
+                    # one item a line
+                    "otherwise": None,
+                    "value": "ulysses_a2a",
+                    "when": "ulysses_cp",
+                },
                 "defer_ulysses_cp_loss_scaling_to_grad_sum": True,
                 "deterministic_row_parallel_reduce": True,
                 "disable_bias_swiglu_fusion": True,
@@ -451,6 +474,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "use_sglang_final_norm": True,
                 "use_sglang_residual_pair": True,
                 "use_ulysses_cp_recompute_fallback": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "ulysses_cp",
@@ -458,11 +482,13 @@ CONTRACT_DATA: dict[str, dict] = {
             },
             "sglang": {
                 "deterministic_tree_all_reduce": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
                 },
                 "disable_flashinfer_allreduce_fusion": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -474,6 +500,7 @@ CONTRACT_DATA: dict[str, dict] = {
                 "force_bfloat16_dense_tensor_math": True,
                 "force_bfloat16_lm_head": True,
                 "tp_invariant_row_linear": {
+                    # one item a line
                     "otherwise": False,
                     "value": True,
                     "when": "rollout_tp",
@@ -490,6 +517,7 @@ CONTRACT_DATA: dict[str, dict] = {
 # UTF-8) with the description and the per-target runtime policies left out. Rollout and trainer
 # agree on it in the handshake; adding a target to a contract leaves it unchanged.
 FINGERPRINTS: dict[str, str] = {
+    # one item a line
     "qwen3_dense_true_on_policy_v1": "sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b"
 }
 
