@@ -312,10 +312,17 @@ def _schema_context(contracts: list[LoadedContract]) -> dict:
         "kernel_fields": _field_docs(KernelPolicy, optional=OPTIONAL_KERNEL_FIELDS),
         "dims_fields": _field_docs(ModelDims, skip=("rope", *OPTIONAL_DIMS_FIELDS)),
         "dims_optional_fields": _field_docs(ModelDims, skip=_not(ModelDims, OPTIONAL_DIMS_FIELDS)),
-        "contract_data": py_literal(data),
-        "fingerprints": py_literal({cid: contract_fingerprint(d) for cid, d in data.items()}),
-        "policy_fingerprints": py_literal({cid: policy_fingerprints(d) for cid, d in data.items()}),
-        "superseded_by": py_literal(superseded_by),
+        # ``before``: the columns of the template's ``NAME: type = `` on the literal's line
+        "contract_data": py_literal(data, before=len("CONTRACT_DATA: dict[str, dict] = ")),
+        "fingerprints": py_literal(
+            {cid: contract_fingerprint(d) for cid, d in data.items()},
+            before=len("FINGERPRINTS: dict[str, str] = "),
+        ),
+        "policy_fingerprints": py_literal(
+            {cid: policy_fingerprints(d) for cid, d in data.items()},
+            before=len("POLICY_FINGERPRINTS: dict[str, dict[str, str]] = "),
+        ),
+        "superseded_by": py_literal(superseded_by, before=len("SUPERSEDED_BY: dict[str, str] = ")),
     }
 
 
