@@ -104,3 +104,13 @@ def py_literal(value: object, level: int = 0, before: int = 0) -> str:
         )
         return f"{{\n{hold}{items}{INDENT * level}}}"
     raise TypeError(f"cannot emit {type(value).__name__} as a literal")
+
+
+def seq_literal(items: list[str], open_: str, close: str) -> str:
+    """A sequence of already-emitted items (``(``/``[``) that every formatter keeps as written:
+    one item, inline; more, one a line under ``HOLD`` (the ids in a 101-119 column ``Literal``
+    otherwise have no form black at 119 and black at 100 both keep)."""
+    if len(items) == 1:
+        return f"{open_}{items[0]},{close}" if open_ == "(" else f"{open_}{items[0]}{close}"
+    body = "".join(f"{INDENT}{item},\n" for item in items)
+    return f"{open_}\n{INDENT}{HOLD}\n{body}{close}"

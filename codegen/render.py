@@ -29,7 +29,7 @@ from ..schema.models import FromConfig as FromConfigRule
 from .config import CONFIG_NAME, ConfigError, ProjectConfig
 from .fingerprint import GENERATOR_FORMAT, contract_fingerprint, header, policy_fingerprints
 from .formatters import FormatConflict, Formatter, common_form, formatters_of
-from .literals import INDENT, py_literal, py_str
+from .literals import INDENT, py_literal, py_str, seq_literal
 from .public_api import (
     PUBLIC_CONTRACT_NAMES,
     PUBLIC_IDENTITIES,
@@ -69,21 +69,6 @@ def _environment(config: ProjectConfig) -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-
-
-SEQ_COMMENT = "# one item a line"
-"""A comment on a line of its own inside a sequence: no formatter joins those lines, so the
-form is the same under every repo's settings (black at 119 joins what fits in 119 columns,
-black at 100 without magic trailing commas hugs it again: a 101-119 column ``Literal[...]`` of
-contract ids otherwise has no form both keep)."""
-
-
-def _seq(items: list[str], open_: str, close: str) -> str:
-    """A sequence literal that every configured formatter (and ruff's) keeps as written."""
-    if len(items) == 1:
-        return f"{open_}{items[0]},{close}" if open_ == "(" else f"{open_}{items[0]}{close}"
-    body = "".join(f"{INDENT}{item},\n" for item in items)
-    return f"{open_}\n{INDENT}{SEQ_COMMENT}\n{body}{close}"
 
 
 def _call_arg_tuple(keyword: str, items: list[str]) -> str:
@@ -279,7 +264,7 @@ def _isort(names: list[str]) -> list[str]:
 
 
 def _union(values: set[str]) -> str:
-    return _seq([py_str(v) for v in sorted(values)], "[", "]")
+    return seq_literal([py_str(v) for v in sorted(values)], "[", "]")
 
 
 def _schema_context(contracts: list[LoadedContract]) -> dict:
@@ -308,7 +293,7 @@ def _schema_context(contracts: list[LoadedContract]) -> dict:
             for cid, values in sorted(PUBLIC_IDENTITIES.items())
             if cid not in {lc.id for lc in contracts}  # a contract with that id takes over
         ],
-        "ids_tuple": _seq([py_str(lc.id) for lc in contracts], "(", ")"),
+        "ids_tuple": seq_literal([py_str(lc.id) for lc in contracts], "(", ")"),
         "kernel_fields": _field_docs(KernelPolicy, optional=OPTIONAL_KERNEL_FIELDS),
         "dims_fields": _field_docs(ModelDims, skip=("rope", *OPTIONAL_DIMS_FIELDS)),
         "dims_optional_fields": _field_docs(ModelDims, skip=_not(ModelDims, OPTIONAL_DIMS_FIELDS)),
