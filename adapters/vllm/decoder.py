@@ -27,7 +27,7 @@ from ..kernels.all_reduce import all_reduce_for
 from ..kernels.matmul import N_TILE, invariant_matmul, shard_policy
 from ..kernels.mlp import silu_glu
 from ..kernels.norm import rms_norm
-from ..kernels.policy import KernelPolicy
+from ..kernels.policy import KernelPolicy, kernel_policy
 from ..kernels.residual import residual_add
 from ..kernels.rope import apply_rope, rope_cos_sin
 
@@ -48,7 +48,7 @@ class ContractDecoder(torch.nn.Module):
                 f"vllm target: family {arch.family!r} is not built (supported: "
                 f"{', '.join(FAMILIES)}); run it on the reference engine (--rollouts sglang)"
             )
-        self.arch, self.kp = arch, KernelPolicy.of(kp)
+        self.arch, self.kp = arch, kernel_policy(kp)
         spec = arch.spec
         dense = dtype_of(self.kp.dense_math_dtype)
         lm = dtype_of(self.kp.lm_head_input_dtype)
