@@ -117,7 +117,7 @@ def test_a_change_of_our_kernel_source_makes_the_vendored_copy_stale(
     assert cli("--root", project, "sync", "--repo", f"sglang={repo}").exit_code == 0
     adapters = tmp_path / "adapters"
     shutil.copytree(kernels_module.ADAPTERS, adapters, ignore=shutil.ignore_patterns("__pycache__"))
-    kernel = adapters / "kernels/triton/matmul.py"
+    kernel = adapters / "kernels/triton/arith.py"
     source = kernel.read_text(encoding="utf-8")
     assert "u = u + 0x7FFF + ((u >> 16) & 1)" in source
     kernel.write_text(source.replace("u = u + 0x7FFF + ", "u = u + 0x8000 + "), encoding="utf-8")

@@ -129,17 +129,19 @@ def test_hand_edited_copy(repos: tuple[Path, Path]) -> None:
     )
 
 
-def test_formatting_is_not_a_hand_edit_but_code_is(repos: tuple[Path, Path]) -> None:
-    """The public stack's copies differed by one blank line. The stamp covers the code's
-    canonical form (issue 30: a repo's formatter may run over its copy), so formatting keeps a
-    copy intact while any change of the code does not."""
+def test_a_blank_line_is_a_hand_edit_and_so_is_code(repos: tuple[Path, Path]) -> None:
+    """The public stack's copies differed by one blank line. The stamp covers the file's bytes
+    (each repo's formatters keep the rendered form, ``[targets.NAME.format]``), so that blank
+    line is an edit the handshake sees, as is any change of the code."""
     rollout, trainer = repos
     schema = rollout / "schema.py"
-    schema.write_text(
-        schema.read_text().replace("Literal\n\nSCHEMA_VERSION", "Literal\nSCHEMA_VERSION", 1) + "\n"
-    )
+    original = schema.read_text()
     assert handshake_report(rollout, V1, "rollout").intact
-    schema.write_text(schema.read_text().replace("GENERATOR_FORMAT = 2", "GENERATOR_FORMAT = 3", 1))
+    schema.write_text(original.replace("Literal\n\nSCHEMA_VERSION", "Literal\nSCHEMA_VERSION", 1))
+    assert schema.read_text() != original
+    assert not handshake_report(rollout, V1, "rollout").intact
+    schema.write_text(original.replace("GENERATOR_FORMAT = 3", "GENERATOR_FORMAT = 4", 1))
+    assert schema.read_text() != original
     assert not handshake_report(rollout, V1, "rollout").intact
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from contractgen.adapters.kernels import invariant_matmul, tree_sum
-from contractgen.adapters.kernels.matmul import first_level_block
 from contractgen.adapters.kernels.stock import plain_matmul
+from contractgen.adapters.tile_order import first_level_block
 
 SHAPES = [(7, 256, 96), (33, 384, 130), (20, 1024, 64), (5, 200, 40)]
 
