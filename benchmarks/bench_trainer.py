@@ -171,7 +171,10 @@ def main(argv=None) -> int:
         arch = arch_for(contract, dims)
     if args.layers:
         arch = dataclasses.replace(arch, num_layers=args.layers)
-    runtime.init_distributed(0, Layout(), free_port(), device=args.device)
+    from contractgen.adapters.common.distributed import Rendezvous
+
+    rendezvous = Rendezvous()  # the store the rank joins, served while it runs
+    runtime.init_distributed(0, Layout(), rendezvous.port, device=args.device)
     dev = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, arch.vocab_size, (args.seq,), generator=g) for _ in range(args.batch)]

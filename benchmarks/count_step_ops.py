@@ -115,7 +115,10 @@ def main(argv=None) -> int:
 
     contract = bt.CONTRACT_ALIASES.get(args.contract, args.contract)
     models = args.models.split(",")
-    runtime.init_distributed(0, Layout(), bt.free_port(), device="cpu")
+    from contractgen.adapters.common.distributed import Rendezvous
+
+    rendezvous = Rendezvous()  # the store the rank joins, served while it runs
+    runtime.init_distributed(0, Layout(), rendezvous.port, device="cpu")
     base = arch_for(contract)
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, base.vocab_size, (args.seq,), generator=g) for _ in range(args.batch)]

@@ -11,10 +11,11 @@ from contractgen.adapters.megatron.model import Layout
 @contextlib.contextmanager
 def single_process_megatron(port: int | None = None) -> Iterator[None]:
     """A one-rank gloo world with megatron-core's model-parallel groups (TP=PP=CP=1)."""
-    from contractgen.adapters.common.workers import free_port
+    from contractgen.adapters.common.distributed import Rendezvous
     from contractgen.adapters.megatron import runtime
 
-    runtime.init_distributed(0, Layout(), port or free_port())
+    rendezvous = None if port else Rendezvous()  # served here while the rank runs
+    runtime.init_distributed(0, Layout(), port or rendezvous.port)
     try:
         yield
     finally:
