@@ -50,7 +50,7 @@ _attention.chunked_attention_lse = _planted
 # The scored logprobs as the gate's comparison sees them, first token of the first sequence set
 # to {rollout!r} on the rollout side and {trainer!r} on the trainer's (``keep``: tokens kept).
 SCORED_BUG = """
-from contractgen.parity import harness as _harness
+from contractgen.parity import gate_run as _gate_run, pairs as _pairs
 
 def _edit(lps, value):
     out = [t.clone()[:{keep}] for t in lps]
@@ -58,9 +58,10 @@ def _edit(lps, value):
         out[0][0] = value
     return out
 
-_scored, _trainer_for = _harness.GateRun.scored_rollout, _harness.trainer_for
-_harness.GateRun.scored_rollout = lambda self, r: _edit(_scored(self, r), {rollout!r})
-_harness.trainer_for = lambda run, lay, r: _edit(_trainer_for(run, lay, r), {trainer!r})
+# patched where the gate's pairs call them (``pairs.trainer_for`` is a module global there)
+_scored, _trainer_for = _gate_run.GateRun.scored_rollout, _pairs.trainer_for
+_gate_run.GateRun.scored_rollout = lambda self, r: _edit(_scored(self, r), {rollout!r})
+_pairs.trainer_for = lambda run, lay, r: _edit(_trainer_for(run, lay, r), {trainer!r})
 """
 
 

@@ -26,7 +26,7 @@
 #   qwen3_moe_true_on_policy_v2 sha256:2dcd8b41ab218b6692218f5c5b939cd136868d7b14d9bbbfee1b21e7ba44e87e
 #   qwen3_moe_true_on_policy_v3 sha256:99b210291b91693d99a2ff8883f87d39b8e1877ebea2635f0ff25b879693f433
 #   qwen3_next_true_on_policy_v1 sha256:6f915722a286c6ef62531cf92e593cb424e382a53a7d321ca662814482d7843b
-# sha256: 68fb55fe03771abe169efaebc5aa395099c2a6376acd35768d23dae74f81fb0d
+# sha256: 4403f0ea23d1918ad2577b36c05862fb956eb364a418bd2c318e1f45088c168b
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -4328,6 +4328,7 @@ QWEN3_NEXT_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
 )
 
 _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {
+    # one item a line
     LLAMA3_DENSE_LORA_TRUE_ON_POLICY_V1_SCHEMA.name: LLAMA3_DENSE_LORA_TRUE_ON_POLICY_V1_SCHEMA,
     LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name: LLAMA3_DENSE_TRUE_ON_POLICY_V1_SCHEMA,
     LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA.name: LLAMA3_DENSE_TRUE_ON_POLICY_V2_SCHEMA,
