@@ -61,3 +61,26 @@ def test_without_the_hold_comment_such_data_has_no_common_form() -> None:
     assert "# one item a line" not in source
     with pytest.raises(FormatConflict):
         _common_form(source, SCHEMA_FORMATTERS, "schema.py")
+
+
+@pytest.mark.parametrize("id_length", [17])  # 5..60 swept by hand, 2026-12-08
+def test_a_one_contract_project_renders_whatever_its_ids_length(tmp_path, id_length: int) -> None:
+    """A project of one contract, its id 14..22 long: the ``_SCHEMAS`` table of one entry then
+    joins onto 101..119 columns, a form black at 119 keeps and black at 100 splits, unless the
+    template holds it (``my_llama_dense_v1``, 17 long, had no form: generate exited 2)."""
+    from pathlib import Path
+
+    from contractgen.codegen.config import load_config
+    from contractgen.codegen.render import render
+    from contractgen.schema.loader import load_contracts
+
+    new_id = ("c" * id_length)[: id_length - 3] + "_v1"
+    shipped = Path(__file__).parents[2] / "contracts" / "llama3_dense_true_on_policy_v1.yaml"
+    (tmp_path / "contracts").mkdir()
+    text = shipped.read_text().replace("id: llama3_dense_true_on_policy_v1", f"id: {new_id}")
+    (tmp_path / "contracts" / f"{new_id}.yaml").write_text(text)
+    (tmp_path / "contractgen.toml").write_text("")
+    files = render(load_contracts(tmp_path / "contracts", tmp_path), load_config(tmp_path))
+    schema = next(body for path, body in files.items() if path.endswith("/schema.py"))
+    const = new_id.upper()
+    assert f"    # one item a line\n    {const}_SCHEMA.name: {const}_SCHEMA".encode() in schema
