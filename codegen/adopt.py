@@ -59,6 +59,8 @@ class AdoptPlan:
     changes: list[Change] = field(default_factory=list)
     probes: dict[str, tuple[int, int]] = field(default_factory=dict)  # target -> (run, differ)
     notes: list[str] = field(default_factory=list)
+    new_packages: list[str] = field(default_factory=list)  # targets written as a new package
+    skipped: list[str] = field(default_factory=list)  # targets whose repo has no package
 
     def refused(self, drops: set[str], changes: set[str]) -> list[Change]:
         out = []
@@ -258,8 +260,13 @@ def plan_adopt(
     repo: Path,
     config: ProjectConfig,
     known_ids: list[str] | None = None,
+    allow_new_package: bool = False,
 ) -> AdoptPlan:
-    """Every change that syncing ``target`` into ``repo`` makes to its hand-kept package."""
+    """Every change that syncing ``target`` into ``repo`` makes to its hand-kept package.
+
+    A repo without the package has nothing to take over: the target is skipped with a note, or,
+    with ``allow_new_package``, written as a complete new package (``__init__.py`` included),
+    which nothing in the repo imports until someone wires it in."""
     plan = AdoptPlan()
     package = config.package(target)
     check_repo_is_right(repo, target, config)
@@ -271,6 +278,8 @@ def plan_adopt(
     missing = missing_anchor(repo, target, package, config.targets[target].repo)
     if missing:
         raise MissingAnchorError(missing)
+    if not (repo / package).is_dir():
+        return _new_package(plan, target, repo, package, allow_new_package)
     files = target_files(vendored, target, config)
     hand_kept = _file_changes(plan, target, repo, package, files)
     if not hand_kept:
@@ -289,6 +298,22 @@ def plan_adopt(
     today = _implemented_today(old_report)
     if today is not None:
         plan.changes.append(_contracts_change(target, package, today, config))
+    return plan
+
+
+def _new_package(plan: AdoptPlan, target: str, repo: Path, package: str, allow: bool) -> AdoptPlan:
+    if not allow:
+        plan.skipped.append(target)
+        plan.notes.append(
+            f"{target}: {repo} has no {package}/, so there is no hand-kept package to take over; "
+            "not created (--allow-new-package writes a complete new package there, which nothing "
+            "in the repo imports until you wire it in)"
+        )
+        return plan
+    plan.new_packages.append(target)
+    plan.changes.append(
+        Change(target, package, package, "file", "new package, not imported by the repo")
+    )
     return plan
 
 

@@ -62,10 +62,15 @@ def to_text(plan: LaunchPlan) -> str:
         lines.append(f"  note: superseded by {plan.newer_contract}")
     for table, heading in HEADINGS.items():
         lines += ["", f"{heading}:"]
+        shown_at: dict[str, int] = {}  # an argument two policy fields ask for: one line, both
         for row in plan.rows:
             if row.table != table or row.kind not in ("arg", "env") or not row.emitted:
                 continue
             shown = f"{row.args[0]}={row.args[1]}" if row.kind == "env" else shlex.join(row.args)
+            if shown in shown_at:
+                lines[shown_at[shown]] += f"; also {row.source}: {row.reason}{_note(row)}"
+                continue
+            shown_at[shown] = len(lines)
             lines.append(f"  {shown:<48} {row.source}: {row.reason}{_note(row)}")
     if plan.needs_newer_sglang:
         lines += ["", f"needs a newer SGLang than {plan.sglang_release}:"]
@@ -90,8 +95,14 @@ def to_text(plan: LaunchPlan) -> str:
             "the contract's lora section and the model's shapes:",
             f"  {shlex.join(lora.sglang_args)}",
         ]
-    lines += ["", "commands:", f"  {shlex.join(plan.rollout_command)}"]
+    lines += [
+        "",
+        "miles (one command; it starts SGLang itself, whose arguments it takes as --sglang-*):",
+    ]
     lines.append(f"  {shlex.join(plan.trainer_command)}")
+    lines += ["", "add to it what no contract knows:"]
+    lines += [f"  {args:<48} {what}" for args, what in plan.you_add]
+    lines += ["", "SGLang alone (a server outside miles):", f"  {shlex.join(plan.rollout_command)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -133,6 +144,7 @@ def to_json_data(plan: LaunchPlan) -> dict[str, Any]:
         "commands": {
             "rollout": list(plan.rollout_command),
             "trainer": list(plan.trainer_command),
+            "you_add": [{"args": args, "what": what} for args, what in plan.you_add],
         },
         "needs_newer_sglang": [
             {"flag": f, "sglang_release": plan.sglang_release, "from": where}
@@ -192,7 +204,8 @@ def to_shell(plan: LaunchPlan) -> str:
         lines.append(f"# real SGLang, not proven here: {op}: {why}")
     if plan.lora is not None:
         lines.append(f"# LoRA adapter checked: r={plan.lora.rank} alpha={plan.lora.alpha:g}")
-    lines.append(shlex.join(plan.rollout_command))
+    lines += [f"# add: {args} ({what})" for args, what in plan.you_add]
+    lines.append(f"# SGLang alone (outside miles): {shlex.join(plan.rollout_command)}")
     lines.append(shlex.join(plan.trainer_command))
     return "\n".join(lines) + "\n"
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import generated
 from .layout import CP_KINDS, Layout, Subject, padded_vocab, validate_layout
+from .miles_form import YOU_ADD, once, sglang_args_for_miles
 from .tables import (
     REAL_SGLANG_UNPROVEN,
     ROLLOUT_COMMAND,
@@ -156,7 +157,16 @@ class LaunchPlan:
 
     @property
     def trainer_command(self) -> tuple[str, ...]:
-        return (*TRAINER_COMMAND, *self.args("megatron"), *self.args("miles"))
+        """miles' one command: ``train.py`` with the Megatron and miles arguments and SGLang's
+        under ``--sglang-`` (miles starts the engines); each flag once."""
+        lora = self.lora.sglang_args if self.lora is not None else ()
+        sglang = sglang_args_for_miles((*self.args("sglang"), *lora))
+        return (*TRAINER_COMMAND, *once((*self.args("megatron"), *self.args("miles"), *sglang)))
+
+    @property
+    def you_add(self) -> tuple[tuple[str, str], ...]:
+        """The arguments a miles launch needs that no contract knows: (arguments, what)."""
+        return YOU_ADD
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -98,3 +98,17 @@ def parse_repo_options(
                 raise click.BadParameter(f"{target} given twice", param_hint="--repo")
             repos.append((target, Path(path)))
     return repos
+
+
+def absent_packages(
+    values: tuple[str, ...], repos: list[tuple[str, Path]], config: ProjectConfig
+) -> list[tuple[str, Path]]:
+    """The targets a repo name stood for (``--repo miles=PATH``: launcher and fsdp) whose package
+    that repo does not hold: a repo keeps the packages it adopted, not every one it could hold.
+    A target named on its own (``--repo fsdp=PATH``) is always required."""
+    named = {value.partition("=")[0] for value in values}
+    return [
+        (target, path)
+        for target, path in repos
+        if target not in named and not (path / config.package(target)).is_dir()
+    ]

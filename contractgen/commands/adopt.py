@@ -11,6 +11,11 @@ from ..codegen.adopt import AdoptPlan, Change, plan_adopt
 from ..codegen.sync import sync
 from ._common import EXIT_DRIFT, EXIT_OK, fail, handle_errors, parse_repo_options, project_from
 
+NEW_PACKAGE_INIT = (
+    b'"""True-on-policy contracts vendored by contractgen (`contractgen sync` keeps schema.py,\n'
+    b"contracts.py and runtime_policy.py); this file is the repo's own: import from it what the\n"
+    b'repo needs."""\n'
+)
 SIGNS = {"added": "+", "dropped": "-", "file": "*", "contracts": "="}
 
 
@@ -102,6 +107,10 @@ def _markdown(plan: AdoptPlan, refused: set[int], written: int | None) -> str:
     "--force", is_flag=True,
     help="Replace vendored files contractgen stamped that were edited by hand (as sync --force).",
 )  # fmt: skip
+@click.option(
+    "--allow-new-package", is_flag=True,
+    help="Where a repo has no package for a target, write a complete new one (nothing in the repo imports it yet); without it such a target is skipped.",
+)  # fmt: skip
 @click.pass_context
 @handle_errors
 def command(
@@ -112,6 +121,7 @@ def command(
     fmt: str,
     dry_run: bool,
     force: bool,
+    allow_new_package: bool,
 ) -> None:
     """Replace a hand-kept vendored package with the generated one, after a review-grade diff.
 
@@ -133,17 +143,23 @@ def command(
     ids = [lc.id for lc in project.contracts]
     for target, path in targets:
         try:
-            one = plan_adopt(project.vendored, target, path, project.config, ids)
+            one = plan_adopt(project.vendored, target, path, project.config, ids, allow_new_package)
         except ValueError as exc:
             fail(f"error: {exc}")
         plan.changes += one.changes
         plan.probes.update(one.probes)
         plan.notes += one.notes
+        plan.new_packages += one.new_packages
+        plan.skipped += one.skipped
+    vendored = dict(project.vendored)
+    for target in plan.new_packages:  # a complete package: an __init__.py the repo then owns
+        vendored[f"{target}/{project.config.package(target)}/__init__.py"] = NEW_PACKAGE_INIT
+    targets = [(t, path) for t, path in targets if t not in plan.skipped]
     refused_list = plan.refused(set(allow), set(allow_change))
     refused = {id(c) for c in refused_list}
     written = None
     # sync's own plan, always: a stamped file edited by hand, an unwritable folder, a symlink out
-    sync_plan, files = sync(project.vendored, targets, project.config, force=force,
+    sync_plan, files = sync(vendored, targets, project.config, force=force,
                             dry_run=dry_run or bool(refused_list), hand_kept_ok=True)  # fmt: skip
     if sync_plan.refused:
         for f in sync_plan.refused:

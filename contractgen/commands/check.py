@@ -23,6 +23,7 @@ from ._common import (
     EXIT_DRIFT,
     EXIT_OK,
     EXIT_USAGE,
+    absent_packages,
     fail,
     handle_errors,
     parse_repo_options,
@@ -98,6 +99,8 @@ def command(
         drift = check_generated(rendered, project.config)
         notes: list[str] = []
         own: dict[str, list[str]] = {}  # "target:path" -> the repo's own modules in the package
+        absent = absent_packages(repos, targets, project.config)
+        targets = [pair for pair in targets if pair not in absent]
         for target, path in targets:
             drift += check_repo(project.vendored, target, path, project.config)
             files = target_files(project.vendored, target, project.config)
@@ -119,6 +122,7 @@ def command(
             "files": len(rendered),
             "drift": [d.to_json() for d in drift],
             "not_generated": notes,
+            "not_checked": [f"{t}:{p.as_posix()}" for t, p in absent],  # no package there
         }
         click.echo(json.dumps(report, indent=2))
     else:
@@ -130,6 +134,11 @@ def command(
             click.echo(f"{d.kind}: {d.path}{_conflict_note(roots.get(d.where), d.rel)}")
             if d.diff:
                 click.echo(d.diff, nl=not d.diff.endswith("\n"))
+        for target, path in absent:
+            click.echo(
+                f"note: {target}:{path.as_posix()}: no {project.config.package(target)}/ in this "
+                f"repo, not checked (--repo {target}=PATH requires it)"
+            )
         for label, rels in own.items():  # one line per repo, not one per module
             click.echo(
                 f"note: {label}: {len(rels)} module(s) of the repo's own beside the vendored "

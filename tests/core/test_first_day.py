@@ -76,6 +76,43 @@ def test_adopt_leaves_no_bytecode_in_the_repo(repos) -> None:
     assert caches == []
 
 
+# 3. adopt creates no package a repo lacks unless asked; check covers the ones it holds --------
+
+FSDP_PACKAGE = "miles/backends/fsdp_utils/true_on_policy"
+
+
+def test_adopt_skips_a_package_the_repo_lacks_and_check_says_so(repos) -> None:
+    miles = repos["miles"]
+    assert not (miles / FSDP_PACKAGE).exists()  # like the real miles: no FSDP package to adopt
+    result = cli("--root", ROOT, "adopt", "--repo", f"miles={miles}")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert not (miles / FSDP_PACKAGE).exists()
+    assert f"note: fsdp: {miles} has no {FSDP_PACKAGE}/" in result.output
+    assert "--allow-new-package" in result.output
+    checked = cli("--root", ROOT, "check", "--repo", f"miles={miles}")
+    assert checked.exit_code == 0, checked.output + checked.stderr
+    assert f"note: fsdp:{miles.as_posix()}: no {FSDP_PACKAGE}/ in this repo, not checked" in (
+        checked.output
+    )
+    required = cli("--root", ROOT, "check", "--repo", f"fsdp={miles}")  # named: required
+    assert required.exit_code == 1, required.output + required.stderr
+
+
+def test_allow_new_package_writes_a_complete_package_and_says_nothing_imports_it(repos) -> None:
+    miles = repos["miles"]
+    result = cli("--root", ROOT, "adopt", "--repo", f"miles={miles}", "--allow-new-package")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "new package, not imported by the repo" in result.output
+    written = sorted(p.name for p in (miles / FSDP_PACKAGE).iterdir())
+    assert written == ["__init__.py", "contracts.py", "runtime_policy.py", "schema.py"]
+    checked = cli("--root", ROOT, "check", "--repo", f"miles={miles}")
+    assert checked.exit_code == 0, checked.output + checked.stderr
+    assert "not checked" not in checked.output
+    _edit(miles / FSDP_PACKAGE / "contracts.py", "\n", "\n# hand edit\n")
+    edited = cli("--root", ROOT, "check", "--repo", f"miles={miles}")
+    assert edited.exit_code == 1, edited.output  # the package it holds is checked
+
+
 # 2. plan every write first; roll back; one line for OS errors and interrupts ------------------
 
 

@@ -24,15 +24,15 @@ def schema() -> types.ModuleType:
 
 
 @pytest.fixture(scope="session")
-def sglang_probe() -> Callable[[list[list[str]], list[str]], dict[str, Any]]:
+def sglang_probe() -> Callable[..., dict[str, Any]]:
     """Parse argument lists with the real sglang release's parser, in a subprocess."""
     if find_spec("sglang") is None:
         pytest.skip(
             "sglang is not installed: pip install -e '.[sglang-args]' && pip install --no-deps sglang==0.5.23"
         )
 
-    def probe(arg_lists: list[list[str]], flags: list[str]) -> dict[str, Any]:
-        request = json.dumps({"arg_lists": arg_lists, "flags": flags})
+    def probe(arg_lists: list[list[str]], flags: list[str], prefix: str = "") -> dict[str, Any]:
+        request = json.dumps({"arg_lists": arg_lists, "flags": flags, "prefix": prefix})
         done = subprocess.run(
             [sys.executable, str(HERE / "sglang_probe.py")],
             input=request, capture_output=True, text=True, timeout=120, check=False,

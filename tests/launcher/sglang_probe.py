@@ -61,25 +61,41 @@ class _TritonStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prefix: str = "") -> argparse.ArgumentParser:
+    """SGLang's server parser; with ``prefix`` (``"sglang-"``), every option registered under
+    ``--{prefix}`` and every dest under ``{prefix}`` with ``_`` for ``-``: how a launcher that
+    starts SGLang itself (miles' ``train.py``) takes the same arguments."""
     if importlib.util.find_spec("triton") is None:
         sys.meta_path.insert(0, _TritonStub())
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(exit_on_error=False)
+    if prefix:
+        register = parser.add_argument
+        dest_prefix = prefix.replace("-", "_")
+
+        def prefixed(*names, **kwargs):
+            longs = [n for n in names if n.startswith("--")]
+            if "dest" not in kwargs and longs:
+                kwargs["dest"] = longs[0][2:].replace("-", "_")
+            if "dest" in kwargs:
+                kwargs["dest"] = dest_prefix + kwargs["dest"]
+            return register(*[f"--{prefix}{n.lstrip('-')}" for n in names], **kwargs)
+
+        parser.add_argument = prefixed
     ServerArgs.add_cli_args(parser)
     return parser
 
 
 def main() -> None:
     request = json.load(sys.stdin)
-    parser = _parser()
+    parser = _parser(request.get("prefix", ""))
     actions = parser._option_string_actions
     flags = {
         flag: {"known": flag in actions, "dest": actions[flag].dest if flag in actions else None}
         for flag in request["flags"]
     }
-    defaults = vars(parser.parse_args(["--model-path", "x"]))
+    defaults = vars(parser.parse_args([f"--{request.get('prefix', '')}model-path", "x"]))
     parsed = []
     for args in request["arg_lists"]:
         try:

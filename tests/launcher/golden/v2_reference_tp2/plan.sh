@@ -11,5 +11,11 @@ export CUBLAS_WORKSPACE_CONFIG=:4096:8
 # real SGLang, not proven here: RoPE: real SGLang runs its own rotary kernel; not compared here
 # real SGLang, not proven here: SwiGLU activation: real SGLang runs its own fused SiLU-and-mul; not compared here
 # real SGLang, not proven here: row-parallel linear: SGLang's matmul_tp_persistent bits were shown equal to the contract's linear by hand on GPU, not in CI
-python -m sglang.launch_server --model-path qwen3-tiny-random --tp-size 2 --dp-size 1 --enable-deterministic-inference --attention-backend fa3 --dtype bfloat16 --true-on-policy-contract qwen3_dense_true_on_policy_v2 --no-enable-fused-qk-norm-rope --enforce-disable-flashinfer-allreduce-fusion
-python train.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --context-parallel-size 1 --true-on-policy-contract qwen3_dense_true_on_policy_v2 --transformer-impl local --use-cpu-initialization --batch-invariant-mode --attention-backend flash --no-bias-swiglu-fusion --no-rope-fusion --bf16 --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 128 --rollout-num-gpus-per-engine 2 --deterministic-mode --true-on-policy-mode
+# add: --hf-checkpoint PATH (the Hugging Face checkpoint SGLang serves (the plan's model))
+# add: --ref-load PATH --load PATH --save PATH (the Megatron checkpoints: reference, resume, save)
+# add: --actor-num-nodes N --actor-num-gpus-per-node N (the training GPUs (their product: world))
+# add: --prompt-data PATH --input-key KEY (the prompts)
+# add: --rollout-batch-size N --n-samples-per-prompt N --num-rollout N (the RL loop's sizes)
+# add: the model's architecture arguments (--num-layers, --hidden-size, … as in miles' scripts)
+# SGLang alone (outside miles): python -m sglang.launch_server --model-path qwen3-tiny-random --tp-size 2 --dp-size 1 --enable-deterministic-inference --attention-backend fa3 --dtype bfloat16 --true-on-policy-contract qwen3_dense_true_on_policy_v2 --no-enable-fused-qk-norm-rope --enforce-disable-flashinfer-allreduce-fusion
+python train.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --context-parallel-size 1 --true-on-policy-contract qwen3_dense_true_on_policy_v2 --transformer-impl local --use-cpu-initialization --batch-invariant-mode --attention-backend flash --no-bias-swiglu-fusion --no-rope-fusion --bf16 --attention-dropout 0.0 --hidden-dropout 0.0 --make-vocab-size-divisible-by 128 --rollout-num-gpus-per-engine 2 --deterministic-mode --true-on-policy-mode --sglang-dp-size 1 --sglang-enable-deterministic-inference --sglang-attention-backend fa3 --sglang-dtype bfloat16 --sglang-true-on-policy-contract qwen3_dense_true_on_policy_v2 --no-sglang-enable-fused-qk-norm-rope --sglang-enforce-disable-flashinfer-allreduce-fusion
