@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from ..common.layout import padded_vocab
 from . import generated
-from .layout import CP_KINDS, Layout, Subject, padded_vocab, validate_layout
+from .layout import CP_KINDS, Layout, Subject, validate_layout
 from .tables import (
     REAL_SGLANG_UNPROVEN,
     ROLLOUT_COMMAND,
