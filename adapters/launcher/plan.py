@@ -14,6 +14,7 @@ from typing import Any
 from ..common.layout import padded_vocab
 from . import generated
 from .layout import CP_KINDS, Layout, Subject, validate_layout
+from .rows import VALUE, Choice, EngineSide, Env, Flag, Forbid, Option, Row
 from .tables import (
     REAL_SGLANG_UNPROVEN,
     ROLLOUT_COMMAND,
@@ -21,14 +22,6 @@ from .tables import (
     TABLES,
     TRAINER_COMMAND,
     UNRELEASED_SGLANG_FLAGS,
-    VALUE,
-    Choice,
-    EngineSide,
-    Env,
-    Flag,
-    Forbid,
-    Option,
-    Row,
 )
 
 # What the trainer runs under every contract, whatever megatron-core defaults to.
