@@ -140,13 +140,49 @@ def bench_memory(args, kp, tm, res):
     print("\nmemory:", json.dumps(rows, indent=1), flush=True)
 
 
+def _random_bf16_weights(arch, dev) -> dict:
+    """Seeded bf16 weights of ``arch``'s shapes: norms near 1, linears scaled by 1/sqrt(K)."""
+    from contractgen.adapters.common.model import weight_shapes  # after main sets TRITON_INTERPRET
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    weights = {}
+    for name, shape in weight_shapes(arch).items():
+        if "norm" in name:
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g, device=dev)
+        elif "embed_tokens" in name:
+            t = torch.randn(shape, generator=g, device=dev)
+        else:
+            t = torch.randn(shape, generator=g, device=dev) / shape[1] ** 0.5
+        weights[name] = t.to(torch.bfloat16)
+    return weights
+
+
+def _time_decode(model, lp_fn, prompts, caches, steps: int, dev) -> tuple[float, list[float]]:
+    """``(prefill seconds, each greedy decode step's seconds)`` of ``model`` over ``prompts``."""
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    lp = lp_fn(model.forward(torch.cat(prompts).to(dev), caches, [len(p) for p in prompts]))
+    sync()
+    prefill_s = time.perf_counter() - t0
+    tok = lp.argmax(-1)
+    ts = []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        tok = lp_fn(model.forward(tok, caches, [1] * len(prompts))).argmax(-1)
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return prefill_s, ts
+
+
 def bench_rollout(args, kp, tm, res):
     """Decode steps of the reference engine's model, Qwen3-0.6B shape: contract ops (the
     registry's backend) vs stock ops (switches off, cuBLAS linears, SDPA, bf16 log-softmax)."""
     import contractgen.adapters.sglang.model as model_mod
     from contractgen.adapters.kernels import stock
     from contractgen.adapters.kernels.logsoftmax import full_logprobs
-    from contractgen.adapters.sglang.model import KVCache, ModelArch, ReferenceModel, weight_shapes
+    from contractgen.adapters.sglang.model import KVCache, ModelArch, ReferenceModel
     from contractgen.codegen.vendored import load_target
 
     dev = args.device
@@ -172,16 +208,7 @@ def bench_rollout(args, kp, tm, res):
             outs.append(o.to(q.dtype))
         return torch.cat(outs)
 
-    g = torch.Generator(device=dev).manual_seed(0)
-    weights = {}
-    for name, shape in weight_shapes(arch).items():
-        if "norm" in name:
-            t = 1.0 + 0.1 * torch.randn(shape, generator=g, device=dev)
-        elif "embed_tokens" in name:
-            t = torch.randn(shape, generator=g, device=dev)
-        else:
-            t = torch.randn(shape, generator=g, device=dev) / shape[1] ** 0.5
-        weights[name] = t.to(torch.bfloat16)
+    weights = _random_bf16_weights(arch, dev)
     gp = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, arch.vocab_size, (prompt,), generator=gp) for _ in range(batch)]
     out = {"model": arch.name, "layers": arch.num_layers, "batch": batch, "prompt": prompt}
@@ -202,20 +229,7 @@ def bench_rollout(args, kp, tm, res):
             else (lambda lg: torch.log_softmax(lg[:, : arch.vocab_size].bfloat16(), -1))
         )
         caches = [KVCache() for _ in range(batch)]
-        sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-        sync()
-        t0 = time.perf_counter()
-        lp = lp_fn(model.forward(torch.cat(prompts).to(dev), caches, [prompt] * batch))
-        sync()
-        prefill_s = time.perf_counter() - t0
-        tok = lp.argmax(-1)
-        ts = []
-        for _ in range(steps):
-            sync()
-            t0 = time.perf_counter()
-            tok = lp_fn(model.forward(tok, caches, [1] * batch)).argmax(-1)
-            sync()
-            ts.append(time.perf_counter() - t0)
+        prefill_s, ts = _time_decode(model, lp_fn, prompts, caches, steps, dev)
         out[variant] = {
             "prefill_s": prefill_s,
             "decode_step_median_ms": statistics.median(ts[2:] or ts) * 1e3,

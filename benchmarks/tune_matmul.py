@@ -133,23 +133,85 @@ def small_candidates():
     ]
 
 
-def main() -> None:
-    global S
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--large-ms", default="8192,4096", help="M of the persistent launch")
     ap.add_argument("--small-ms", default="1,16,64", help="M of the per-run launch")
     ap.add_argument("--shapes", help="name:N:K,... instead of the Qwen3-4B projections")
     ap.add_argument("--device", default="cuda", help="cpu runs Triton's interpreter (a smoke test)")
-    ap.add_argument("--cuda-graph", action="store_true",
-                    help="time both sides replayed from a CUDA graph (no host launch cost)")  # fmt: skip
+    ap.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="time both sides replayed from a CUDA graph (no host launch cost)",
+    )
     ap.add_argument("--skip", choices=["persistent", "small"], help="leave one launch out")
-    ap.add_argument("--ceiling", action="store_true",
-                    help="also time a plain Triton GEMM (not the contract) at large M")  # fmt: skip
+    ap.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also time a plain Triton GEMM (not the contract) at large M",
+    )
     ap.add_argument("--contract", default=CONTRACT, help="whose kernel policy (default: v1)")
     ap.add_argument("--persistent-grid", help="bm:bn:warps:stages:pps:tma(0/1),... instead of ours")
     ap.add_argument("--small-grid", help="bm:bn:warps:stages:runs_per_program,... instead of ours")
     ap.add_argument("--json")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _ceiling_rows(x, w, case: tuple, cublas: float, time_ms) -> list[dict]:
+    """A plain Triton GEMM (not the contract) timed at each of ``CEILING_SHAPES``."""
+    name, M, N, K = case
+    plain, rows = ceiling_kernel(), []
+    for cs in CEILING_SHAPES:
+        row = {"launch": "ceiling", "shape": name, "M": M, "N": N, "K": K, "tile": list(cs)}
+        row["cublas_ms"] = cublas
+        try:
+            row["ms"] = time_ms(lambda x=x, w=w, cs=cs, f=plain: f(x, w, *cs))
+            row["time_x_cublas"] = row["ms"] / cublas
+        except Exception as e:  # out of shared memory: record, go on
+            row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def _print_summary(rows: list[dict]) -> None:
+    """Each launch's candidate shapes by geometric-mean time x cuBLAS, then the ceiling."""
+    keys = (
+        "block_m",
+        "block_n",
+        "num_warps",
+        "num_stages",
+        "programs_per_sm",
+        "tma",
+        "runs_per_program",
+    )
+    for launch in ("persistent", "small"):
+        mine = [r for r in rows if r["launch"] == launch]
+        shapes = {tuple(r[k] for k in keys) for r in mine}
+        summary = []
+        for sh in shapes:
+            rs = [r for r in mine if tuple(r[k] for k in keys) == sh]
+            if all("time_x_cublas" in r for r in rs):
+                geo = math.exp(sum(math.log(r["time_x_cublas"]) for r in rs) / len(rs))
+                summary.append((geo, max(r["time_x_cublas"] for r in rs), sh))
+            else:
+                bad = [r for r in rs if "time_x_cublas" not in r]
+                why = bad[0].get("error") or "bits differ from the shipped shape"
+                print(f"{launch} {dict(zip(keys, sh, strict=True))}: not a candidate ({why})")
+        print(f"\n{launch}: shapes by geometric-mean time x cuBLAS (worst case after it)")
+        for geo, worst, sh in sorted(summary):
+            print(f"  {geo:6.2f}  {worst:6.2f}  {dict(zip(keys, sh, strict=True))}")
+    ceiling = [r for r in rows if r["launch"] == "ceiling"]
+    if ceiling:
+        print("\nceiling (plain Triton GEMM, not the contract): time x cuBLAS per case")
+        for r in ceiling:
+            got = f"{r['time_x_cublas']:6.2f}" if "time_x_cublas" in r else r["error"][:60]
+            print(f"  {r['shape']:>10} M={r['M']:<5} tile {r['tile']}: {got}")
+
+
+def main() -> None:
+    global S
+    args = _args()
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
 
@@ -197,34 +259,22 @@ def main() -> None:
                 )
                 cublas = time_ms(lambda x=x, w=w: F.linear(x, w))
                 if launch == "persistent" and args.ceiling and dev == "cuda":
-                    plain = ceiling_kernel()
-                    for cs in CEILING_SHAPES:
-                        row = {"launch": "ceiling", "shape": name, "M": M, "N": N, "K": K,
-                               "tile": list(cs), "cublas_ms": cublas}  # fmt: skip
-                        try:
-                            row["ms"] = time_ms(lambda x=x, w=w, cs=cs, f=plain: f(x, w, *cs))
-                            row["time_x_cublas"] = row["ms"] / cublas
-                        except Exception as e:  # out of shared memory: record, go on
-                            row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                    rows += _ceiling_rows(x, w, (name, M, N, K), cublas, time_ms)
                 for shape in cands:
                     kw = {launch: shape}
 
                     def call(x=x, w=w, run=run, kw=kw, small=launch == "small", fused=fused):
                         if not small:
-                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, fused=fused,
-                                               **kw)  # fmt: skip
+                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, fused=fused, **kw)
                         real = tmm._programs  # more SMs than tiles: the per-run launch
                         tmm._programs = lambda device: 10_000
                         try:
-                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, fused=fused,
-                                               **kw)  # fmt: skip
+                            return tmm._launch(x, w, kp.matmul_k_block, run, acc, fused=fused, **kw)
                         finally:
                             tmm._programs = real
 
-                    row = {"launch": launch, "shape": name, "M": M, "N": N, "K": K,
-                           **shape.__dict__, "cublas_ms": cublas, "shipped_equals_mimic": mimic_ok}  # fmt: skip
+                    row = {"launch": launch, "shape": name, "M": M, "N": N, "K": K}
+                    row |= {**shape.__dict__, "cublas_ms": cublas, "shipped_equals_mimic": mimic_ok}
                     try:
                         row["bits_equal_shipped"] = torch.equal(call().to(x.dtype), shipped)
                         if row["bits_equal_shipped"]:
@@ -235,37 +285,7 @@ def main() -> None:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
 
-    keys = (
-        "block_m",
-        "block_n",
-        "num_warps",
-        "num_stages",
-        "programs_per_sm",
-        "tma",
-        "runs_per_program",
-    )
-    for launch in ("persistent", "small"):
-        mine = [r for r in rows if r["launch"] == launch]
-        shapes = {tuple(r[k] for k in keys) for r in mine}
-        summary = []
-        for sh in shapes:
-            rs = [r for r in mine if tuple(r[k] for k in keys) == sh]
-            if all("time_x_cublas" in r for r in rs):
-                geo = math.exp(sum(math.log(r["time_x_cublas"]) for r in rs) / len(rs))
-                summary.append((geo, max(r["time_x_cublas"] for r in rs), sh))
-            else:
-                bad = [r for r in rs if "time_x_cublas" not in r]
-                why = bad[0].get("error") or "bits differ from the shipped shape"
-                print(f"{launch} {dict(zip(keys, sh, strict=True))}: not a candidate ({why})")
-        print(f"\n{launch}: shapes by geometric-mean time x cuBLAS (worst case after it)")
-        for geo, worst, sh in sorted(summary):
-            print(f"  {geo:6.2f}  {worst:6.2f}  {dict(zip(keys, sh, strict=True))}")
-    ceiling = [r for r in rows if r["launch"] == "ceiling"]
-    if ceiling:
-        print("\nceiling (plain Triton GEMM, not the contract): time x cuBLAS per case")
-        for r in ceiling:
-            got = f"{r['time_x_cublas']:6.2f}" if "time_x_cublas" in r else r["error"][:60]
-            print(f"  {r['shape']:>10} M={r['M']:<5} tile {r['tile']}: {got}")
+    _print_summary(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows}, f, indent=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -145,21 +146,8 @@ def load_config(root: Path) -> ProjectConfig:
 
     Every problem is one line, ``contractgen.toml:LINE:COL: key: message``.
     """
-    path = root / CONFIG_NAME
     shown = CONFIG_NAME
-    text = ""
-    data: dict = {}
-    if path.exists():
-        try:
-            text = path.read_text(encoding="utf-8")
-            data = tomllib.loads(text)
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{shown}:1:1: not UTF-8 text ({exc.reason})") from None
-        except tomllib.TOMLDecodeError as exc:
-            match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
-            line, col = (match.group(1), match.group(2)) if match else ("1", "1")
-            message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
-            raise ConfigError(f"{shown}:{line}:{col}: invalid TOML: {message}") from None
+    text, data = _read_toml(root / CONFIG_NAME, shown)
 
     def error(key: str, message: str, table: str = "", leaf: str = "") -> ConfigError:
         line, col = _position(text, leaf or key.rsplit(".", 1)[-1], table)
@@ -168,6 +156,54 @@ def load_config(root: Path) -> ProjectConfig:
     unknown = sorted(set(data) - {"contracts", "generated", "targets"})
     if unknown:
         raise error(unknown[0], "unknown key (expected contracts, generated, targets)")
+    folders = _folders(data, error)
+    targets = data.get("targets") or {}
+    if not isinstance(targets, dict):
+        raise error(
+            "targets",
+            f'must be a table of targets (got {targets!r}); write [targets.sglang] package = "…"',
+        )
+    plugins: dict[str, Target] = {}
+    for name, entry in targets.items():
+        if isinstance(entry, dict) and "plugin" in entry:
+            plugins[name] = _load_plugin(root, name, entry["plugin"], error)
+    settings = _TargetSettings.defaults({**BUILTIN, **plugins}, text, error)
+    for name, entry in targets.items():
+        settings.read(name, entry)
+    return ProjectConfig(
+        root=root,
+        contracts_dir=root / folders["contracts"],
+        generated_dir=root / folders["generated"],
+        packages=settings.packages,
+        no_init=frozenset(settings.no_init),
+        generated_where="{}:{}:{}".format(shown, *_position(text, "generated")),
+        declared=settings.declared,
+        declared_where=settings.declared_where,
+        kernels=frozenset(settings.kernels),
+        kernels_where=settings.kernels_where,
+        plugins=plugins,
+        formats=settings.formats,
+    )
+
+
+def _read_toml(path: Path, shown: str) -> tuple[str, dict]:
+    """``(text, table)`` of the config file (empty when there is none)."""
+    if not path.exists():
+        return "", {}
+    try:
+        text = path.read_text(encoding="utf-8")
+        return text, tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{shown}:1:1: not UTF-8 text ({exc.reason})") from None
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        line, col = (match.group(1), match.group(2)) if match else ("1", "1")
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        raise ConfigError(f"{shown}:{line}:{col}: invalid TOML: {message}") from None
+
+
+def _folders(data: dict, error: Callable[..., ConfigError]) -> dict[str, str]:
+    """The ``contracts`` and ``generated`` folder paths, checked."""
     folders = {}
     for key in ("contracts", "generated"):
         value = data.get(key, key)
@@ -183,31 +219,48 @@ def load_config(root: Path) -> ProjectConfig:
         )
     if folders["generated"] == folders["contracts"]:
         raise error("generated", 'must not be the contracts folder (e.g. generated = "generated")')
-    targets = data.get("targets") or {}
-    if not isinstance(targets, dict):
-        raise error(
-            "targets",
-            f'must be a table of targets (got {targets!r}); write [targets.sglang] package = "…"',
+    return folders
+
+
+@dataclass
+class _TargetSettings:
+    """Every target's settings as ``[targets.NAME]`` tables leave them, over its defaults."""
+
+    known: dict[str, Target]
+    text: str
+    error: Callable[..., ConfigError]
+    packages: dict[str, str]
+    no_init: set[str]
+    formats: dict[str, tuple]
+    declared: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    declared_where: dict[str, str] = field(default_factory=dict)
+    kernels: set[str] = field(default_factory=set)
+    kernels_where: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def defaults(
+        cls, known: dict[str, Target], text: str, error: Callable[..., ConfigError]
+    ) -> _TargetSettings:
+        return cls(
+            known=known,
+            text=text,
+            error=error,
+            packages={name: t.default_package for name, t in known.items()},
+            no_init={name for name, t in known.items() if not t.default_init},
+            formats={n: t.default_format for n, t in known.items() if t.default_format},
         )
-    plugins: dict[str, Target] = {}
-    for name, entry in targets.items():
-        if isinstance(entry, dict) and "plugin" in entry:
-            plugins[name] = _load_plugin(root, name, entry["plugin"], error)
-    known = {**BUILTIN, **plugins}
-    packages = {name: t.default_package for name, t in known.items()}
-    no_init: set[str] = {name for name, t in known.items() if not t.default_init}
-    declared: dict[str, tuple[str, ...]] = {}
-    declared_where: dict[str, str] = {}
-    kernels: set[str] = set()
-    kernels_where: dict[str, str] = {}
-    formats: dict[str, tuple] = {n: t.default_format for n, t in known.items() if t.default_format}
-    for name, entry in targets.items():
-        table = f"targets.{name}"
-        if name not in known:
+
+    def where(self, key: str, table: str) -> str:
+        return "{}:{}:{}".format(CONFIG_NAME, *_position(self.text, key, table))
+
+    def read(self, name: str, entry: object) -> None:
+        """Apply ``[targets.NAME]`` (``entry``) over the defaults."""
+        table, error = f"targets.{name}", self.error
+        if name not in self.known:
             raise error(
                 table,
-                f"unknown target (known: {', '.join(sorted(known))}); a new target is a Python "
-                'file defining TARGET, named by plugin = "path/to/target.py"',
+                f"unknown target (known: {', '.join(sorted(self.known))}); a new target is a "
+                'Python file defining TARGET, named by plugin = "path/to/target.py"',
                 table,
             )
         keys = {"package", "init", "contracts", "kernels", "plugin", "format"}
@@ -219,45 +272,22 @@ def load_config(root: Path) -> ProjectConfig:
             )
         if "format" in entry:
             try:
-                formats[name] = parse_format(entry["format"], f"{table}.format")
+                self.formats[name] = parse_format(entry["format"], f"{table}.format")
             except ValueError as exc:
                 raise error(f"{table}.format", str(exc), f"{table}.format", "format") from None
         if "kernels" in entry:
-            if not isinstance(entry["kernels"], bool):
-                raise error(
-                    f"{table}.kernels",
-                    f"must be true or false (got {entry['kernels']!r}); kernels = true vendors "
-                    "tp_invariant_ops.py (the Triton linear and tree all-reduce)",
-                    table,
-                )
-            if entry["kernels"]:
-                kernels.add(name)
-            kernels_where[name] = "{}:{}:{}".format(shown, *_position(text, "kernels", table))
+            self._read_kernels(name, entry["kernels"], table)
         if "contracts" in entry:
-            ids = entry["contracts"]
-            if (
-                not isinstance(ids, list)
-                or not ids
-                or not all(isinstance(i, str) and i for i in ids)
-                or len(set(ids)) != len(ids)
-            ):
-                raise error(
-                    f"{table}.contracts",
-                    f"must be a non-empty list of distinct contract ids (got {ids!r}), e.g. "
-                    'contracts = ["qwen3_dense_true_on_policy_v1"]',
-                    table,
-                )
-            declared[name] = tuple(sorted(ids))
-            declared_where[name] = "{}:{}:{}".format(shown, *_position(text, "contracts", table))
+            self._read_contracts(name, entry["contracts"], table)
         if "init" in entry:
             if not isinstance(entry["init"], bool):
                 raise error(
                     f"{table}.init", f"must be true or false (got {entry['init']!r})", table
                 )
             if entry["init"]:
-                no_init.discard(name)
+                self.no_init.discard(name)
             else:
-                no_init.add(name)
+                self.no_init.add(name)
         if "package" in entry:
             value = entry["package"]
             problem = (
@@ -269,21 +299,35 @@ def load_config(root: Path) -> ProjectConfig:
                     f"package path {value!r} {problem} (e.g. 'python/sglang/srt/true_on_policy')",
                     table,
                 )
-            packages[name] = value
-    return ProjectConfig(
-        root=root,
-        contracts_dir=root / folders["contracts"],
-        generated_dir=root / folders["generated"],
-        packages=packages,
-        no_init=frozenset(no_init),
-        generated_where="{}:{}:{}".format(shown, *_position(text, "generated")),
-        declared=declared,
-        declared_where=declared_where,
-        kernels=frozenset(kernels),
-        kernels_where=kernels_where,
-        plugins=plugins,
-        formats=formats,
-    )
+            self.packages[name] = value
+
+    def _read_kernels(self, name: str, value: object, table: str) -> None:
+        if not isinstance(value, bool):
+            raise self.error(
+                f"{table}.kernels",
+                f"must be true or false (got {value!r}); kernels = true vendors "
+                "tp_invariant_ops.py (the Triton linear and tree all-reduce)",
+                table,
+            )
+        if value:
+            self.kernels.add(name)
+        self.kernels_where[name] = self.where("kernels", table)
+
+    def _read_contracts(self, name: str, ids: object, table: str) -> None:
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(i, str) and i for i in ids)
+            or len(set(ids)) != len(ids)
+        ):
+            raise self.error(
+                f"{table}.contracts",
+                f"must be a non-empty list of distinct contract ids (got {ids!r}), e.g. "
+                'contracts = ["qwen3_dense_true_on_policy_v1"]',
+                table,
+            )
+        self.declared[name] = tuple(sorted(ids))
+        self.declared_where[name] = self.where("contracts", table)
 
 
 def _load_plugin(root: Path, name: str, value: object, error) -> Target:
@@ -330,51 +374,6 @@ def _plugin_target(path: str, mtime: int) -> object:
     if (path, mtime) not in _PLUGINS:
         _PLUGINS[path, mtime] = runpy.run_path(path).get("TARGET")
     return _PLUGINS[path, mtime]
-
-
-def check_generated_dir(
-    config: ProjectConfig, rendered: dict[str, bytes], foreign: bool = True
-) -> None:
-    """Raise ConfigError (``contractgen.toml:L:C: generated: …``) unless generate may use it
-    (``foreign=False``: only that it lies inside the project, for read-only ``check``)."""
-    problem = generated_dir_problem(config, rendered, foreign)
-    if problem:
-        raise ConfigError(f"{config.generated_where}: generated: {problem}")
-
-
-def generated_dir_problem(
-    config: ProjectConfig, rendered: dict[str, bytes], foreign: bool = True
-) -> str:
-    """Why ``generate`` must not write or delete in the generated folder ('' when it may).
-
-    The folder must resolve inside the project (a symlink could lead out) and hold only files
-    contractgen wrote (its header), so removing orphans can never delete someone's file.
-    """
-    from .fingerprint import split_generated
-
-    root, gen = config.root.resolve(), config.generated_dir.resolve()
-    if gen == root or root not in gen.parents:
-        return f"{config.generated_dir} resolves to {gen}, outside the project {root}"
-    if not gen.is_dir() or not foreign:
-        return ""
-    found = []
-    for path in sorted(gen.rglob("*")):
-        if "__pycache__" in path.parts or path.is_dir():
-            continue
-        rel = path.relative_to(gen).as_posix()
-        if rel in rendered:
-            continue
-        if not path.is_file() or split_generated(path.read_bytes()[:65536]) is None:
-            if path.name.startswith(".") and path.name.endswith(".tmp"):
-                continue  # an interrupted write of ours: removed by generate, reported by check
-            found.append(rel)
-    if found:
-        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        return (
-            f"{config.generated_dir.name}/ holds files contractgen did not write ({shown}); "
-            "point generated at a folder of its own"
-        )
-    return ""
 
 
 def find_root(start: Path) -> Path:

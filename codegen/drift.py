@@ -7,7 +7,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
-from .config import ProjectConfig, check_generated_dir
+from .config import ProjectConfig
+from .generated_dir import check_generated_dir
 from .targets import registry
 from .writer import UnsafePathError, safe_destination
 

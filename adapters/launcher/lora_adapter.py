@@ -122,18 +122,8 @@ def _number(config: Mapping[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
-def check_adapter_dir(
-    folder: str | Path, contract_id: str, dims: Any, family: Family
-) -> LoraServing:
-    """The checked adapter in ``folder`` for ``contract_id`` on checkpoint ``dims``, or an
-    ``AdapterError`` naming the first thing that does not fit and how to fix it."""
-    folder = Path(folder)
-    lora = generated.schema().CONTRACT_DATA[contract_id].get("lora")
-    if not lora:
-        raise AdapterError(
-            f"--lora-adapter: {contract_id} has no lora section; use a LoRA contract "
-            "(e.g. qwen3_dense_lora_true_on_policy_v1)"
-        )
+def _read_config(folder: Path) -> tuple[str, dict]:
+    """``(where, adapter_config.json as a dict)`` of a folder that holds both PEFT files."""
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (folder / name).is_file():
             raise AdapterError(
@@ -148,6 +138,48 @@ def check_adapter_dir(
         raise _bad(where, f"not JSON ({exc})") from None
     if not isinstance(config, dict):
         raise _bad(where, "expected a JSON object")
+    return where, config
+
+
+def _target_modules(
+    config: Mapping[str, Any], where: str, family: Family, lora: Mapping[str, Any], contract_id: str
+) -> list[str]:
+    """The adapter's ``target_modules``, each a linear of ``family`` the contract adapts."""
+    modules = config.get("target_modules")
+    if isinstance(modules, str):
+        modules = [modules]
+    if not isinstance(modules, list) or not modules:
+        raise _bad(where, f"target_modules = {modules!r}: expected a list of module names")
+    roles = family.lora_modules()
+    for module in modules:
+        if module not in roles:
+            raise _bad(
+                where,
+                f"target_modules: {module!r} is not a linear of {family.name} "
+                f"(LoRA may target {', '.join(sorted(roles))})",
+            )
+        if module not in lora["target_modules"]:
+            raise _bad(
+                where,
+                f"target_modules: {module!r} is not adapted under {contract_id} "
+                f"(lora.target_modules: {', '.join(lora['target_modules'])})",
+            )
+    return modules
+
+
+def check_adapter_dir(
+    folder: str | Path, contract_id: str, dims: Any, family: Family
+) -> LoraServing:
+    """The checked adapter in ``folder`` for ``contract_id`` on checkpoint ``dims``, or an
+    ``AdapterError`` naming the first thing that does not fit and how to fix it."""
+    folder = Path(folder)
+    lora = generated.schema().CONTRACT_DATA[contract_id].get("lora")
+    if not lora:
+        raise AdapterError(
+            f"--lora-adapter: {contract_id} has no lora section; use a LoRA contract "
+            "(e.g. qwen3_dense_lora_true_on_policy_v1)"
+        )
+    where, config = _read_config(folder)
     if config.get("peft_type", "LORA") != "LORA":
         raise _bad(where, f"peft_type = {config['peft_type']!r}: only LORA adapters are served")
     base = config.get("base_model_name_or_path")
@@ -187,25 +219,7 @@ def check_adapter_dir(
             f"lora_alpha = {alpha:g}: {contract_id} admits 0 < lora_alpha <= "
             f"{lora['max_alpha']:g} (lora.max_alpha)",
         )
-    modules = config.get("target_modules")
-    if isinstance(modules, str):
-        modules = [modules]
-    if not isinstance(modules, list) or not modules:
-        raise _bad(where, f"target_modules = {modules!r}: expected a list of module names")
-    roles = family.lora_modules()
-    for module in modules:
-        if module not in roles:
-            raise _bad(
-                where,
-                f"target_modules: {module!r} is not a linear of {family.name} "
-                f"(LoRA may target {', '.join(sorted(roles))})",
-            )
-        if module not in lora["target_modules"]:
-            raise _bad(
-                where,
-                f"target_modules: {module!r} is not adapted under {contract_id} "
-                f"(lora.target_modules: {', '.join(lora['target_modules'])})",
-            )
+    modules = _target_modules(config, where, family, lora, contract_id)
     _check_tensors(folder / WEIGHTS_FILE, dims, family, sorted(set(modules)), rank)
     return LoraServing(
         path=str(folder.resolve()),

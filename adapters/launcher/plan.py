@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from ..common.layout import padded_vocab
 from . import generated
-from .layout import CP_KINDS, Layout, Subject, padded_vocab, validate_layout
+from .layout import CP_KINDS, Layout, Subject, validate_layout
 from .miles_form import YOU_ADD, once, sglang_args_for_miles
+from .rows import VALUE, Choice, EngineSide, Env, Flag, Forbid, Option, Row
 from .tables import (
     REAL_SGLANG_UNPROVEN,
     ROLLOUT_COMMAND,
@@ -21,14 +23,6 @@ from .tables import (
     TABLES,
     TRAINER_COMMAND,
     UNRELEASED_SGLANG_FLAGS,
-    VALUE,
-    Choice,
-    EngineSide,
-    Env,
-    Flag,
-    Forbid,
-    Option,
-    Row,
 )
 
 # What the trainer runs under every contract, whatever megatron-core defaults to.

@@ -4,7 +4,8 @@ which layers are MoE) built only from the contract kernels (the rollout's numeri
 Weights keep Hugging Face names (``model.layers.{i}.self_attn.q_proj.weight`` …, ``lm_head.weight``)
 so the trainer side loads the same checkpoint. Under TP each rank holds column shards of
 q/k/v/gate/up (whole heads), row shards of o/down, and a vocab shard of the LM head (padded to
-whole 64-column GEMM tiles so the gathered logits equal the TP=1 ones bit for bit).
+whole 64-column GEMM tiles so the gathered logits equal the TP=1 ones bit for bit): ``weights.py``
+places, updates and gathers them; this module is the forward.
 
 One layer, with the casts the trainer must reproduce (h is the residual stream, ``residual_dtype``):
 ``x = rms_norm(h, input_layernorm).to(dense)`` → q/k/v ``invariant_matmul`` → per-head
@@ -23,15 +24,11 @@ all-reduce and before the residual add. Column shards split B's rows, row shards
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..common.layout import padded_vocab
-from ..common.lora import LORA_ALPHA_KEY, adapter_names, split_adapter
 from ..common.model import (
     ACTIVATIONS,
     ROPE_STYLES,
@@ -40,7 +37,6 @@ from ..common.model import (
     random_weights,  # noqa: F401 (the rollout's ROLE_API name)
     rotary_dim,
 )
-from ..families import LAYER_PREFIX
 from ..kernels._dtypes import dtype_of
 from ..kernels.all_reduce import all_gather_exact, world_size
 from ..kernels.attention import chunked_attention
@@ -51,8 +47,7 @@ from ..kernels.linear_attention import (
     sigmoid_gate,
     silu_gate,
 )
-from ..kernels.lora import lora_add, lora_delta, lora_scale, merged_weight
-from ..kernels.matmul import N_TILE
+from ..kernels.lora import lora_add, lora_delta
 from ..kernels.moe import moe_block
 from ..kernels.norm import rms_norm
 from ..kernels.policy import KernelPolicy, kernel_policy
@@ -60,46 +55,12 @@ from ..kernels.residual import residual_add
 from ..kernels.rope import rope_cos_sin
 from .kv_cache import KVCache, KVPool, LinearState
 from .ops import resolve_ops
-from .placement import _parts_gather, _parts_rows, _same_values, _shard_of, _vocab_rows
+from .weights import RankWeights, _Layer
 
 MLP_BLOCKS = {"dense_mlp": "_dense_mlp", "moe": "_moe_mlp"}  # a layer's MLP block -> method
 
 
-@dataclass
-class _Layer:
-    """One decoder layer's local weights, by the family's weight roles."""
-
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    o: torch.Tensor
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    gate: torch.Tensor | None  # dense MLP (None in an MoE layer)
-    up: torch.Tensor | None
-    down: torch.Tensor | None
-    router: torch.Tensor | None = None  # MoE block (None in a dense layer)
-    expert_gate: list | None = None  # per expert, local shards
-    expert_up: list | None = None
-    expert_down: list | None = None
-    # hybrid families: a linear-attention layer's weights (None in a full-attention layer)
-    qkvz: torch.Tensor | None = None
-    ba: torch.Tensor | None = None
-    conv: torch.Tensor | None = None
-    dt_bias: torch.Tensor | None = None
-    A_log: torch.Tensor | None = None
-    linear_norm: torch.Tensor | None = None
-    out_proj: torch.Tensor | None = None
-    # the shared expert of an MoE layer (families that have one)
-    shared_gate: torch.Tensor | None = None
-    shared_up: torch.Tensor | None = None
-    shared_down: torch.Tensor | None = None
-    shared_expert_gate: torch.Tensor | None = None
-
-
-class ReferenceModel:
+class ReferenceModel(RankWeights):
     """The rollout model on one TP rank (``group`` of size 1 or unset: the whole model)."""
 
     def __init__(
@@ -118,15 +79,6 @@ class ReferenceModel:
         check_weights(arch, weights)
         if device is not None or own:
             weights = {k: v.to(device, copy=own) for k, v in weights.items()}
-        # HF name -> the tensors it loads into, each with the function that makes its local
-        # value (this rank's shard, in the held dtype) from the whole HF tensor
-        self._loads: dict[str, list[tuple[torch.Tensor, Callable]]] = {}
-
-        def place(name: str, local: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-            t = local(weights[name])
-            self._loads.setdefault(name, []).append((t, local))
-            return t
-
         kp = kernel_policy(kp)  # the rollout's edge: typed from here down
         self.arch, self.kp, self.rp, self.group = arch, kp, rp, group
         self.tp = world_size(group)
@@ -147,144 +99,17 @@ class ReferenceModel:
         self.ops = resolve_ops(kp, rp, self.tp)
         self.act = ACTIVATIONS[arch.activation]
         self.rope = ROPE_STYLES[arch.rope_style]
-        dense = dtype_of(kp.dense_math_dtype)
-        r, tp, D = self.rank, self.tp, arch.head_dim
-        hl, kvl, il = (
-            arch.num_attention_heads // tp,
-            arch.num_kv_heads // tp,
-            arch.intermediate_size // tp,
-        )
-        ml = (arch.moe_intermediate_size or 0) // tp
-
-        def rows(t, n):
-            return t[r * n : (r + 1) * n].to(dense).contiguous()
-
-        def cols(t, n):
-            return t[:, r * n : (r + 1) * n].to(dense).contiguous()
-
-        # local size of each sharded weight: column shards split dim 0, row shards dim 1
+        self.hl, self.kvl = arch.num_attention_heads // self.tp, arch.num_kv_heads // self.tp
+        self._place_weights(weights)
+        # the family says which MLP block (and, in a hybrid, which token mixer) layer i has
         spec = arch.spec
-        local = {
-            "q": hl * D,
-            "k": kvl * D,
-            "v": kvl * D,
-            "o": hl * D,
-            "gate": il,
-            "up": il,
-            "down": il,
-            **dict.fromkeys(("expert_gate", "expert_up", "expert_down"), ml),
-        }
-        if arch.spec.hybrid is not None and "attention_output_gate" in arch.spec.hybrid.extras:
-            local["q"] = 2 * hl * D  # each head's query rows, then its gate rows
-        for role, w in arch.spec.layer_weights.items():  # hybrid roles: whole key-head groups
-            if role not in local and w.shard in ("column", "row"):
-                local[role] = w.shape(arch)[0 if w.shard == "column" else 1] // tp
-        shard = {"column": rows, "row": cols}
         blocks = spec.blocks(qk_norm=arch.qk_norm, tied=arch.tie_word_embeddings)
-        self.layers, self.mlps, self.mixers = [], [], []
+        self.mlps, self.mixers = [], []
         for i in range(arch.num_layers):
-            p = LAYER_PREFIX.format(i=i)
-            # the family says which MLP block (and, in a hybrid, which token mixer) layer i has
-            here = blocks | spec.layer_blocks(arch, i)
-            (mlp,) = here & set(MLP_BLOCKS)
-            layer = {}
-            for role, w in spec.layer_weights.items():
-                names = [w.hf_name.format(e=e) for e in range(arch.num_experts or 0)]
-                if (w.block is not None and w.block not in here) or (
-                    w.mixer is not None and w.mixer not in here
-                ):
-                    layer[role] = None
-                    continue
-                if w.parts is not None:  # concatenated parts, each split on its own
-                    fn = functools.partial(_parts_rows, w.parts(arch), r, tp, dense)
-                elif w.shard in shard:
-                    fn = functools.partial(_shard_of, shard[w.shard], local[role])
-                else:
-                    fn = functools.partial(torch.Tensor.to, dtype=dense)
-                if w.per_expert and w.shard in shard:
-                    layer[role] = [place(p + n, fn) for n in names]
-                else:
-                    layer[role] = place(p + w.hf_name, fn)
-            self.layers.append(_Layer(**layer))
+            (mlp,) = (blocks | spec.layer_blocks(arch, i)) & set(MLP_BLOCKS)
             self.mlps.append(getattr(self, MLP_BLOCKS[mlp]))
             self.mixers.append(spec.mixer(arch, i))
-        names = {role: w.hf_name for role, w in spec.model_weights.items()}
-        self.embed = place(names["embed"], functools.partial(torch.Tensor.to, dtype=dense))
-        self.final_norm = place(
-            names["final_norm"], functools.partial(torch.Tensor.to, dtype=dense)
-        )
-        vp = padded_vocab(arch.vocab_size, tp, N_TILE)
-        lm_dtype = dtype_of(kp.lm_head_input_dtype)
-
-        def lm_rows(t: torch.Tensor) -> torch.Tensor:
-            return _vocab_rows(t, r, vp // tp).to(dense).contiguous().to(lm_dtype)
-
-        self.lm_head = place(
-            names["embed"] if arch.tie_word_embeddings else names["lm_head"], lm_rows
-        )
-        self.hl, self.kvl = hl, kvl
         self.extras = spec.hybrid.extras if spec.hybrid is not None else frozenset()
-        self.lora: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.lora_alpha: torch.Tensor | None = None
-        self.lora_scales: dict[int, torch.Tensor] = {}
-        if split_adapter(weights)[1]:
-            self._place_adapter(weights, place, local)
-
-    def _place_adapter(self, weights, place: Callable, local: dict[str, int]) -> None:
-        """Hold each adapted linear's A and B (pre-rounded to ``lora_adapter_dtype``; a column
-        linear's B rows and a row linear's A columns of this rank), then serve them as
-        ``kp.lora_serving`` says (``SERVING``)."""
-        kp, r, spec = self.kp, self.rank, self.arch.spec
-        if kp.lora_adapter_dtype is None:
-            raise ValueError(
-                "the weights carry a LoRA adapter but the contract has no LoRA numerics "
-                "(kernel_policy.lora_*): use a LoRA contract"
-            )
-        ad = dtype_of(kp.lora_adapter_dtype)
-
-        def whole(t: torch.Tensor) -> torch.Tensor:
-            return t.to(ad).contiguous()
-
-        def row_block(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
-            return lambda t: t[r * n : (r + 1) * n].to(ad).contiguous()
-
-        def col_block(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
-            return lambda t: t[:, r * n : (r + 1) * n].to(ad).contiguous()
-
-        self.lora_alpha = place(LORA_ALPHA_KEY, lambda t: t.to(torch.float64).clone())
-        for i in range(self.arch.num_layers):
-            for role in spec.lora_modules().values():
-                w = spec.layer_weights[role]
-                a_name, b_name = adapter_names(LAYER_PREFIX.format(i=i) + w.hf_name)
-                if a_name not in weights:
-                    continue
-                if w.shard == "column":  # A whole, B's output rows split
-                    a, b = place(a_name, whole), place(b_name, row_block(local[role]))
-                else:  # row: A's input columns split, B whole
-                    a, b = place(a_name, col_block(local[role])), place(b_name, whole)
-                self.lora[(i, role)] = (a, b)
-        # s = alpha / r per adapter rank, held on the device and refreshed in place when alpha is
-        # loaded: the hot path reads no value on the host (a captured decode graph replays it)
-        self.lora_scales = {
-            rank: self._scale_value(rank).to(self.embed.device)
-            for rank in sorted({a.shape[0] for a, _ in self.lora.values()})
-        }
-        SERVING[kp.lora_serving](self)
-
-    def _merge_adapters(self) -> None:
-        """Merged serving (``W + s·B·A`` into the base weight; no adapter path): other numerics
-        than any LoRA contract's, reachable only by fault injection, to show the gate sees it."""
-        for (i, role), (a, b) in self.lora.items():
-            held = getattr(self.layers[i], role)
-            held.copy_(merged_weight(held, a, b, self._scale(a), self.kp))
-        self.lora = {}
-
-    def _scale_value(self, rank: int) -> torch.Tensor:
-        """``alpha / rank`` as the contract holds it (on the host; reads alpha's value)."""
-        return lora_scale(float(self.lora_alpha), rank, self.kp)
-
-    def _scale(self, a: torch.Tensor) -> torch.Tensor:
-        return self.lora_scales[a.shape[0]]
 
     def _column(self, i: int, role: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """A column-parallel linear, with its adapter when it has one."""
@@ -301,30 +126,6 @@ class ReferenceModel:
         if ab is None:
             return None
         return lora_delta(x, *ab, self._scale(ab[0]), self.kp, split="row", group=self.group)
-
-    @torch.no_grad()
-    def load_weights_(self, weights: dict[str, torch.Tensor]) -> None:
-        """Take an update of some or all HF-named weights in place: each tensor's local value
-        (this rank's shard, in the held dtype, made as ``__init__`` makes it) is ``copy_``-ed into
-        the tensor the model already holds, so every address stays (captured decode graphs stay
-        valid). Names the model does not hold are refused; an update of a model that shares
-        memory with its caller's tensors (built without ``own``) writes into them."""
-        if unknown := sorted(set(weights) - set(self._loads)):
-            raise KeyError(f"{self.arch.name}: no weight named {unknown[0]!r} to load")
-        dev = self.embed.device
-        for name, value in weights.items():
-            whole = value.to(dev, non_blocking=True)
-            for held, local in self._loads[name]:
-                new = local(whole)
-                if new.shape != held.shape:
-                    raise ValueError(
-                        f"{name}: update of shape {tuple(new.shape)} for a held "
-                        f"{tuple(held.shape)}"
-                    )
-                held.copy_(new)
-        if LORA_ALPHA_KEY in weights:
-            for rank, held in self.lora_scales.items():
-                held.copy_(self._scale_value(rank))
 
     # -- forward -----------------------------------------------------------------------------
     def _dense_mlp(self, L: _Layer, x: torch.Tensor, h: torch.Tensor, i: int) -> torch.Tensor:
@@ -576,68 +377,3 @@ class ReferenceModel:
         if self.tp > 1:
             logits = torch.cat(all_gather_exact(logits, self.group), dim=1)
         return logits[:, : self.arch.vocab_size]
-
-    # -- weight sync -------------------------------------------------------------------------
-    def gathered_weights(self) -> tuple[dict[str, torch.Tensor], list[str]]:
-        """``(HF-named weights rebuilt from every rank's shards, problems)``: the inverse of the
-        sharding in ``__init__`` (column shards concatenated on dim 0, row shards on dim 1, the
-        LM head's vocab rows with the padding trimmed), in the dtype each is held in. Replicated
-        tensors are gathered too: a rank whose copy differs from rank 0's is a problem. Collective
-        over the TP group (every rank calls it); for weight-sync checks, not the forward."""
-        spec, arch, problems = self.arch.spec, self.arch, []
-
-        def gather(t: torch.Tensor, how: str, name: str) -> torch.Tensor:
-            parts = all_gather_exact(t.contiguous(), self.group) if self.tp > 1 else [t]
-            if len(parts) == 1:
-                return parts[0]
-            if how == "column":
-                return torch.cat(parts, dim=0)
-            if how == "row":
-                return torch.cat(parts, dim=1)
-            for r, p in enumerate(parts[1:], start=1):
-                if not torch.equal(p, parts[0]):
-                    problems.append(f"{name}: rank {r}'s copy differs from rank 0's")
-            return parts[0]
-
-        out: dict[str, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            p = LAYER_PREFIX.format(i=i)
-            for role, w in spec.layer_weights.items():
-                value = getattr(layer, role)
-                if value is None:
-                    continue
-                if w.per_expert:  # one local shard per expert, in expert order
-                    for e, shard in enumerate(value):
-                        name = p + w.hf_name.format(e=e)
-                        out[name] = gather(shard, w.shard, name)
-                elif w.parts is not None:
-                    parts = (
-                        all_gather_exact(value.contiguous(), self.group) if self.tp > 1 else [value]
-                    )
-                    out[p + w.hf_name] = _parts_gather(w.parts(arch), parts)
-                else:
-                    out[p + w.hf_name] = gather(value, w.shard, p + w.hf_name)
-        names = {role: w.hf_name for role, w in spec.model_weights.items()}
-        out[names["embed"]] = gather(self.embed, "replicated", names["embed"])
-        out[names["final_norm"]] = gather(self.final_norm, "replicated", names["final_norm"])
-        for (i, role), (a, b) in self.lora.items():  # A splits like its input, B its output
-            w = spec.layer_weights[role]
-            a_name, b_name = adapter_names(LAYER_PREFIX.format(i=i) + w.hf_name)
-            column = w.shard == "column"
-            out[a_name] = gather(a, "replicated" if column else "row", a_name)
-            out[b_name] = gather(b, "column" if column else "replicated", b_name)
-        if self.lora_alpha is not None:
-            out[LORA_ALPHA_KEY] = gather(self.lora_alpha, "replicated", LORA_ALPHA_KEY)
-        head = gather(self.lm_head, "column", names["lm_head"])[: arch.vocab_size]
-        if not arch.tie_word_embeddings:
-            out[names["lm_head"]] = head
-        elif not _same_values(head, out[names["embed"]]):
-            problems.append(f"{names['lm_head']} (tied) differs from {names['embed']}")
-        return out, problems
-
-
-# kernel_policy.lora_serving -> what the model does with its adapters once placed
-SERVING: dict[str, Callable[[ReferenceModel], None]] = {
-    "unmerged": lambda model: None,
-    "merged": ReferenceModel._merge_adapters,
-}

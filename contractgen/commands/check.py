@@ -52,6 +52,41 @@ def _conflict_note(root: Path | None, rel: str) -> str:
     return f" (merge-conflict markers at line {where}: resolve the conflict, then regenerate)"
 
 
+def _print_report(
+    roots: dict[str, Path],
+    drift: list,
+    own: dict[str, list[str]],
+    absent: list[str],
+    files: int,
+    checked: int,
+) -> None:
+    """The human report: each drifted file with its diff (``roots``: where each side lies), a
+    note per package a repo does not hold (``absent``), one per repo's own modules, and the
+    one-line verdict (on stderr when something differs)."""
+    for d in drift:
+        if d.kind == "orphaned":  # its whole body as a deletion diff says nothing more
+            click.echo(f"orphaned (remove it): {d.path}")
+            continue
+        click.echo(f"{d.kind}: {d.path}{_conflict_note(roots.get(d.where), d.rel)}")
+        if d.diff:
+            click.echo(d.diff, nl=not d.diff.endswith("\n"))
+    for note in absent:
+        click.echo(f"note: {note}")
+    for label, rels in own.items():  # one line per repo, not one per module
+        click.echo(
+            f"note: {label}: {len(rels)} module(s) of the repo's own beside the vendored "
+            "ones, left alone (--json lists them)"
+        )
+    if drift:
+        click.echo(
+            f"check: {len(drift)} file(s) differ; run `contractgen generate` for generated/ "
+            "and `contractgen sync --repo NAME=PATH` for sibling repos",
+            err=True,
+        )
+    else:
+        click.echo(f"check: ok ({files} files, {checked} location(s))")
+
+
 @click.command("check")
 @click.option(
     "--repo", "repos", multiple=True, metavar="NAME=PATH",
@@ -127,30 +162,10 @@ def command(
         click.echo(json.dumps(report, indent=2))
     else:
         roots = {"generated": project.config.generated_dir, **dict(targets)}
-        for d in drift:
-            if d.kind == "orphaned":  # its whole body as a deletion diff says nothing more
-                click.echo(f"orphaned (remove it): {d.path}")
-                continue
-            click.echo(f"{d.kind}: {d.path}{_conflict_note(roots.get(d.where), d.rel)}")
-            if d.diff:
-                click.echo(d.diff, nl=not d.diff.endswith("\n"))
-        for target, path in absent:
-            click.echo(
-                f"note: {target}:{path.as_posix()}: no {project.config.package(target)}/ in this "
-                f"repo, not checked (--repo {target}=PATH requires it)"
-            )
-        for label, rels in own.items():  # one line per repo, not one per module
-            click.echo(
-                f"note: {label}: {len(rels)} module(s) of the repo's own beside the vendored "
-                "ones, left alone (--json lists them)"
-            )
-        if drift:
-            click.echo(
-                f"check: {len(drift)} file(s) differ; run `contractgen generate` for generated/ "
-                "and `contractgen sync --repo NAME=PATH` for sibling repos",
-                err=True,
-            )
-        else:
-            checked = 1 + len(repos)
-            click.echo(f"check: ok ({len(rendered)} files, {checked} location(s))")
+        absent_notes = [
+            f"{target}:{path.as_posix()}: no {project.config.package(target)}/ in this repo, not "
+            f"checked (--repo {target}=PATH requires it)"
+            for target, path in absent
+        ]
+        _print_report(roots, drift, own, absent_notes, files=len(rendered), checked=1 + len(repos))
     sys.exit(EXIT_DRIFT if drift else EXIT_OK)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..codegen.config import check_generated_dir
 from ..codegen.drift import check_generated
+from ..codegen.generated_dir import check_generated_dir
 from ..codegen.writer import atomic_write, safe_destination
 from ._common import handle_errors, project_from
 

@@ -151,7 +151,8 @@ def test_unreleased_flags_are_reported_not_hidden() -> None:
 
 def test_a_value_no_row_knows_is_refused() -> None:
     from contractgen.adapters.launcher.plan import PlanError, render_row
-    from contractgen.adapters.launcher.tables import MEGATRON, Choice
+    from contractgen.adapters.launcher.rows import Choice
+    from contractgen.adapters.launcher.tables import MEGATRON
 
     row = next(
         r for r in MEGATRON if isinstance(r, Choice) and r.source == "kernel.dense_math_dtype"

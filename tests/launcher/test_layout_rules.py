@@ -7,16 +7,16 @@ from types import SimpleNamespace
 
 import pytest
 
+from contractgen.adapters.common.layout import padded_vocab
 from contractgen.adapters.launcher.layout import (
-    KV_HEAD_RULES,
     Layout,
     LayoutError,
     UnknownModelError,
-    padded_vocab,
     subject_for,
     validate_layout,
     violations,
 )
+from contractgen.adapters.launcher.tp_rules import KV_HEAD_RULES
 from contractgen.codegen.vendored import load_target
 
 # the cases below name Qwen3 checkpoints; Llama 3 layouts: test_llama3_layouts.py
@@ -252,7 +252,7 @@ def test_the_launcher_tile_rule_is_the_tree_proof() -> None:
     contract validation runs) does, for both orders and K sizes up to 200 tiles."""
     from types import SimpleNamespace
 
-    from contractgen.adapters.launcher.layout import _tile_split
+    from contractgen.adapters.launcher.tp_rules import _tile_split
     from contractgen.adapters.tile_order import split_problem
 
     for order in ("sglang_first_level", "binary"):
@@ -274,7 +274,7 @@ def test_v3_fixed_runs_split_qwen3_4b_at_tp8() -> None:
 
 
 def test_fixed_runs_split_message_names_runs_and_tiles() -> None:
-    from contractgen.adapters.launcher.layout import _tile_split
+    from contractgen.adapters.launcher.tp_rules import _tile_split
 
     kernel = SimpleNamespace(matmul_k_block=64, matmul_tile_order="fixed_runs", matmul_k_runs=8)
     assert _tile_split("down_proj", 4096, 4, kernel) is None

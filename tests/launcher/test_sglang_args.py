@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from contractgen.adapters.launcher import Layout, build_plan
+from contractgen.adapters.launcher.rows import Forbid
 from contractgen.adapters.launcher.tables import (
     SGLANG_RELEASE,
     SGLANG_SERVER,
     UNRELEASED_SGLANG_FLAGS,
-    Forbid,
 )
 from contractgen.codegen.vendored import load_target
 

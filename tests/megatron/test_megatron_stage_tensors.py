@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from contractgen.adapters.megatron.checkpoint import _vocab_shard
-from contractgen.adapters.sglang.model import _vocab_rows
+from contractgen.adapters.sglang.placement import _vocab_rows
 
 
 def _padded_then_split(t: torch.Tensor, padded: int, rank: int, size: int) -> torch.Tensor:
