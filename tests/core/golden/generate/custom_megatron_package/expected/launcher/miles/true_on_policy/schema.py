@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2cbf28e9e3e6acf032582e5598033ccb638000164277cde7b8abf8dfebb87b2b
-# sha256: 71998274980f76efcc73a4b14e41823b4b98065034538b4055261cc1476b364f
+# sha256: cc93eef34f8f1b066d4f57f037d965e32deee74ab2924892e4ab82bc63f3157b
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -559,6 +559,7 @@ QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
 )
 
 _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {
+    # one item a line
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA
 }
 

@@ -4,7 +4,7 @@
 #   contracts/qwen3_dense_true_on_policy_v1.yaml
 # Contract fingerprints:
 #   qwen3_dense_true_on_policy_v1 sha256:2f77a725b4d9d50f86b2bcce2c2d971c3349938a598b7ada34f7a3ba48a6e9c7
-# sha256: 84e47bd0c4c1d5bf3c44df48300e1d4b93855818639110120f5c9b050ad62460
+# sha256: b4a2000bbce84024d48794a810fa25f9591416a24f4101f2299a8c587f4a78c6
 """Shared identity of the true-on-policy contracts.
 
 This module is byte-identical in every repository that vendors it (SGLang, Megatron-LM, miles) with
@@ -559,6 +559,7 @@ QWEN3_MOE_TRUE_ON_POLICY_V1_SCHEMA = TrueOnPolicyContractSchema(
 )
 
 _SCHEMAS: dict[str, TrueOnPolicyContractSchema] = {
+    # one item a line
     QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA.name: QWEN3_DENSE_TRUE_ON_POLICY_V1_SCHEMA
 }
 
