@@ -1,8 +1,9 @@
 """contractgen.adapters.sglang: the rollout target's adapter.
 
 Its names (``codegen.targets.ROLE_API["rollout"]``) are what the parity gate calls, imported on
-first use: the engine (``engine.py``), the reference model (``model.py``), and the model
-description and checkpoint reading every target shares (``common/model.py``,
+first use: the rollout ranks (``session.py``: a ``RolloutSession`` runs the role's
+``common.rollout.RolloutJob``), the engine (``engine.py``), the reference model (``model.py``),
+and the model description and checkpoint reading every target shares (``common/model.py``,
 ``common/checkpoint.py``). This package file imports nothing heavy.
 """
 
@@ -12,11 +13,15 @@ description and checkpoint reading every target shares (``common/model.py``,
 MLP_BLOCKS = frozenset({"dense_mlp", "moe", "full_attention", "linear_attention"})
 
 # What the ranks' fork server imports once (``common.workers.preload``): the rank code.
-PRELOAD = ("contractgen.parity.rollout",)
+PRELOAD = ("contractgen.adapters.sglang.session",)
 
 _LAZY = {
     "RolloutEngine": ".engine",
-    "Request": ".engine",
+    "Request": "..common.rollout",
+    "RolloutSession": ".session",
+    "arch_of": ".session",
+    "model_arch": ".session",
+    "policies": ".session",
     "ModelArch": "..common.model",
     "ReferenceModel": ".model",
     "random_weights": "..common.model",

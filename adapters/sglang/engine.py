@@ -21,27 +21,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..common.draw import SamplingParams, draw_key, draw_keys, process, sample_rows
+from ..common.rollout import Request
 from ..kernels import audit
 from ..kernels.logsoftmax import token_logprobs
 from .decode_graph import DecodeRunner, unsupported
 from .model import KVCache, ReferenceModel
-
-
-@dataclass(frozen=True)
-class Request:
-    rid: str
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    temperature: float = 0.0  # 0: greedy
-    seed: int = 0
-    arrival_step: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    top_k: int = -1  # <= 0: off
-    top_p: float = 1.0  # 1: off
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
 
 
 @dataclass

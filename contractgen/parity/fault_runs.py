@@ -15,8 +15,7 @@ from .faults import Fault, SharedBug, catalogue, flipped, left_out_reason, share
 from .gate_run import GateRun, _say
 from .layouts import Layout
 from .pairs import _policies_at, same_tokens, trainer_for
-from .rollout import arch_of
-from .targets import rollout_target
+from .targets import rollout_adapter, rollout_target
 from .workload import describe, fitted, scored_tokens
 
 
@@ -274,7 +273,9 @@ def _retry_on_large_workload(
     sums straddle a rounding boundary."""
 
     config = run.config
-    max_positions = arch_of(config.contract_id, config.weights).max_position_embeddings
+    max_positions = (
+        rollout_adapter().arch_of(config.contract_id, config.weights).max_position_embeddings
+    )
     workload = fitted(RETRY_WORKLOAD, max_positions)
     if not faults or scored_tokens(workload) <= scored_tokens(config.workload):
         return None

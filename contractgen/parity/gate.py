@@ -15,11 +15,10 @@ from .correctness import (
 )
 from .harness import GateConfig, GateRun, merged_faults, run_faults, run_layouts, run_rollouts
 from .layouts import LayoutError, layout_problems
-from .rollout import arch_of
 from .sampling_check import failures as sampling_failures
 from .sampling_check import sampling_report
 from .sampling_check import table as sampling_table
-from .targets import rollout_target
+from .targets import rollout_adapter, rollout_target
 from .training import failures as training_failures
 from .training import run_training
 from .training import table as training_table
@@ -28,7 +27,7 @@ from .training import table as training_table
 def model_name(config: GateConfig) -> str:
     """The profile's name for the gate's model: a covered checkpoint or the reference model."""
 
-    return arch_of(config.contract_id, config.weights).name
+    return rollout_adapter().arch_of(config.contract_id, config.weights).name
 
 
 def check_layouts(config: GateConfig) -> None:

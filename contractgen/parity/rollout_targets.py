@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..adapters.common.rollout import RolloutResult, requests_for
 from .harness import GateRun, bits_digest, compare, pair_name, same_tokens, trainer_for
-from .rollout import RolloutResult, model_arch, policies, requests_for
-from .targets import rollout_target
+from .targets import rollout_adapter, rollout_target
 
 REFERENCE = "sglang"
 """The reference engine's name in ``--rollouts`` (the gate's rollout target)."""
@@ -110,27 +110,14 @@ def vllm_rollout(run: GateRun, kernel_changes=None) -> tuple[RolloutResult, dict
     runner's metadata)."""
     from ..adapters.vllm import client
 
-    config = run.config
-    _, kp, _ = policies(config.contract_id, 1, config.dtype_override, kernel_changes or {}, {})
-    arch, _ = model_arch(config.contract_id, config.weights)
+    config, reference = run.config, rollout_adapter()
+    changes = kernel_changes or {}
+    _, kp, _ = reference.policies(config.contract_id, 1, config.dtype_override, changes, {})
+    arch, _ = reference.model_arch(config.contract_id, config.weights)
     requests = requests_for(config.workload, arch.vocab_size)
     with tempfile.TemporaryDirectory(prefix="contractgen-vllm-") as tmp:
         ckpt = _checkpoint(config, arch, Path(tmp))
-        job = client.make_job(ckpt, arch, kp, [("gate", requests)], engine=VLLM_ENGINE)
-        meta, out = client.run(job, Path(tmp) / "job")
-    seqs, lens, dec, pre = [], [], [], []
-    for r in requests:
-        key = f"gate/{r.rid}"
-        seqs.append([*r.prompt, *out[key + "/tokens"].tolist()])
-        lens.append(len(r.prompt))
-        dec.append(out[key + "/decode_lp"])
-        pre.append(out[key + "/prefill_lp"])
-    times = meta["runs"]["gate"]
-    result = RolloutResult(
-        seqs, lens, dec, pre, times["generate_s"], times["rescore_s"],
-        sampling=[r.sampling for r in requests],
-    )  # fmt: skip
-    return result, meta
+        return client.rollout(ckpt, arch, kp, requests, tmp, engine=VLLM_ENGINE)
 
 
 def report(run: GateRun) -> dict:

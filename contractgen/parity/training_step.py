@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from ..adapters.common.lora import split_adapter
+from ..adapters.common.rollout import AS_PUSHED, RolloutJob, WeightSync, weights_digest
 from .compare import compare
 from .gate_run import GateRun
 from .layouts import Layout
 from .pairs import pair_name, same_tokens
-from .rollout import AS_PUSHED, RolloutJob, WeightSync, weights_digest
 from .sampling_check import step_three_way
 from .training_config import (
     DP_DESYNC,
