@@ -7,6 +7,8 @@ and the model description and checkpoint reading every target shares (``common/m
 ``common/checkpoint.py``). This package file imports nothing heavy.
 """
 
+import importlib
+
 # The layer blocks (``Family.layer_blocks``: MLP blocks, and a hybrid family's token mixers) the
 # reference rollout model implements; the parity gate refuses a contract whose models need a
 # block one side lacks (exit 2, one line).
@@ -33,7 +35,5 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(name)

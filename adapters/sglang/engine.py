@@ -23,6 +23,7 @@ import torch
 from ..common.draw import SamplingParams, draw_key, draw_keys, process, sample_rows
 from ..common.rollout import Request
 from ..kernels import audit
+from ..kernels._dtypes import dtype_of
 from ..kernels.logsoftmax import token_logprobs
 from .decode_graph import DecodeRunner, unsupported
 from .model import KVCache, ReferenceModel
@@ -269,18 +270,19 @@ class RolloutEngine:
         out, lo = [], 0
         for seq_ids, n, p in zip(ids, lens, per_seq, strict=True):
             parts = [
-                self._scored(self.model.head(h[a : min(a + block, lo + n - 1)]),
-                             seq_ids[a - lo + 1 : min(a + block, lo + n - 1) - lo + 1], p)
+                self._scored(
+                    self.model.head(h[a : min(a + block, lo + n - 1)]),
+                    seq_ids[a - lo + 1 : min(a + block, lo + n - 1) - lo + 1],
+                    p,
+                )
                 for a in range(lo, lo + n - 1, block)
-            ]  # fmt: skip
+            ]
             out.append(torch.cat(parts) if parts else h.new_zeros(0, dtype=self._lp_dtype))
             lo += n
         return out
 
     @property
     def _lp_dtype(self) -> torch.dtype:
-        from ..kernels._dtypes import dtype_of
-
         return dtype_of(self.kp.logsoftmax_dtype)
 
     def logits(self, sequence: Sequence[int]) -> torch.Tensor:

@@ -51,9 +51,14 @@ def request_json(r) -> dict:
 
 
 def make_job(
-    checkpoint, arch, kp, runs: Sequence[tuple[str, Sequence]], *, engine: dict | None = None,
+    checkpoint,
+    arch,
+    kp,
+    runs: Sequence[tuple[str, Sequence]],
+    *,
+    engine: dict | None = None,
     updates: dict[int, str] | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """A runner job: ``runs`` are ``(name, engine Requests)``; ``engine`` adds ``LLM`` args."""
     return {
         "checkpoint": str(checkpoint),
@@ -80,8 +85,12 @@ def run(job: dict, workdir, *, timeout: float = 900.0) -> tuple[dict, dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.run(
         [str(vllm_python()), "-m", "contractgen.adapters.vllm.runner", str(job_path), str(out)],
-        cwd=str(REPO), env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=str(REPO),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     (workdir / "runner.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])

@@ -154,10 +154,12 @@ def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
         faults.append(bug)
     run.close()
     unexplained = [
-        f for f in faults
-        if isinstance(f, Fault) and outcomes[f.name][0] == "undetected"
+        f
+        for f in faults
+        if isinstance(f, Fault)
+        and outcomes[f.name][0] == "undetected"
         and f.contract_path not in notes
-    ]  # fmt: skip
+    ]
     retried = _retry_on_large_workload(run, unexplained, layouts[0], outcomes)
     detected, undetected, explained, contradicted, errors, details = [], [], {}, [], {}, {}
     for i, fault in enumerate(faults):
@@ -248,8 +250,11 @@ def merged_faults(first: dict, other: dict) -> dict:
         out[key] = {**first.get(key, {}), **other.get(key, {})}
     a, b = first.get("retried"), other.get("retried")
     if a and b:
-        out["retried"] = {**a, "faults": a["faults"] + b["faults"],
-                          "detected": a["detected"] + b["detected"]}  # fmt: skip
+        out["retried"] = {
+            **a,
+            "faults": a["faults"] + b["faults"],
+            "detected": a["detected"] + b["detected"],
+        }
     else:
         out["retried"] = a or b
     return out

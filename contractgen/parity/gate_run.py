@@ -164,9 +164,13 @@ class GateRun:
             **({"kernel_audit": self.kernel_audit} if baseline else {}),
         }
         job = RolloutJob(
-            self.config.contract_id, self.config.weights, tp, workload=self.config.workload,
-            device=self.config.device, **fields,
-        )  # fmt: skip
+            self.config.contract_id,
+            self.config.weights,
+            tp,
+            workload=self.config.workload,
+            device=self.config.device,
+            **fields,
+        )
         result = self.rollout_session(tp).run(job)
         if baseline:
             self.rollouts[tp] = result
@@ -177,9 +181,11 @@ class GateRun:
         key = self.layout_key(layout)
         if key not in self._trainer_sessions:
             session = self.trainer_adapter.TrainerSession(
-                self.config.contract_id, self.config.weights, layout,
+                self.config.contract_id,
+                self.config.weights,
+                layout,
                 device=self.config.device,
-            )  # fmt: skip
+            )
             session.start()
             self._trainer_sessions[key] = session
         return self._trainer_sessions[key]
@@ -201,9 +207,12 @@ class GateRun:
             return self.trainers[key], None
         base = self.rollout(1) if default else rollout
         run = TrainerRun(
-            dtype_override=self.config.dtype_override, fault=fault, dump_layers=dump_layers,
-            planted_bugs=self.config.planted_bugs, sampling=tuple(base.sampling) or None,
-        )  # fmt: skip
+            dtype_override=self.config.dtype_override,
+            fault=fault,
+            dump_layers=dump_layers,
+            planted_bugs=self.config.planted_bugs,
+            sampling=tuple(base.sampling) or None,
+        )
         if default and fault is None and not dump_layers:  # the scored run: audited
             run = dataclasses.replace(run, kernel_audit=self.kernel_audit)
         result = self._trainer_session(layout).logprobs(base.sequences, run)

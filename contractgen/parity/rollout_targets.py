@@ -20,8 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from ..adapters.common.rollout import RolloutResult, requests_for
+from ..adapters.vllm import client
+from ..codegen.vendored import load_target
 from .harness import GateRun, bits_digest, compare, pair_name, same_tokens, trainer_for
+from .reference import hf_model
 from .targets import rollout_adapter, rollout_target
 
 REFERENCE = "sglang"
@@ -65,8 +70,6 @@ def check_rollouts(
     multi-process TP is not built; ``--rollout-tps`` above 1 gate the reference engine.)"""
     if "vllm" not in names:
         return
-    from ..adapters.vllm.client import missing
-
     if family in VLLM_REFUSED:
         raise RolloutTargetError(VLLM_REFUSED[family])
     if lora:
@@ -86,7 +89,7 @@ def check_rollouts(
             "vllm rollout target: --inject-faults is not built for the vLLM run yet (faults are "
             "not planted in it); run --inject-faults without --rollouts vllm"
         )
-    if why := missing():
+    if why := client.missing():
         raise RolloutTargetError(f"--rollouts vllm: {why}")
 
 
@@ -94,11 +97,6 @@ def _checkpoint(config, arch, scratch: Path) -> Path:
     """A folder vLLM reads: the gate's checkpoint, or its state dict written as float32."""
     if isinstance(config.weights, (str, Path)):
         return Path(config.weights)
-    import torch
-
-    from ..codegen.vendored import load_target
-    from .reference import hf_model
-
     profile = load_target(rollout_target()).schema.model_profile_for(config.contract_id)
     out = scratch / "checkpoint"
     hf_model(config.weights, profile, torch.float32).save_pretrained(out)
@@ -108,8 +106,6 @@ def _checkpoint(config, arch, scratch: Path) -> Path:
 def vllm_rollout(run: GateRun, kernel_changes=None) -> tuple[RolloutResult, dict]:
     """The gate's workload in real vLLM; (the result as the reference engine reports one, the
     runner's metadata)."""
-    from ..adapters.vllm import client
-
     config, reference = run.config, rollout_adapter()
     changes = kernel_changes or {}
     _, kp, _ = reference.policies(config.contract_id, 1, config.dtype_override, changes, {})
@@ -188,11 +184,15 @@ def failures(report_: dict) -> list[str]:
     out = []
     for e in report_.get("rollout_targets", []):
         if e.get("stock_ops"):
-            out.append(f"rollout target {e['target']}: vLLM's own ops on the scored path: "
-                       + "; ".join(e["stock_ops"][:3]))  # fmt: skip
+            out.append(
+                f"rollout target {e['target']}: vLLM's own ops on the scored path: "
+                + "; ".join(e["stock_ops"][:3])
+            )
         elif not e["exact"]:
             why = "other tokens" if not e["tokens_identical"] else "logprobs not exact"
-            out.append(f"rollout target {e['target']} differs from the {REFERENCE} rollout tp1 ({why})")  # fmt: skip
+            out.append(
+                f"rollout target {e['target']} differs from the {REFERENCE} rollout tp1 ({why})"
+            )
     return out
 
 

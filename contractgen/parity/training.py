@@ -177,7 +177,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
             **{
                 k: v.format(lr=cfg.lr)
                 for k, v in getattr(run.trainer_adapter, "TRAINING_DESCRIPTION", {}).items()
-            },  # fmt: skip
+            },
             "distributed_optimizer": cfg.distributed_optimizer,
             "fault": cfg.fault,
             "stale_tensor": stale_tensor(arch) if cfg.fault == STALE_SHARD else None,
