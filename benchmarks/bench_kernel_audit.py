@@ -27,10 +27,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
+    from contractgen.adapters.common.rollout import RolloutJob
     from contractgen.adapters.kernels import audit, logsoftmax, registry
     from contractgen.adapters.sglang.model import ModelArch, random_weights
+    from contractgen.adapters.sglang.session import _run
     from contractgen.codegen.vendored import load_target
-    from contractgen.parity.rollout import RolloutJob, _run
 
     cid = "qwen3_dense_true_on_policy_v1"
     kp = load_target("sglang").schema.kernel_policy_for(cid)

@@ -32,7 +32,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from types import SimpleNamespace
@@ -64,11 +63,11 @@ def _trainer_rank(rank, commands, results, arch, port) -> None:
     """A trainer rank: holds the weights, answers each ``"old"`` / ``"new"`` with them."""
     import torch.distributed as dist
 
+    from contractgen.adapters.common.distributed import start_process_group
     from contractgen.adapters.common.shared_tensors import SharedTensors
 
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    start_process_group(rank, 1, port, "cpu")
     weights = _state(arch)
     results.put(("ready", None, 0.0))
     while (how := commands.get()) is not None:
@@ -122,9 +121,10 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
+    from contractgen.adapters.common.distributed import Rendezvous
+    from contractgen.adapters.common.rollout import sync_report, weights_digest
     from contractgen.adapters.common.workers import rank_context, start_rank
     from contractgen.adapters.sglang.model import ReferenceModel
-    from contractgen.parity.rollout import _free_port, sync_report, weights_digest
 
     torch.set_num_threads(1)
     arch = _arch(args.contract, None if args.small else args.model)
@@ -135,7 +135,8 @@ def main() -> None:
     rp = g.runtime_policy.policy_for(args.contract, SimpleNamespace(tp_size=1))
     ctx = rank_context("cpu")
     commands, results = ctx.Queue(), ctx.Queue()
-    proc = start_rank(ctx, _trainer_rank, (0, commands, results, arch, _free_port()))
+    rendezvous = Rendezvous()  # the rank joins its store (kept while the rank runs)
+    proc = start_rank(ctx, _trainer_rank, (0, commands, results, arch, rendezvous.port))
     assert results.get(timeout=600)[0] == "ready"
     kept = None
     out: dict = {"model": arch.name, "contract": args.contract, "threads": 1, "paths": {}}

@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
+    from contractgen.adapters.common.rollout import requests_for
     from contractgen.adapters.sglang.engine import RolloutEngine
-    from contractgen.parity.rollout import requests_for
     from contractgen.parity.workload import make_workload
 
     triton.knobs.runtime.jit_cache_hook = _before

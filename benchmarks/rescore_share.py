@@ -28,9 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request")
     args = parser.parse_args(argv)
 
+    from contractgen.adapters.common.rollout import RolloutJob
+    from contractgen.adapters.common.workload import PromptSpec
     from contractgen.adapters.sglang.model import ModelArch, random_weights
+    from contractgen.adapters.sglang.session import RolloutSession
     from contractgen.codegen.vendored import load_target
-    from contractgen.parity.rollout import PromptSpec, RolloutJob, RolloutSession
 
     contract = "qwen3_dense_true_on_policy_v1"
     arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(contract))

@@ -1,10 +1,13 @@
 """contractgen.adapters.sglang: the rollout target's adapter.
 
 Its names (``codegen.targets.ROLE_API["rollout"]``) are what the parity gate calls, imported on
-first use: the engine (``engine.py``), the reference model (``model.py``), and the model
-description and checkpoint reading every target shares (``common/model.py``,
+first use: the rollout ranks (``session.py``: a ``RolloutSession`` runs the role's
+``common.rollout.RolloutJob``), the engine (``engine.py``), the reference model (``model.py``),
+and the model description and checkpoint reading every target shares (``common/model.py``,
 ``common/checkpoint.py``). This package file imports nothing heavy.
 """
+
+import importlib
 
 # The layer blocks (``Family.layer_blocks``: MLP blocks, and a hybrid family's token mixers) the
 # reference rollout model implements; the parity gate refuses a contract whose models need a
@@ -12,11 +15,15 @@ description and checkpoint reading every target shares (``common/model.py``,
 MLP_BLOCKS = frozenset({"dense_mlp", "moe", "full_attention", "linear_attention"})
 
 # What the ranks' fork server imports once (``common.workers.preload``): the rank code.
-PRELOAD = ("contractgen.parity.rollout",)
+PRELOAD = ("contractgen.adapters.sglang.session",)
 
 _LAZY = {
     "RolloutEngine": ".engine",
-    "Request": ".engine",
+    "Request": "..common.rollout",
+    "RolloutSession": ".session",
+    "arch_of": ".session",
+    "model_arch": ".session",
+    "policies": ".session",
     "ModelArch": "..common.model",
     "ReferenceModel": ".model",
     "random_weights": "..common.model",
@@ -28,7 +35,5 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(name)

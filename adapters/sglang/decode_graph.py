@@ -98,9 +98,13 @@ class DecodeRunner:
         # one RoPE row per position, computed once (each row depends on its position only)
         positions = torch.arange(max_keys, device=self.device)
         self.cos, self.sin = rope_cos_sin(
-            positions, a.head_dim, a.rope_theta, a.rope_scaling, model.kp,
+            positions,
+            a.head_dim,
+            a.rope_theta,
+            a.rope_scaling,
+            model.kp,
             max_position=a.max_position_embeddings,
-        )  # fmt: skip
+        )
         self.buckets: dict[int, _Bucket] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.graphs else None
         # captures on a stream of the model's device (torch's default capture stream belongs to

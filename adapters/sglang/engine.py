@@ -21,27 +21,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..common.draw import SamplingParams, draw_key, draw_keys, process, sample_rows
+from ..common.rollout import Request
 from ..kernels import audit
+from ..kernels._dtypes import dtype_of
 from ..kernels.logsoftmax import token_logprobs
 from .decode_graph import DecodeRunner, unsupported
 from .model import KVCache, ReferenceModel
-
-
-@dataclass(frozen=True)
-class Request:
-    rid: str
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    temperature: float = 0.0  # 0: greedy
-    seed: int = 0
-    arrival_step: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    top_k: int = -1  # <= 0: off
-    top_p: float = 1.0  # 1: off
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
 
 
 @dataclass
@@ -285,18 +270,19 @@ class RolloutEngine:
         out, lo = [], 0
         for seq_ids, n, p in zip(ids, lens, per_seq, strict=True):
             parts = [
-                self._scored(self.model.head(h[a : min(a + block, lo + n - 1)]),
-                             seq_ids[a - lo + 1 : min(a + block, lo + n - 1) - lo + 1], p)
+                self._scored(
+                    self.model.head(h[a : min(a + block, lo + n - 1)]),
+                    seq_ids[a - lo + 1 : min(a + block, lo + n - 1) - lo + 1],
+                    p,
+                )
                 for a in range(lo, lo + n - 1, block)
-            ]  # fmt: skip
+            ]
             out.append(torch.cat(parts) if parts else h.new_zeros(0, dtype=self._lp_dtype))
             lo += n
         return out
 
     @property
     def _lp_dtype(self) -> torch.dtype:
-        from ..kernels._dtypes import dtype_of
-
         return dtype_of(self.kp.logsoftmax_dtype)
 
     def logits(self, sequence: Sequence[int]) -> torch.Tensor:

@@ -25,7 +25,10 @@ def _parts_rows(
 ) -> torch.Tensor:
     """This rank's rows of each concatenated part of ``t`` (``parts`` row counts), joined."""
     chunks = t.split(list(parts))
-    return torch.cat([c[rank * (n // tp) : (rank + 1) * (n // tp)] for c, n in zip(chunks, parts, strict=True)]).to(dtype).contiguous()  # fmt: skip
+    rows = [
+        c[rank * (n // tp) : (rank + 1) * (n // tp)] for c, n in zip(chunks, parts, strict=True)
+    ]
+    return torch.cat(rows).to(dtype).contiguous()
 
 
 def _parts_gather(parts: Sequence[int], shards: Sequence[torch.Tensor]) -> torch.Tensor:

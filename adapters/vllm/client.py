@@ -1,5 +1,6 @@
 """The main environment's side of the vLLM target: build a job, run ``runner.py`` in
-``.venv-vllm`` as a subprocess, read the bits back. Imports no vLLM (the main venv has none)."""
+``.venv-vllm`` as a subprocess, read the bits back (``rollout``: as the role's ``RolloutResult``).
+Imports no vLLM (the main venv has none)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from safetensors.torch import load_file
+
+from ..common.rollout import RolloutResult
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_COMMAND = "bash tools/install-vllm.sh"
@@ -31,7 +36,7 @@ def missing() -> str | None:
 
 
 def request_json(r) -> dict:
-    """One engine ``Request`` (``adapters/sglang/engine.py``) as the runner's request."""
+    """One ``common.rollout.Request`` as the runner's request."""
     return {
         "rid": r.rid,
         "prompt": list(r.prompt),
@@ -46,9 +51,14 @@ def request_json(r) -> dict:
 
 
 def make_job(
-    checkpoint, arch, kp, runs: Sequence[tuple[str, Sequence]], *, engine: dict | None = None,
+    checkpoint,
+    arch,
+    kp,
+    runs: Sequence[tuple[str, Sequence]],
+    *,
+    engine: dict | None = None,
     updates: dict[int, str] | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """A runner job: ``runs`` are ``(name, engine Requests)``; ``engine`` adds ``LLM`` args."""
     return {
         "checkpoint": str(checkpoint),
@@ -66,8 +76,6 @@ class VllmRunError(RuntimeError):
 
 def run(job: dict, workdir, *, timeout: float = 900.0) -> tuple[dict, dict]:
     """Run ``job`` in ``.venv-vllm``; ``(result.json, {key: tensor})`` (see ``runner.py``)."""
-    from safetensors.torch import load_file
-
     if why := missing():
         raise VllmRunError(why)
     workdir = Path(workdir)
@@ -77,8 +85,12 @@ def run(job: dict, workdir, *, timeout: float = 900.0) -> tuple[dict, dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.run(
         [str(vllm_python()), "-m", "contractgen.adapters.vllm.runner", str(job_path), str(out)],
-        cwd=str(REPO), env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=str(REPO),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     (workdir / "runner.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
@@ -86,6 +98,33 @@ def run(job: dict, workdir, *, timeout: float = 900.0) -> tuple[dict, dict]:
             f"vllm runner exited {proc.returncode} (log: {workdir / 'runner.log'}):\n{tail}"
         )
     return json.loads((out / "result.json").read_text()), load_file(str(out / "result.safetensors"))
+
+
+def rollout(
+    checkpoint, arch, kp, requests: Sequence, workdir, *, engine: dict | None = None
+) -> tuple[RolloutResult, dict]:
+    """``requests`` generated and re-scored in vLLM on ``checkpoint`` under ``kp``: (the result as
+    every rollout target reports one, the runner's metadata)."""
+    job = make_job(checkpoint, arch, kp, [("gate", requests)], engine=engine)
+    meta, out = run(job, Path(workdir) / "job")
+    seqs, lens, dec, pre = [], [], [], []
+    for r in requests:
+        key = f"gate/{r.rid}"
+        seqs.append([*r.prompt, *out[key + "/tokens"].tolist()])
+        lens.append(len(r.prompt))
+        dec.append(out[key + "/decode_lp"])
+        pre.append(out[key + "/prefill_lp"])
+    times = meta["runs"]["gate"]
+    result = RolloutResult(
+        seqs,
+        lens,
+        dec,
+        pre,
+        times["generate_s"],
+        times["rescore_s"],
+        sampling=[r.sampling for r in requests],
+    )
+    return result, meta
 
 
 if __name__ == "__main__":  # pragma: no cover - a manual check

@@ -129,24 +129,32 @@ class ContractDecoder(torch.nn.Module):
         a = self.arch
         rot = int(a.head_dim * (a.partial_rotary_factor or 1.0))
         return rope_cos_sin(
-            positions, rot, a.rope_theta, a.rope_scaling, self.kp,
+            positions,
+            rot,
+            a.rope_theta,
+            a.rope_scaling,
+            self.kp,
             max_position=a.max_position_embeddings,
-        )  # fmt: skip
+        )
 
     def _qk(self, x_THD, norm_name, cos, sin):
         kp = self.kp
         if norm_name is None:
             return apply_rope(x_THD, cos, sin, kp)
-        return apply_rope(rms_norm(x_THD, self.held(norm_name), self.arch.norm_eps, kp), cos, sin, kp)  # fmt: skip
+        return apply_rope(
+            rms_norm(x_THD, self.held(norm_name), self.arch.norm_eps, kp), cos, sin, kp
+        )
 
     def _row(self, x: torch.Tensor, name: str, h: torch.Tensor) -> torch.Tensor:
         """A row linear's partial in the accumulation dtype (one rank: the whole K tree), the
         contract's all-reduce, the dense dtype, the residual add."""
         kp = self.kp
         part = invariant_matmul(
-            x, self.held(name), shard_policy(kp, 1),
+            x,
+            self.held(name),
+            shard_policy(kp, 1),
             out_dtype=dtype_of(kp.matmul_accumulation_dtype),
-        )  # fmt: skip
+        )
         reduced = all_reduce_for(kp)(part, None).to(dtype_of(kp.dense_math_dtype))
         return residual_add(reduced, h, kp)
 

@@ -58,8 +58,11 @@ class ContractAttentionImpl:
 
     def __init__(self, kp: KernelPolicy, num_heads: int, num_kv_heads: int, head_size: int):
         self.kp, self.num_heads, self.num_kv_heads, self.head_size = (
-            kp, num_heads, num_kv_heads, head_size,
-        )  # fmt: skip
+            kp,
+            num_heads,
+            num_kv_heads,
+            head_size,
+        )
         self.supports_quant_query_input = False
 
     @staticmethod
@@ -98,9 +101,14 @@ class ContractAttentionImpl:
         dt = query.dtype
         cu_k = torch.tensor([0, *seq_lens.cumsum(0).tolist()])
         o = chunked_attention(
-            query[:n], torch.cat(keys).to(dt), torch.cat(values).to(dt), torch.cat(positions),
-            self.kp, cu_seqlens_q=qsl[: R + 1], cu_seqlens_k=cu_k,
-        )  # fmt: skip
+            query[:n],
+            torch.cat(keys).to(dt),
+            torch.cat(values).to(dt),
+            torch.cat(positions),
+            self.kp,
+            cu_seqlens_q=qsl[: R + 1],
+            cu_seqlens_k=cu_k,
+        )
         output[:n] = o.to(output.dtype)
         CALLS["attention"] += 1
         return output
@@ -140,7 +148,7 @@ class ContractForCausalLM(nn.Module):
                 a.num_kv_heads,
                 cache_config=cache,
                 prefix=f"{prefix}model.layers.{i}.self_attn.attn",
-            )  # fmt: skip
+            )
             for i in range(a.num_layers)
         )
         for layer in self.attn:
@@ -152,7 +160,7 @@ class ContractForCausalLM(nn.Module):
         if self.plant not in (None, "rms_norm"):
             raise ValueError(f"contractgen vllm model: unknown plant_stock {self.plant!r}")
         if self.plant == "rms_norm":
-            from vllm.model_executor.layers.layernorm import RMSNorm
+            from vllm.model_executor.layers.layernorm import RMSNorm  # heavy: self-test only
 
             self.stock_norm = RMSNorm(a.hidden_size, eps=a.norm_eps)
 

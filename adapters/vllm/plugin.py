@@ -16,7 +16,7 @@ ARCHITECTURES = {
 
 def register() -> None:
     """Register every family's architecture (idempotent: vLLM may call it more than once)."""
-    from vllm import ModelRegistry
+    from vllm import ModelRegistry  # optional: vllm (.venv-vllm only)
 
     known = set(ModelRegistry.get_supported_archs())
     for arch in ARCHITECTURES.values():

@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-# what the engine needs on this machine (VLLM_CPU.md); set before vllm is imported
+# what the engine needs on this machine (VLLM_CPU.md); set before vllm is imported (every vllm
+# import here is in a function, after ``_setenv``)
 ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in this process: collective_rpc reaches it
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
@@ -63,10 +64,10 @@ def build_llm(job: dict):
     """The engine for ``job``: the contract's model class selected by ``hf_overrides``, the
     contract sampler installed."""
     _setenv()
-    import vllm
+    import vllm  # optional: vllm
 
-    from .plugin import ARCHITECTURES
-    from .sampler import install
+    from .plugin import ARCHITECTURES  # optional: vllm
+    from .sampler import install  # optional: vllm
 
     arch, kp = job["arch"], job["kernel_policy"]
     family = arch["family"]
@@ -96,9 +97,9 @@ def build_llm(job: dict):
 
 
 def _sampling(r: dict, *, max_tokens: int, prompt_logprobs: int | None = None):
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # optional: vllm
 
-    from .sampler import EXTRA_KEY
+    from .sampler import EXTRA_KEY  # optional: vllm
 
     return SamplingParams(
         max_tokens=max_tokens,
@@ -115,7 +116,7 @@ def _sampling(r: dict, *, max_tokens: int, prompt_logprobs: int | None = None):
 def generate(llm, requests: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
     """Every request to completion, each joining at its ``arrival_step`` (engine steps);
     ``rid -> (new tokens, their logprobs)``."""
-    from vllm.inputs import TokensPrompt
+    from vllm.inputs import TokensPrompt  # optional: vllm
 
     eng = llm.llm_engine
     pending = sorted(requests, key=lambda r: (r.get("arrival_step", 0), r["rid"]))
@@ -125,9 +126,10 @@ def generate(llm, requests: list[dict]) -> dict[str, tuple[list[int], list[float
         while pending and pending[0].get("arrival_step", 0) <= step:
             r = pending.pop(0)
             eng.add_request(
-                r["rid"], TokensPrompt(prompt_token_ids=list(r["prompt"])),
+                r["rid"],
+                TokensPrompt(prompt_token_ids=list(r["prompt"])),
                 _sampling(r, max_tokens=r["max_new_tokens"]),
-            )  # fmt: skip
+            )
         if not eng.has_unfinished_requests():
             step += 1
             continue
@@ -143,14 +145,15 @@ def generate(llm, requests: list[dict]) -> dict[str, tuple[list[int], list[float
 def rescore(llm, requests: list[dict], sequences: dict[str, list[int]]) -> dict[str, list[float]]:
     """Prompt logprobs of every finished sequence (one prefill each, batched and chunked by the
     scheduler), under the request's processed distribution: ``rid -> logprobs of tokens 1..``."""
-    from vllm.inputs import TokensPrompt
+    from vllm.inputs import TokensPrompt  # optional: vllm
 
     eng = llm.llm_engine
     for r in requests:
         eng.add_request(
-            "rescore-" + r["rid"], TokensPrompt(prompt_token_ids=sequences[r["rid"]]),
+            "rescore-" + r["rid"],
+            TokensPrompt(prompt_token_ids=sequences[r["rid"]]),
             _sampling(r, max_tokens=1, prompt_logprobs=0),
-        )  # fmt: skip
+        )
     out: dict[str, list[float]] = {}
     while eng.has_unfinished_requests():
         for o in eng.step():
@@ -165,7 +168,7 @@ def rescore(llm, requests: list[dict], sequences: dict[str, list[int]]) -> dict[
 
 def push_weights(llm, path: str) -> dict:
     """Weights from a safetensors file pushed into the running engine in place."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # heavy
 
     weights = load_file(path)
     t0 = time.perf_counter()
@@ -180,7 +183,7 @@ def push_weights(llm, path: str) -> dict:
 
 def counts(llm) -> dict:
     def read(worker):
-        from . import model, sampler
+        from . import model, sampler  # optional: vllm
 
         return {**model.CALLS, **sampler.CALLS}
 
@@ -193,11 +196,11 @@ def stock_ops(worker) -> list[str]:
     rotary embedding, linear, vocab embedding, logits processor), an attention layer whose
     implementation is not the contract's, a sampler or prompt scorer that is not the contract's.
     A torch function mode alone does not see these: they call vLLM's C++ ops directly."""
-    from vllm.model_executor.custom_op import CustomOp, PluggableLayer
-    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.model_executor.custom_op import CustomOp, PluggableLayer  # optional: vllm
+    from vllm.model_executor.layers.attention.attention import Attention  # optional: vllm
 
-    from .model import ContractAttentionImpl
-    from .sampler import ContractSampler, prompt_logprobs
+    from .model import ContractAttentionImpl  # optional: vllm
+    from .sampler import ContractSampler, prompt_logprobs  # optional: vllm
 
     runner = worker.model_runner
     found = []
@@ -216,13 +219,13 @@ def stock_ops(worker) -> list[str]:
 
 
 def run_job(job: dict, out_dir: Path) -> dict:
-    import torch
-    from safetensors.torch import save_file
+    import torch  # heavy
+    from safetensors.torch import save_file  # heavy
 
     t0 = time.perf_counter()
     llm = build_llm(job)
     meta = {"start_s": time.perf_counter() - t0, "runs": {}, "updates": []}
-    import vllm
+    import vllm  # optional: vllm
 
     meta["vllm"] = vllm.__version__
     lp_dtype = getattr(torch, job["kernel_policy"]["logsoftmax_dtype"])
@@ -258,7 +261,7 @@ def run_job(job: dict, out_dir: Path) -> dict:
 
 
 def _exact(values: list[float], dtype):
-    import torch
+    import torch  # heavy
 
     t = torch.tensor(values, dtype=torch.float64)
     out = t.to(dtype)

@@ -55,7 +55,9 @@ class ContractSampler(nn.Module):
         self.runner, self.kp, self.vocab_size = runner, kp, vocab_size
         self.logprobs_mode = "raw_logprobs"
 
-    def forward(self, logits, sampling_metadata, predict_bonus_token=False, logprobs_mode_override=None):  # fmt: skip
+    def forward(
+        self, logits, sampling_metadata, predict_bonus_token=False, logprobs_mode_override=None
+    ):
         batch = self.runner.input_batch
         B = logits.shape[0]
         params, keys = [], []

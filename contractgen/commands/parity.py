@@ -324,12 +324,12 @@ def gate_config(opts: ParityOptions, weights: object, trainers: list[str]):
     from ..parity.gate import check_layouts
     from ..parity.harness import GateConfig
     from ..parity.layouts import LayoutError
-    from ..parity.rollout import arch_of
+    from ..parity.targets import rollout_adapter
     from ..parity.workload import make_workload
 
     model, checks = opts.model, opts.checks
     sizes = opts.workload.sizes()
-    arch = arch_of(model.contract_id, weights)
+    arch = rollout_adapter().arch_of(model.contract_id, weights)
     if sizes[1] + sizes[2] > arch.max_position_embeddings:
         fail(
             f"error: --prompt-tokens {sizes[1]} + --new-tokens {sizes[2]} exceeds "

@@ -15,8 +15,7 @@ from .faults import Fault, SharedBug, catalogue, flipped, left_out_reason, share
 from .gate_run import GateRun, _say
 from .layouts import Layout
 from .pairs import _policies_at, same_tokens, trainer_for
-from .rollout import arch_of
-from .targets import rollout_target
+from .targets import rollout_adapter, rollout_target
 from .workload import describe, fitted, scored_tokens
 
 
@@ -155,10 +154,12 @@ def run_faults(run: GateRun, ref=None, trainer_only: bool = False) -> dict:
         faults.append(bug)
     run.close()
     unexplained = [
-        f for f in faults
-        if isinstance(f, Fault) and outcomes[f.name][0] == "undetected"
+        f
+        for f in faults
+        if isinstance(f, Fault)
+        and outcomes[f.name][0] == "undetected"
         and f.contract_path not in notes
-    ]  # fmt: skip
+    ]
     retried = _retry_on_large_workload(run, unexplained, layouts[0], outcomes)
     detected, undetected, explained, contradicted, errors, details = [], [], {}, [], {}, {}
     for i, fault in enumerate(faults):
@@ -249,8 +250,11 @@ def merged_faults(first: dict, other: dict) -> dict:
         out[key] = {**first.get(key, {}), **other.get(key, {})}
     a, b = first.get("retried"), other.get("retried")
     if a and b:
-        out["retried"] = {**a, "faults": a["faults"] + b["faults"],
-                          "detected": a["detected"] + b["detected"]}  # fmt: skip
+        out["retried"] = {
+            **a,
+            "faults": a["faults"] + b["faults"],
+            "detected": a["detected"] + b["detected"],
+        }
     else:
         out["retried"] = a or b
     return out
@@ -274,7 +278,9 @@ def _retry_on_large_workload(
     sums straddle a rounding boundary."""
 
     config = run.config
-    max_positions = arch_of(config.contract_id, config.weights).max_position_embeddings
+    max_positions = (
+        rollout_adapter().arch_of(config.contract_id, config.weights).max_position_embeddings
+    )
     workload = fitted(RETRY_WORKLOAD, max_positions)
     if not faults or scored_tokens(workload) <= scored_tokens(config.workload):
         return None

@@ -124,7 +124,7 @@ class SharedBug:
 
 
 def shared_bugs() -> list[SharedBug]:
-    from ..adapters.kernels.planted import BUGS
+    from ..adapters.kernels.planted import BUGS  # heavy: torch, in a torch-free module
 
     return [SharedBug(b) for b in sorted(BUGS)]
 

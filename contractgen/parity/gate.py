@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ..codegen.vendored import load_target
-from . import kernel_audit
+from . import kernel_audit, rollout_targets
 from .correctness import (
     GRAD_TOLERANCE,
     grad_reference,
@@ -15,11 +15,10 @@ from .correctness import (
 )
 from .harness import GateConfig, GateRun, merged_faults, run_faults, run_layouts, run_rollouts
 from .layouts import LayoutError, layout_problems
-from .rollout import arch_of
 from .sampling_check import failures as sampling_failures
 from .sampling_check import sampling_report
 from .sampling_check import table as sampling_table
-from .targets import rollout_target
+from .targets import rollout_adapter, rollout_target
 from .training import failures as training_failures
 from .training import run_training
 from .training import table as training_table
@@ -28,7 +27,7 @@ from .training import table as training_table
 def model_name(config: GateConfig) -> str:
     """The profile's name for the gate's model: a covered checkpoint or the reference model."""
 
-    return arch_of(config.contract_id, config.weights).name
+    return rollout_adapter().arch_of(config.contract_id, config.weights).name
 
 
 def check_layouts(config: GateConfig) -> None:
@@ -103,8 +102,6 @@ def _run_gate(run: GateRun, schema, t0: float) -> dict:
         run.use_trainer(trainer)
         for key, entries in run_layouts(run, ref, grad_ref).items():
             checked[key] += entries
-    from . import rollout_targets
-
     rollout_targets.label_pairs(checked["pairs"])
     targets = rollout_targets.report(run)
     checked["pairs"] += targets["pairs"]
@@ -173,20 +170,32 @@ def failures(report: dict) -> list[str]:
     out += [f"{p['name']} {_inexact(p)}" for p in report["pairs"] if not p["exact"]]
     if not report["rollout_tokens_identical"]:
         out.append("rollout token ids differ across rollout TPs")
-    out += [f"rollout tp{r['tp']} logprobs differ from tp1" for r in report["rollouts"]
-            if r["tokens_identical"] and not r["logprobs_exact"]]  # fmt: skip
+    out += [
+        f"rollout tp{r['tp']} logprobs differ from tp1"
+        for r in report["rollouts"]
+        if r["tokens_identical"] and not r["logprobs_exact"]
+    ]
     ref = report["reference"]
     if ref is not None:
-        out += [f"{e['name']} disagrees with transformers ({e['max_abs_diff']:.3g} > "
-                f"{ref['tolerance']})" for e in ref["per_layout"] if not e["within_tolerance"]]  # fmt: skip
+        out += [
+            f"{e['name']} disagrees with transformers ({e['max_abs_diff']:.3g} > "
+            f"{ref['tolerance']})"
+            for e in ref["per_layout"]
+            if not e["within_tolerance"]
+        ]
         first = ref["per_layout"][0]["name"]
-        out += [f"float32 {n} differs bitwise from float32 {first} (one kernel library: must not)"
-                for n in ref.get("float32_bits_differ_from_first", [])]  # fmt: skip
+        out += [
+            f"float32 {n} differs bitwise from float32 {first} (one kernel library: must not)"
+            for n in ref.get("float32_bits_differ_from_first", [])
+        ]
     grads = report.get("grads")
     if grads is not None:
-        out += [f"gradients at {g['name']} off float64 ({g['max_rel_diff']:.3g} > "
-                f"{grads['tolerance']})" for g in grads["per_layout"]
-                if g["supported"] and not g["within_tolerance"]]  # fmt: skip
+        out += [
+            f"gradients at {g['name']} off float64 ({g['max_rel_diff']:.3g} > "
+            f"{grads['tolerance']})"
+            for g in grads["per_layout"]
+            if g["supported"] and not g["within_tolerance"]
+        ]
 
     out += sampling_failures(report)
     faults = report["faults"]
@@ -194,9 +203,7 @@ def failures(report: dict) -> list[str]:
     out += [f"fault error: {n}" for n in faults.get("errors", {})]
     out += [f"fault listed unobservable but detected: {n}" for n in faults.get("contradicted", [])]
     out += kernel_audit.failures(report)
-    from .rollout_targets import failures as rollout_target_failures
-
-    out += rollout_target_failures(report)
+    out += rollout_targets.failures(report)
     return out
 
 
@@ -319,8 +326,11 @@ def _fault_lines(f: dict) -> list[str]:
 
 def _rollout_lines(report: dict) -> list[str]:
     """Every rollout TP against the TP=1 reference, and the pairs' verdict."""
-    lines = ["", f"rollout   TP {report['rollout_tps']} vs the TP=1 reference: token ids "
-             f"{'identical' if report['rollout_tokens_identical'] else 'DIFFER'}"]  # fmt: skip
+    lines = [
+        "",
+        f"rollout   TP {report['rollout_tps']} vs the TP=1 reference: token ids "
+        f"{'identical' if report['rollout_tokens_identical'] else 'DIFFER'}",
+    ]
     for r in report["rollouts"]:
         if r["tokens_identical"] and not r["logprobs_exact"]:
             lines.append(

@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 
+from ..adapters.common.rollout import RolloutJob, RolloutResult
 from ..codegen.vendored import load_target
 from .layouts import Layout
-from .rollout import DEFAULT_WORKLOAD, PromptSpec, RolloutJob, RolloutResult, RolloutSession
-from .targets import adapter, rollout_target, runs_layout, trainer_targets
+from .targets import adapter, rollout_adapter, rollout_target, runs_layout, trainer_targets
+from .workload import DEFAULT_WORKLOAD, PromptSpec
 
 # Which rollout logprobs the trainer must equal, by the contract's logprob contract.
 ROLLOUT_LOGPROBS: dict[str, Callable[[RolloutResult], list[torch.Tensor]]] = {
@@ -67,7 +68,7 @@ class GateRun:
     config: GateConfig
     rollouts: dict[int, RolloutResult] = field(default_factory=dict)
     trainers: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    _rollout_sessions: dict[int, RolloutSession] = field(default_factory=dict)
+    _rollout_sessions: dict[int, Any] = field(default_factory=dict)
     _trainer_sessions: dict[str, Any] = field(default_factory=dict)
     kernel_calls: dict[tuple[str, str], Any] = field(default_factory=dict)
     """(side, rollout ``tpN`` or layout name) -> the scored run's ``KernelCalls``."""
@@ -143,10 +144,12 @@ class GateRun:
         if session is not None:
             session.close()
 
-    def rollout_session(self, tp: int) -> RolloutSession:
-        """The live rollout processes at ``tp`` (started on first use)."""
+    def rollout_session(self, tp: int) -> Any:
+        """The live rollout processes at ``tp`` (started on first use): the rollout target's
+        ``RolloutSession``."""
         if tp not in self._rollout_sessions:
-            self._rollout_sessions[tp] = RolloutSession(tp, self.config.device)
+            session = rollout_adapter().RolloutSession(tp, self.config.device)
+            self._rollout_sessions[tp] = session
         return self._rollout_sessions[tp]
 
     def rollout(self, tp: int, **changes: Any) -> RolloutResult:
@@ -161,9 +164,13 @@ class GateRun:
             **({"kernel_audit": self.kernel_audit} if baseline else {}),
         }
         job = RolloutJob(
-            self.config.contract_id, self.config.weights, tp, workload=self.config.workload,
-            device=self.config.device, **fields,
-        )  # fmt: skip
+            self.config.contract_id,
+            self.config.weights,
+            tp,
+            workload=self.config.workload,
+            device=self.config.device,
+            **fields,
+        )
         result = self.rollout_session(tp).run(job)
         if baseline:
             self.rollouts[tp] = result
@@ -174,9 +181,11 @@ class GateRun:
         key = self.layout_key(layout)
         if key not in self._trainer_sessions:
             session = self.trainer_adapter.TrainerSession(
-                self.config.contract_id, self.config.weights, layout,
+                self.config.contract_id,
+                self.config.weights,
+                layout,
                 device=self.config.device,
-            )  # fmt: skip
+            )
             session.start()
             self._trainer_sessions[key] = session
         return self._trainer_sessions[key]
@@ -198,9 +207,12 @@ class GateRun:
             return self.trainers[key], None
         base = self.rollout(1) if default else rollout
         run = TrainerRun(
-            dtype_override=self.config.dtype_override, fault=fault, dump_layers=dump_layers,
-            planted_bugs=self.config.planted_bugs, sampling=tuple(base.sampling) or None,
-        )  # fmt: skip
+            dtype_override=self.config.dtype_override,
+            fault=fault,
+            dump_layers=dump_layers,
+            planted_bugs=self.config.planted_bugs,
+            sampling=tuple(base.sampling) or None,
+        )
         if default and fault is None and not dump_layers:  # the scored run: audited
             run = dataclasses.replace(run, kernel_audit=self.kernel_audit)
         result = self._trainer_session(layout).logprobs(base.sequences, run)

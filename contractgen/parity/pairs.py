@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import torch
 
+from ..adapters.common.rollout import RolloutResult
 from ..codegen.vendored import load_target
 from .compare import bits_digest, compare
 from .correctness import layout_grads, trainer_reference
 from .gate_run import GateRun, _say
 from .layouts import Layout
-from .rollout import RolloutResult
 from .targets import rollout_target
 
 

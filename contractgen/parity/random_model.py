@@ -15,22 +15,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..adapters.launcher.layout import select_checkpoint
+from ..codegen.vendored import load_target
+from .targets import rollout_adapter, rollout_target
+
 INITS = ("transformers", "contractgen")
 
 
 def write_random_checkpoint(
-    contract_id: str, name: str, out: str | Path, *, seed: int = 0, dtype: str = "bfloat16",
+    contract_id: str,
+    name: str,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "bfloat16",
     init: str = "transformers",
-) -> tuple[Path, int]:  # fmt: skip
+) -> tuple[Path, int]:
     """Write a seeded random-weight checkpoint of the contract's model ``name`` (the launcher's
     ``--model`` names: ``select_checkpoint``, whose ``UnknownModelError`` lists the known ones)
     to ``out``; ``(out, number of parameters)``. Needs transformers."""
-    import torch
+    import torch  # heavy
 
-    from ..adapters.launcher.layout import select_checkpoint
-    from ..codegen.vendored import load_target
-    from .reference import hf_model, reference_config
-    from .targets import rollout_adapter, rollout_target
+    from .reference import hf_model, reference_config  # heavy: torch
 
     ModelArch, random_weights = rollout_adapter().ModelArch, rollout_adapter().random_weights
 
@@ -41,7 +47,7 @@ def write_random_checkpoint(
     arch = ModelArch.from_profile(profile, dims)
     torch_dtype = getattr(torch, dtype)
     if init == "transformers":
-        import transformers
+        import transformers  # heavy
 
         torch.manual_seed(seed)
         cls = getattr(transformers, profile.hf_architecture)
@@ -49,7 +55,7 @@ def write_random_checkpoint(
     else:
         model = hf_model(random_weights(arch, seed=seed), profile, torch_dtype, dims)
     out = Path(out)
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy
 
     hf_logging.disable_progress_bar()  # callers report the write in their own words
     try:

@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
+from ..adapters.common.lora import (
+    CHECKPOINT_ADAPTER_FILE,
+    PEFT_PREFIX,
+    adapter_alpha,
+    adapter_rank,
+    peft_state_dict,
+    peft_target_modules,
+    split_adapter,
+)
 from ..adapters.common.model import hf_config_keys
 from ..adapters.families import family_for
 
@@ -70,7 +80,7 @@ REFERENCE_LENGTHS = (272, 257)
 def transformers_reason() -> str | None:
     """None if transformers can be imported, else why not."""
     try:
-        import transformers  # noqa: F401
+        import transformers  # noqa: F401 (heavy)
     except ImportError as exc:
         return f"transformers is not installed ({exc})"
     return None
@@ -100,7 +110,7 @@ def reference_config(profile: Any, dims: Any = None):
     model), built by transformers from the generated profile's values (``hf_config_keys``, the
     profile's eps and attention bias, the dims' resolved RoPE). Every value is read back from the
     built config: a key transformers ignored would leave its default in the oracle."""
-    import transformers
+    import transformers  # heavy
 
     dims = dims or profile.reference_model
     family = family_for(profile.family)
@@ -139,7 +149,7 @@ def hf_model(weights: Any, profile: Any, dtype: torch.dtype, dims: Any = None):
     """transformers' model of a checkpoint directory (its ``config.json``, read by transformers),
     or of the profile's model ``dims`` (default: the reference model; ``reference_config``)
     holding an HF-named state dict."""
-    import transformers
+    import transformers  # heavy
 
     eager = EAGER_EXPERTS if profile.reference_model.num_experts is not None else {}
     if isinstance(weights, (str, Path)):
@@ -152,16 +162,10 @@ def hf_model(weights: Any, profile: Any, dtype: torch.dtype, dims: Any = None):
                 f"transformers {transformers.__version__} cannot load {weights} for the reference "
                 f"comparison ({type(exc).__name__}: {exc}); --no-reference skips that comparison"
             ) from exc
-        from safetensors.torch import load_file
-
-        from ..adapters.common.lora import CHECKPOINT_ADAPTER_FILE
-
         carried = Path(weights) / CHECKPOINT_ADAPTER_FILE
         if carried.is_file():  # the checkpoint carries an adapter: peft serves it unmerged
             return peft_model(model, load_file(str(carried)), dtype).eval()
         return model.eval()
-    from ..adapters.common.lora import split_adapter
-
     weights, adapter = split_adapter(weights)
     cls = getattr(transformers, profile.hf_architecture)
     model = cls(reference_config(profile, dims)).to(dtype)
@@ -190,14 +194,7 @@ def hf_model(weights: Any, profile: Any, dtype: torch.dtype, dims: Any = None):
 def peft_model(model, adapter: dict[str, torch.Tensor], dtype: torch.dtype):
     """``model`` wrapped by ``peft`` with the adapter loaded (unmerged, dropout 0): the LoRA
     reference, PEFT's own forward (``base(x) + lora_B(lora_A(x)) * alpha / r``)."""
-    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-
-    from ..adapters.common.lora import (
-        adapter_alpha,
-        adapter_rank,
-        peft_state_dict,
-        peft_target_modules,
-    )
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict  # optional
 
     config = LoraConfig(
         r=adapter_rank(adapter),
@@ -241,7 +238,7 @@ _PROJ = ("gate", "up", "down")
 
 
 def hf_name(weights: Any) -> str:
-    import transformers
+    import transformers  # heavy
 
     what = "checkpoint" if isinstance(weights, (str, Path)) else "reference model"
     return f"transformers {transformers.__version__} float32 forward ({what})"
@@ -309,8 +306,6 @@ def _peft_to_adapter_name(name: str) -> str:
     """peft's parameter name of an adapter tensor (``base_model.model.model.layers.0.self_attn
     .q_proj.lora_A.default.weight``) -> the gate's (``model.layers.0.self_attn.q_proj.lora_A
     .weight``); other names unchanged (a peft model's base is frozen: only A and B have grads)."""
-    from ..adapters.common.lora import PEFT_PREFIX
-
     if not name.startswith(PEFT_PREFIX):
         return name
     return name.removeprefix(PEFT_PREFIX).replace(".default.", ".")

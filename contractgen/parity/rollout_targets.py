@@ -20,9 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from ..adapters.common.rollout import RolloutResult, requests_for
+from ..adapters.vllm import client
+from ..codegen.vendored import load_target
 from .harness import GateRun, bits_digest, compare, pair_name, same_tokens, trainer_for
-from .rollout import RolloutResult, model_arch, policies, requests_for
-from .targets import rollout_target
+from .reference import hf_model
+from .targets import rollout_adapter, rollout_target
 
 REFERENCE = "sglang"
 """The reference engine's name in ``--rollouts`` (the gate's rollout target)."""
@@ -65,8 +70,6 @@ def check_rollouts(
     multi-process TP is not built; ``--rollout-tps`` above 1 gate the reference engine.)"""
     if "vllm" not in names:
         return
-    from ..adapters.vllm.client import missing
-
     if family in VLLM_REFUSED:
         raise RolloutTargetError(VLLM_REFUSED[family])
     if lora:
@@ -86,7 +89,7 @@ def check_rollouts(
             "vllm rollout target: --inject-faults is not built for the vLLM run yet (faults are "
             "not planted in it); run --inject-faults without --rollouts vllm"
         )
-    if why := missing():
+    if why := client.missing():
         raise RolloutTargetError(f"--rollouts vllm: {why}")
 
 
@@ -94,11 +97,6 @@ def _checkpoint(config, arch, scratch: Path) -> Path:
     """A folder vLLM reads: the gate's checkpoint, or its state dict written as float32."""
     if isinstance(config.weights, (str, Path)):
         return Path(config.weights)
-    import torch
-
-    from ..codegen.vendored import load_target
-    from .reference import hf_model
-
     profile = load_target(rollout_target()).schema.model_profile_for(config.contract_id)
     out = scratch / "checkpoint"
     hf_model(config.weights, profile, torch.float32).save_pretrained(out)
@@ -108,29 +106,14 @@ def _checkpoint(config, arch, scratch: Path) -> Path:
 def vllm_rollout(run: GateRun, kernel_changes=None) -> tuple[RolloutResult, dict]:
     """The gate's workload in real vLLM; (the result as the reference engine reports one, the
     runner's metadata)."""
-    from ..adapters.vllm import client
-
-    config = run.config
-    _, kp, _ = policies(config.contract_id, 1, config.dtype_override, kernel_changes or {}, {})
-    arch, _ = model_arch(config.contract_id, config.weights)
+    config, reference = run.config, rollout_adapter()
+    changes = kernel_changes or {}
+    _, kp, _ = reference.policies(config.contract_id, 1, config.dtype_override, changes, {})
+    arch, _ = reference.model_arch(config.contract_id, config.weights)
     requests = requests_for(config.workload, arch.vocab_size)
     with tempfile.TemporaryDirectory(prefix="contractgen-vllm-") as tmp:
         ckpt = _checkpoint(config, arch, Path(tmp))
-        job = client.make_job(ckpt, arch, kp, [("gate", requests)], engine=VLLM_ENGINE)
-        meta, out = client.run(job, Path(tmp) / "job")
-    seqs, lens, dec, pre = [], [], [], []
-    for r in requests:
-        key = f"gate/{r.rid}"
-        seqs.append([*r.prompt, *out[key + "/tokens"].tolist()])
-        lens.append(len(r.prompt))
-        dec.append(out[key + "/decode_lp"])
-        pre.append(out[key + "/prefill_lp"])
-    times = meta["runs"]["gate"]
-    result = RolloutResult(
-        seqs, lens, dec, pre, times["generate_s"], times["rescore_s"],
-        sampling=[r.sampling for r in requests],
-    )  # fmt: skip
-    return result, meta
+        return client.rollout(ckpt, arch, kp, requests, tmp, engine=VLLM_ENGINE)
 
 
 def report(run: GateRun) -> dict:
@@ -201,11 +184,15 @@ def failures(report_: dict) -> list[str]:
     out = []
     for e in report_.get("rollout_targets", []):
         if e.get("stock_ops"):
-            out.append(f"rollout target {e['target']}: vLLM's own ops on the scored path: "
-                       + "; ".join(e["stock_ops"][:3]))  # fmt: skip
+            out.append(
+                f"rollout target {e['target']}: vLLM's own ops on the scored path: "
+                + "; ".join(e["stock_ops"][:3])
+            )
         elif not e["exact"]:
             why = "other tokens" if not e["tokens_identical"] else "logprobs not exact"
-            out.append(f"rollout target {e['target']} differs from the {REFERENCE} rollout tp1 ({why})")  # fmt: skip
+            out.append(
+                f"rollout target {e['target']} differs from the {REFERENCE} rollout tp1 ({why})"
+            )
     return out
 
 

@@ -92,7 +92,7 @@ def sampling_report(run: Any) -> tuple[list[dict], dict]:
         {
             "name": name,
             **three_way_counts(base.decode_logprobs, base.prefill_logprobs, run.trainers[name]),
-        }  # fmt: skip
+        }
         for name in layouts
     ]
     three_way = {
@@ -178,8 +178,11 @@ def three_way_failures(step: dict) -> list[str]:
     out = []
     for e in (step.get("three_way") or {}).get("per_layout", []):
         if not e["same_weights"]:
-            off = [tp for tp, r in e["rollout_weights"].items()
-                   if r["digest"] != e["trainer_weights"]["digest"]]  # fmt: skip
+            off = [
+                tp
+                for tp, r in e["rollout_weights"].items()
+                if r["digest"] != e["trainer_weights"]["digest"]
+            ]
             out.append(
                 f"step {step['step']}: {e['name']}: rollout {', '.join(off)} sampled on other "
                 "weights than the trainer scored (weights digests differ)"

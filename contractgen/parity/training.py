@@ -55,8 +55,8 @@ from __future__ import annotations
 import statistics
 
 from .gate_run import GateRun
-from .rollout import arch_of
 from .sampling_check import steps_three_way
+from .targets import rollout_adapter
 from .training_config import (
     ADAPTER_FAULTS,
     DP_DESYNC,
@@ -115,7 +115,7 @@ __all__ = [
 
 def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
     """Every trainer layout's run of ``cfg.steps`` steps; the report's ``training`` and ``steps``."""
-    arch = arch_of(run.config.contract_id, run.config.weights)
+    arch = rollout_adapter().arch_of(run.config.contract_id, run.config.weights)
     per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
     pairs: list[list[dict]] = [[] for _ in range(cfg.steps)]
     cache: dict = {}
@@ -177,7 +177,7 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
             **{
                 k: v.format(lr=cfg.lr)
                 for k, v in getattr(run.trainer_adapter, "TRAINING_DESCRIPTION", {}).items()
-            },  # fmt: skip
+            },
             "distributed_optimizer": cfg.distributed_optimizer,
             "fault": cfg.fault,
             "stale_tensor": stale_tensor(arch) if cfg.fault == STALE_SHARD else None,

@@ -90,9 +90,13 @@ class _GradCheck:
         if self.note is not None:
             return None
         if not getattr(self.run.trainer_adapter, "GRADIENT_RUN", True):
-            return {"name": layout.name, **layout.sizes, "supported": False,
-                    "note": f"not supported: the {self.run.trainer_target} trainer has no "
-                    "gradient run (TrainerRun.grads) yet"}  # fmt: skip
+            return {
+                "name": layout.name,
+                **layout.sizes,
+                "supported": False,
+                "note": f"not supported: the {self.run.trainer_target} trainer has no "
+                "gradient run (TrainerRun.grads) yet",
+            }
         key = tuple(tuple(s) for s in base.sequences)
         if key not in self.refs:
             seqs = [list(s) for s in base.sequences]
@@ -146,7 +150,7 @@ def step_workload(step: int, cfg: TrainingConfig, vocab_size: int) -> tuple[Prom
                     seed=sample_seed(0, step, i, j),
                     arrival_step=k % 3,
                     prompt_ids=prompt,
-                )  # fmt: skip
+                )
             )
     return tuple(specs)
 

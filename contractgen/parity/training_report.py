@@ -136,8 +136,11 @@ def _grads_lines(report: dict) -> list[str]:
         grads = s.get("grads")
         if grads is None:
             continue
-        out += ["", f"grads     step {s['step']}: {grads['dtype']}, {grads['loss']}, "
-                f"tolerance {grads['tolerance']} (relative)"]  # fmt: skip
+        out += [
+            "",
+            f"grads     step {s['step']}: {grads['dtype']}, {grads['loss']}, "
+            f"tolerance {grads['tolerance']} (relative)",
+        ]
         if grads["note"]:
             out.append(f"          none: {grads['note']}")
         for g in grads["per_layout"]:

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from ..adapters.common.lora import split_adapter
+from ..adapters.common.rollout import AS_PUSHED, RolloutJob, WeightSync, weights_digest
 from .compare import compare
 from .gate_run import GateRun
 from .layouts import Layout
 from .pairs import pair_name, same_tokens
-from .rollout import AS_PUSHED, RolloutJob, WeightSync, weights_digest
 from .sampling_check import step_three_way
 from .training_config import (
     DP_DESYNC,
@@ -123,9 +123,13 @@ class _LayoutRun:
 
 
 def _run_layout(
-    run: GateRun, cfg: TrainingConfig, layout: Layout, arch: Any, cache: dict,
+    run: GateRun,
+    cfg: TrainingConfig,
+    layout: Layout,
+    arch: Any,
+    cache: dict,
     grads: _GradCheck | None = None,
-):  # fmt: skip
+):
     """Yield ``(per-layout entry, pairs, step)`` for each step of one trainer layout's run;
     ``cache`` holds rollout results by (TP, pushed weights, workload, faults) across layouts;
     ``grads`` checks the step-0 gradient."""
@@ -139,9 +143,11 @@ def _run_layout(
     t0 = time.perf_counter()
     digests = ThreadPoolExecutor(1, thread_name_prefix="weights-digest")
     trainer = TrainerSession(
-        config.contract_id, config.weights, layout,
+        config.contract_id,
+        config.weights,
+        layout,
         device=config.device,
-    )  # fmt: skip
+    )
     trainer.start()
     try:
         init = trainer.train(
@@ -156,9 +162,19 @@ def _run_layout(
         )
         weights, trained = init.weights, init.trained
         state = _LayoutRun(
-            run, cfg, layout, arch, cache, grads, trainer, rollout_changes, trainer_fault, stale,
-            digests, t0,
-        )  # fmt: skip
+            run,
+            cfg,
+            layout,
+            arch,
+            cache,
+            grads,
+            trainer,
+            rollout_changes,
+            trainer_fault,
+            stale,
+            digests,
+            t0,
+        )
         for step in range(cfg.steps):
             entry, step_pairs, result = _train_step(state, step, weights, trained)
             yield entry, step_pairs, step
@@ -190,7 +206,10 @@ def _train_step(s: _LayoutRun, step: int, weights: Any, trained: Any):
         if r.extra["weight_sync"]["digest"] == AS_PUSHED:
             r.extra["weight_sync"]["digest"] = digest
     clock = time.perf_counter()
-    rewards = [reward(q[p:], arch.vocab_size) for q, p in zip(base.sequences, base.prompt_lens, strict=True)]  # fmt: skip
+    rewards = [
+        reward(q[p:], arch.vocab_size)
+        for q, p in zip(base.sequences, base.prompt_lens, strict=True)
+    ]
     advantages = grpo_advantages(rewards, cfg.group_size)
     old = s.run.scored_rollout(base)
     times["score"] = _lap(clock)
@@ -255,19 +274,27 @@ def _step_rollouts(
     rollouts, reused = {}, []
     for tp in sorted({1, *config.rollout_tps}):  # TP=1 first: the reference
         sync = WeightSync(
-            reset=step == 0, stale=s.stale if step > 0 else None,
-            digest=digest or AS_PUSHED, skip_adapter=skip_adapter,
-        )  # fmt: skip
+            reset=step == 0,
+            stale=s.stale if step > 0 else None,
+            digest=digest or AS_PUSHED,
+            skip_adapter=skip_adapter,
+        )
         job = RolloutJob(
-            config.contract_id, weights, tp, workload=workload, device=config.device,
-            arch=s.arch, weight_sync=sync, planted_bugs=config.planted_bugs,
+            config.contract_id,
+            weights,
+            tp,
+            workload=workload,
+            device=config.device,
+            arch=s.arch,
+            weight_sync=sync,
+            planted_bugs=config.planted_bugs,
             **s.rollout_changes,
-        )  # fmt: skip
+        )
         # A full push replaces everything the ranks held, so the run is a function of the
         # pushed weights: another layout that pushed the same bits reuses it (a LoRA
         # adapter push too: the base under it is the same frozen step-0 push).
         faulted = sync.stale or sync.skip_adapter
-        key = None if faulted or digest is None else (tp, digest, workload, repr(s.rollout_changes))  # fmt: skip
+        key = None if faulted or digest is None else (tp, digest, workload, repr(s.rollout_changes))
         if key is not None and key in s.cache:
             reused.append(tp)
             rollouts[tp] = s.cache[key]
@@ -291,7 +318,7 @@ def _trainer_step(s: _LayoutRun, base: Any, old: list, advantages: list[float]) 
             tuple(advantages),
             s.cfg.clip_eps,
             sampling=tuple(base.sampling),
-        )  # fmt: skip
+        )
     )
 
 
@@ -316,9 +343,15 @@ def _step_pairs(s: _LayoutRun, rollouts: dict, base: Any, result: Any) -> list[d
 
 
 def _step_entry(
-    s: _LayoutRun, base: Any, rollouts: dict, result: Any, old: list, advantages: list[float],
-    rewards: list[float], syncs: dict,
-) -> dict:  # fmt: skip
+    s: _LayoutRun,
+    base: Any,
+    rollouts: dict,
+    result: Any,
+    old: list,
+    advantages: list[float],
+    rewards: list[float],
+    syncs: dict,
+) -> dict:
     """The per-layout entry's loss, ratio and sync fields (``_train_step`` adds the rest)."""
     want, bound = advantage_logprob(old, advantages)
     return {
@@ -345,9 +378,15 @@ def _step_entry(
 
 
 def _step_tail(
-    s: _LayoutRun, step: int, base: Any, result: Any, digest: str, syncs: dict,
-    checked: dict | None, times: dict,
-) -> dict:  # fmt: skip
+    s: _LayoutRun,
+    step: int,
+    base: Any,
+    result: Any,
+    digest: str,
+    syncs: dict,
+    checked: dict | None,
+    times: dict,
+) -> dict:
     """The per-layout entry's three-way check, gradients, throughput and times."""
     tokens = sum(len(q) - p for q, p in zip(base.sequences, base.prompt_lens, strict=True))
     return {

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from contractgen.adapters.common.lora import check_adapter, random_adapter
 from contractgen.adapters.sglang.model import KVCache, ReferenceModel, random_weights
+from contractgen.adapters.sglang.session import model_arch, policies
 from contractgen.cli import main
 from contractgen.parity.faults import flipped
 from contractgen.parity.harness import bits
-from contractgen.parity.rollout import model_arch, policies
 from contractgen.schema.models import Contract
 from contractgen.schema.rules import check_lora
 

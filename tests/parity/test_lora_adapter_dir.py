@@ -73,11 +73,11 @@ def test_a_model_checkpoint_carries_the_random_adapter_to_every_reader(tmp_path)
 
     from contractgen.adapters.common.checkpoint import check_weight_files
     from contractgen.adapters.common.lora import CHECKPOINT_ADAPTER_FILE, split_adapter
+    from contractgen.adapters.sglang.session import model_arch
     from contractgen.codegen.vendored import load_target
     from contractgen.commands.parity import _with_lora
     from contractgen.parity.random_model import write_random_checkpoint
     from contractgen.parity.reference import hf_model
-    from contractgen.parity.rollout import model_arch
 
     schema = load_target("sglang").schema
     path, _ = write_random_checkpoint(QWEN, "reference", tmp_path / "ckpt")

@@ -12,8 +12,9 @@ import torch
 from conftest import run_parity
 
 from contractgen.adapters.common.lora import LORA_ALPHA_KEY, is_adapter_name, random_adapter
+from contractgen.adapters.common.rollout import weights_digest
 from contractgen.adapters.sglang.model import ReferenceModel, random_weights
-from contractgen.parity.rollout import model_arch, policies, weights_digest
+from contractgen.adapters.sglang.session import model_arch, policies
 from contractgen.parity.training import NO_ADAPTER, STALE_ADAPTER, adapter_check
 
 QWEN = "qwen3_dense_lora_true_on_policy_v1"
@@ -47,8 +48,8 @@ def test_adapter_check_names_stale_and_missing_adapters() -> None:
 def test_rollout_digests_the_adapter_it_serves_and_the_faults_skip_it(lora_weights) -> None:
     """The rollout hashes the adapter it holds (not the push); ``skip_adapter`` keeps the held
     one (stale) or, on a first push, leaves the engine without one (no adapter)."""
-    from contractgen.parity import rollout
-    from contractgen.parity.rollout import RolloutJob, WeightSync, sync_report
+    from contractgen.adapters.common.rollout import RolloutJob, WeightSync, sync_report, update_for
+    from contractgen.adapters.sglang import session as rollout
 
     arch, base, adapter = lora_weights
     first = {**{k: v.to(torch.bfloat16) for k, v in base.items()}, **_served(adapter)}
@@ -56,22 +57,22 @@ def test_rollout_digests_the_adapter_it_serves_and_the_faults_skip_it(lora_weigh
     _, kp, rp = policies(QWEN, 1, None, {}, {})
     try:
         job = RolloutJob(QWEN, first, 1, arch=arch, weight_sync=WeightSync(reset=True))
-        engine = rollout._held_engine(job, kp, rp, arch, None, None, rollout._update(job, 0, 1))
+        engine = rollout._held_engine(job, kp, rp, arch, None, None, update_for(job, 0, 1))
         report = sync_report(engine.model, first)
         assert report["synced"] and report["adapter_digest"] == weights_digest(_served(adapter))
         stale = RolloutJob(QWEN, newer, 1, arch=arch, weight_sync=WeightSync(skip_adapter=True))
-        assert rollout._update(stale, 0, 1) == {}, "an adapter-only push, all skipped"
+        assert update_for(stale, 0, 1) == {}, "an adapter-only push, all skipped"
         engine = rollout._held_engine(stale, kp, rp, arch, None, None, {})
         report = sync_report(engine.model, newer)
         assert report["adapter_digest"] == weights_digest(_served(adapter)), "still step 0's"
         assert not report["synced"] and all(is_adapter_name(n) for n in report["mismatched"])
         taken = RolloutJob(QWEN, newer, 1, arch=arch, weight_sync=WeightSync())
-        engine = rollout._held_engine(taken, kp, rp, arch, None, None, rollout._update(taken, 0, 1))
+        engine = rollout._held_engine(taken, kp, rp, arch, None, None, update_for(taken, 0, 1))
         assert sync_report(engine.model, newer)["adapter_digest"] == weights_digest(newer)
         rollout._ENGINE.clear()
         none = RolloutJob(QWEN, first, 1, arch=arch,
                           weight_sync=WeightSync(reset=True, skip_adapter=True))  # fmt: skip
-        update = rollout._update(none, 0, 1)
+        update = update_for(none, 0, 1)
         assert update and not any(is_adapter_name(n) for n in update)
         engine = rollout._held_engine(none, kp, rp, arch, None, None, update)
         assert sync_report(engine.model, first)["adapter_digest"] is None

@@ -108,7 +108,7 @@ def test_trainer_scores_the_processed_distribution(reference_weights):
     from contractgen.adapters.megatron.trainer import TrainerRun, TrainerSession
     from contractgen.adapters.sglang.engine import Request, RolloutEngine
     from contractgen.adapters.sglang.model import ReferenceModel
-    from contractgen.parity.rollout import policies
+    from contractgen.adapters.sglang.session import policies
 
     arch, weights = reference_weights
     _, kp, rp = policies(V1, 1, None, {}, {})

@@ -61,8 +61,9 @@ def _bf16(weights):
 def test_rollout_gathers_back_what_it_loaded(reference_weights):
     """The inverse of the rollout's sharding at TP=1, and a pushed tensor that was not loaded
     is reported by name."""
+    from contractgen.adapters.common.rollout import sync_report, weights_digest
     from contractgen.adapters.sglang.model import ReferenceModel
-    from contractgen.parity.rollout import policies, sync_report, weights_digest
+    from contractgen.adapters.sglang.session import policies
 
     arch, weights = reference_weights
     pushed = _bf16(weights)
@@ -82,9 +83,10 @@ def test_rollout_gathers_back_what_it_loaded(reference_weights):
 
 
 def test_rollout_gathers_back_every_expert_of_an_moe_model():
+    from contractgen.adapters.common.rollout import sync_report, weights_digest
     from contractgen.adapters.sglang.model import ModelArch, ReferenceModel, random_weights
+    from contractgen.adapters.sglang.session import policies
     from contractgen.codegen.vendored import load_target
-    from contractgen.parity.rollout import policies, sync_report, weights_digest
 
     moe = "qwen3_moe_true_on_policy_v1"
     arch = ModelArch.from_profile(load_target("sglang").schema.model_profile_for(moe))
@@ -124,17 +126,18 @@ def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
     """The fault skips one tensor of the update on the last rank only; the engine a rank keeps
     across pushes then still holds that tensor's old value (loaded in place, never rebuilt),
     and the sync check names it. A first push (``reset``) loads everything."""
+    from contractgen.adapters.common.rollout import RolloutJob, WeightSync, sync_report, update_for
     from contractgen.adapters.common.shared_tensors import SharedTensors
-    from contractgen.parity import rollout
-    from contractgen.parity.rollout import RolloutJob, WeightSync, policies, sync_report
+    from contractgen.adapters.sglang import session as rollout
+    from contractgen.adapters.sglang.session import policies
 
     arch, weights = reference_weights
     name = stale_tensor(arch)
     old, new = _bf16(weights), {k: v.to(torch.bfloat16) + 1 for k, v in weights.items()}
     stale_job = RolloutJob(V1, new, 2, arch=arch, weight_sync=WeightSync(stale=name))
-    assert name not in rollout._update(stale_job, 1, 2) and len(rollout._update(stale_job, 0, 2)) == len(new)  # fmt: skip
+    assert name not in update_for(stale_job, 1, 2) and len(update_for(stale_job, 0, 2)) == len(new)  # fmt: skip
     first = RolloutJob(V1, old, 2, arch=arch, weight_sync=WeightSync(reset=True, stale=name))
-    assert len(rollout._update(first, 1, 2)) == len(old)
+    assert len(update_for(first, 1, 2)) == len(old)
     assert name.startswith("model.layers.0.") and name.endswith("down_proj.weight")
 
     _, kp, rp = policies(V1, 1, None, {}, {})
@@ -143,7 +146,7 @@ def test_stale_shard_keeps_only_the_last_ranks_old_copy(reference_weights):
             RolloutJob(V1, SharedTensors.pack(old), 1, arch=arch, weight_sync=WeightSync(reset=True)),
             RolloutJob(V1, SharedTensors.pack(new), 1, arch=arch, weight_sync=WeightSync(stale=name)),
         ):  # fmt: skip
-            engine = rollout._held_engine(job, kp, rp, arch, None, None, rollout._update(job, 0, 1))
+            engine = rollout._held_engine(job, kp, rp, arch, None, None, update_for(job, 0, 1))
         assert len(rollout._ENGINE) == 1, "one engine kept across the pushes"
         held, _ = engine.model.gathered_weights()
         assert torch.equal(held[name], old[name])

@@ -365,7 +365,7 @@ def _lora_weights(arch, seed: int) -> dict[str, torch.Tensor]:
 
 def _lora_model(device: str = "cpu", seed: int = 0, **kwargs) -> ReferenceModel:
     """The LoRA contract's reference model with a seeded rank-8 adapter on every target linear."""
-    from contractgen.parity.rollout import model_arch, policies
+    from contractgen.adapters.sglang.session import model_arch, policies
 
     contract = "qwen3_dense_lora_true_on_policy_v1"
     _, kp, rp = policies(contract, 1, None, {}, {})

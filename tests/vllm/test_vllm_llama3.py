@@ -16,8 +16,8 @@ LLAMA3 = "llama3_dense_true_on_policy_v1"
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
     require_vllm()
+    from contractgen.adapters.common.rollout import requests_for
     from contractgen.adapters.vllm import client
-    from contractgen.parity.rollout import requests_for
     from contractgen.parity.workload import make_workload
 
     ckpt, arch, kp, make_engine = reference_case(tmp_path_factory, LLAMA3)

@@ -18,8 +18,8 @@ def case(tmp_path_factory):
     require_vllm()
     import dataclasses
 
+    from contractgen.adapters.common.rollout import requests_for
     from contractgen.adapters.vllm import client
-    from contractgen.parity.rollout import requests_for
     from contractgen.parity.workload import make_workload
 
     ckpt, arch, kp, make_engine = reference_case(tmp_path_factory, CONTRACT)

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.slow
 
 def test_planted_vllm_rms_norm_is_seen(tmp_path_factory):
     require_vllm()
+    from contractgen.adapters.common.rollout import requests_for
     from contractgen.adapters.vllm import client
-    from contractgen.parity.rollout import requests_for
     from contractgen.parity.workload import make_workload
 
     ckpt, arch, kp, _ = reference_case(tmp_path_factory, CONTRACT)

@@ -16,11 +16,12 @@ def case(tmp_path_factory):
     require_vllm()
     from safetensors.torch import save_file
 
+    from contractgen.adapters.common.rollout import requests_for
     from contractgen.adapters.sglang.engine import RolloutEngine
     from contractgen.adapters.sglang.model import ReferenceModel
+    from contractgen.adapters.sglang.session import policies
     from contractgen.adapters.vllm import client
     from contractgen.adapters.vllm.floor import random_weights
-    from contractgen.parity.rollout import policies, requests_for
     from contractgen.parity.workload import make_workload
 
     ckpt, arch, kp, make_engine = reference_case(tmp_path_factory, CONTRACT)

@@ -31,8 +31,8 @@ def reference_case(tmp_path_factory, contract: str):
     reference engine (TP=1) on the same weights."""
     from contractgen.adapters.sglang.engine import RolloutEngine
     from contractgen.adapters.sglang.model import ReferenceModel
+    from contractgen.adapters.sglang.session import model_arch, policies
     from contractgen.parity.random_model import write_random_checkpoint
-    from contractgen.parity.rollout import model_arch, policies
 
     base = tmp_path_factory.mktemp("vllm_ckpt")
     _, kp, rp = policies(contract, 1, None, {}, {})
