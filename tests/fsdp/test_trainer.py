@@ -7,19 +7,41 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from contractgen.adapters.common.layout import LayoutError, parse_layout
+from contractgen.adapters.common.model import ModelArch, random_weights
+from contractgen.adapters.common.run_types import OptimizerSettings
+from contractgen.adapters.fsdp import (
+    TrainBatch,
+    TrainerFault,
+    TrainerRun,
+    TrainerSession,
+    TrainInit,
+)
+from contractgen.adapters.fsdp.trainer import fsdp_ranks
+from contractgen.codegen.vendored import load_target
+from contractgen.parity.correctness import GRAD_TOLERANCE, compare_grads, grad_reference_of
 
 V1 = "qwen3_dense_true_on_policy_v1"
+
+
+@pytest.fixture(scope="module")
+def reference_weights():
+    """The v1 reference model's seeded random weights (what `parity` builds by default). Here,
+    not in a conftest: a second conftest module would shadow ``tests/parity/conftest.py`` for
+    the parity files' ``from conftest import ...`` when both folders are given to one pytest."""
+    arch = ModelArch.from_profile(load_target("fsdp").schema.model_profile_for(V1))
+    return arch, random_weights(arch, seed=0)
+
+
 DK_BUG = "attention_dk_scale_dropped"
 
 
 def test_fsdp_trainer_refuses_model_parallel_layouts() -> None:
-    from contractgen.adapters.fsdp.trainer import fsdp_ranks
-
     assert fsdp_ranks(parse_layout("fsdp4")) == 4
     with pytest.raises(LayoutError, match="fsdpN layouts only"):
         fsdp_ranks(parse_layout("tp2"))
@@ -29,10 +51,6 @@ def test_fsdp_trainer_refuses_model_parallel_layouts() -> None:
 def test_fsdp_runtime_policy_fields_are_load_bearing() -> None:
     """Each numerics-bearing FSDP runtime field flipped on the trainer alone moves its bits off
     the unfaulted run's (one fsdp1 session, several runs)."""
-    from contractgen.adapters.common.model import ModelArch, random_weights
-    from contractgen.adapters.fsdp import TrainerFault, TrainerRun, TrainerSession
-    from contractgen.codegen.vendored import load_target
-
     arch = ModelArch.from_profile(load_target("fsdp").schema.model_profile_for(V1))
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (40, 70)]
@@ -59,9 +77,6 @@ def test_fsdp2_trains_a_step_at_ratio_one_and_pushes_the_updated_weights(referen
     """``--train-steps``' trainer half at fsdp2: the training forward scores the sequences with
     the bits of the plain forward (ratio exactly 1, loss its value at ratio 1), AdamW moves the
     sharded weights, and the pushed full state dict has every checkpoint name in bfloat16."""
-    from contractgen.adapters.common.run_types import OptimizerSettings
-    from contractgen.adapters.fsdp import TrainBatch, TrainerSession, TrainInit
-
     arch, weights = reference_weights
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (40, 31, 25)]
@@ -87,10 +102,6 @@ def test_fsdp_gradients_match_float64_autograd_and_a_planted_dk_bug_fails_them(r
     gathered from the fsdp2 shards) is within tolerance of float64 transformers autograd, twice
     with the same bits, and the attention backward without the softmax scale in dK (a bug no
     logprob shows) puts it far outside."""
-    from types import SimpleNamespace
-
-    from contractgen.adapters.fsdp import TrainerRun, TrainerSession
-    from contractgen.parity.correctness import GRAD_TOLERANCE, compare_grads, grad_reference_of
 
     arch, weights = reference_weights
     g = torch.Generator().manual_seed(3)
