@@ -141,7 +141,7 @@ def build_fsdp(arch, dev, contract=CONTRACT):
 
 
 class FsdpRun:
-    """``time_model``'s view of the fsdp model: the packed row in (``runtime.Pack.kwargs``), the
+    """``time_model``'s view of the fsdp model: the packed row in (``runtime.hf_inputs``), the
     logits ``[1, T, V]`` out; loss: cross entropy summed over every position (as megatron's)."""
 
     def __init__(self, model):
@@ -182,15 +182,16 @@ MODELS = ("sglang", "stock", "hf_sdpa", "fsdp")
 
 def build_case(name, arch, dev, seqs, contract):
     """``(model, make_inputs, targets_fn)`` of one ``--models`` entry."""
+    from contractgen.adapters.common.packing import pack_sequences
     from contractgen.adapters.megatron.model import padded_vocab_size
-    from contractgen.adapters.megatron.packing import pack_sequences
+    from contractgen.adapters.megatron.packing import thd_params
     from contractgen.adapters.megatron.policy import generated
 
     ids = torch.stack(seqs)
     if name == "sglang":
         model, _ = build_sglang(arch, dev, contract)
         pack = pack_sequences([s.tolist() for s in seqs])
-        params = pack.seq_params().to(dev)
+        params = thd_params(pack).to(dev)
 
         def make_inputs():
             return dict(
@@ -225,16 +226,19 @@ def build_case(name, arch, dev, seqs, contract):
         model = HFRun(build_hf_sdpa(arch, dev), ids)
         return model, lambda: dict(input_ids=ids.to(dev)), lambda: ids.to(dev)
     if name == "fsdp":
-        from contractgen.adapters.fsdp.runtime import Pack
+        from contractgen.adapters.common.packing import pack_sequences
+        from contractgen.adapters.fsdp.runtime import hf_inputs
 
         model = FsdpRun(build_fsdp(arch, dev, contract))
-        pack = Pack.of([s.tolist() for s in seqs])  # the same token ids, packed into one row
+        pack = pack_sequences([s.tolist() for s in seqs])  # the same token ids, packed into one row
 
         def targets_fn():
             t = torch.zeros_like(pack.token_ids)
-            for lo, hi in zip(pack.cu[:-1].tolist(), pack.cu[1:].tolist(), strict=True):
+            for lo, hi in zip(
+                pack.offsets()[:-1].tolist(), pack.offsets()[1:].tolist(), strict=True
+            ):
                 t[lo : hi - 1] = pack.token_ids[lo + 1 : hi]
             return t[None].to(dev)
 
-        return model, lambda: pack.kwargs(dev.type), targets_fn
+        return model, lambda: hf_inputs(pack, dev.type), targets_fn
     raise ValueError(f"--models: unknown model {name!r}; known: {', '.join(MODELS)}")

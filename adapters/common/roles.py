@@ -12,25 +12,50 @@ once, ``workers.preload``), ``LORA`` (it runs LoRA adapters), ``UNOBSERVABLE`` a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 
-class TrainerSession(Protocol):
-    """A trainer target's ranks for one layout, kept across calls (``common.workers.RankPool``
-    behind it; the ranks join ``common.distributed.Rendezvous``)."""
+class TrainerRanks(Protocol):
+    """What is a trainer target's own, handed to the floor's session (``common.trainer``: its
+    ``TrainerSession`` is that class with ``ranks`` set). Static functions of a module-level
+    class, which the ranks receive pickled by name; the parent calls only ``name``,
+    ``world_size`` and ``model_profile``, so its module must import no heavy library at the top.
+    """
 
-    def start(self) -> None: ...
+    name: str  # names the session in errors, e.g. "fsdp trainer"
 
-    def logprobs(self, sequences: Sequence[Sequence[int]], run: Any = None) -> Any:
-        """One forward (``run.grads``: one backward) of ``sequences`` under ``run``
-        (``common.run_types.TrainerRun``): a ``TrainerResult``."""
+    @staticmethod
+    def world_size(layout: Any) -> int:
+        """The ranks ``layout`` (``common.layout.Layout``) runs; refuses a layout it cannot."""
 
-    def train(self, command: Any) -> Any:
-        """``TrainInit`` (build the model and optimizer once) or ``TrainBatch`` (one step): a
-        ``TrainStepResult``."""
+    @staticmethod
+    def model_profile(contract_id: str) -> Any:
+        """The contract's ``ModelProfile`` (from the target's generated schema)."""
 
-    def close(self) -> None: ...
+    @staticmethod
+    def join(rank: int, job: Any) -> Any:
+        """In a rank: join the session's process group and the target's own groups; returns
+        the rank's place, handed back to every call below."""
+
+    @staticmethod
+    def order(place: Any) -> int | None:
+        """Where the rank's layer dumps go in the merged ones (its pipeline stage), or None."""
+
+    @staticmethod
+    def logprobs(job: Any, run: Any, place: Any) -> tuple[Any, Any]:
+        """One forward (``run.grads``: one backward) of ``job.sequences``: ``(TrainerResult or
+        None where this rank has nothing to report, per-sequence layer dumps or None)``."""
+
+    @staticmethod
+    def train_init(job: Any, init: Any, place: Any) -> tuple[Any, Any]:
+        """Build the model and optimizer once: ``(state kept for the steps, TrainStepResult)``."""
+
+    @staticmethod
+    def train_step(state: Any, job: Any, batch: Any, place: Any) -> Any:
+        """One step of ``batch`` (``TrainBatch``): this rank's ``TrainStepResult``."""
+
+    @staticmethod
+    def shutdown() -> None: ...
 
 
 class TrainerTarget(Protocol):
@@ -38,7 +63,7 @@ class TrainerTarget(Protocol):
 
     MLP_BLOCKS: frozenset[str]  # the layer blocks its model implements (Family.layer_blocks)
     LAYOUT_AXES: frozenset[str]  # the Layout axes it runs (tp/pp/cp/dp/ep, or fsdp)
-    TrainerSession: type  # TrainerSession(contract_id, weights_or_checkpoint, layout, ...)
+    TrainerSession: type  # common.trainer.TrainerSession with the target's ranks
     TrainerRun: type  # the common.run_types names, re-exported
     TrainerFault: type
     TrainBatch: type

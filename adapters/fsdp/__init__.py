@@ -71,11 +71,11 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "TrainerSession":
-        from .trainer import TrainerSession
+        from .trainer import TrainerSession  # heavy: torch, on first use
 
         return TrainerSession
     if name in ("TrainerFault", "TrainerRun", "TrainBatch", "TrainInit", "OptimizerSettings"):
-        from ..common import run_types
+        from ..common import run_types  # heavy: torch, on first use
 
         return getattr(run_types, name)
     raise AttributeError(name)

@@ -17,7 +17,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+import transformers
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ..common.model import hf_config_keys
 from ..families import LAYER_PREFIX
@@ -28,8 +30,6 @@ from .policy import FsdpPolicy
 
 def hf_config(arch: Any) -> Any:
     """transformers' config for ``arch`` (a rollout ``ModelArch``), of the family's class."""
-    import transformers
-
     keys = hf_config_keys(arch.spec) | {"norm_eps": "rms_norm_eps"}  # eps: the profile's
     given = {k: getattr(arch, f) for f, k in keys.items() if getattr(arch, f) is not None}
     given = {k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}
@@ -82,8 +82,6 @@ def build(arch: Any, weights: Mapping[str, torch.Tensor], policy: FsdpPolicy, gr
     """transformers' model for ``arch`` holding ``weights`` (HF names) in the policy's master
     dtype, with the contract's ops attached (``attach``; ``group``: this rank alone, where the
     kernels' cross-rank reductions run)."""
-    import transformers
-
     ops.register_attention()
     cls = getattr(transformers, arch.spec.hf_architectures[0])
     torch.manual_seed(0)
@@ -174,8 +172,6 @@ def shard(model: nn.Module, policy: FsdpPolicy, mesh: Any) -> nn.Module:
     ``policy.param_dtype`` and gradients reduced in ``policy.reduce_dtype`` by FSDP's own
     ``MixedPrecisionPolicy``; forward inputs are not cast (``cast_forward_inputs=False``): the
     residual stream and the RoPE table keep the contract's dtypes across unit boundaries."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     mp = MixedPrecisionPolicy(
         param_dtype=policy.param_dtype,
         reduce_dtype=policy.reduce_dtype,

@@ -38,6 +38,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..kernels import attention as attn_kernels
 from ..kernels._dtypes import dtype_of
@@ -180,9 +182,13 @@ class ContractRotary(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
         return rope_cos_sin(
-            position_ids[0], self.head_dim, self.theta, self.scaling, self.kp,
+            position_ids[0],
+            self.head_dim,
+            self.theta,
+            self.scaling,
+            self.kp,
             max_position=self.max_position,
-        )  # fmt: skip
+        )
 
 
 # ---- attention -------------------------------------------------------------------------------
@@ -202,9 +208,18 @@ class _ChunkedAttention(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, out, lse, positions, cu = ctx.saved_tensors
         dq, dk, dv = attn_kernels.attention_backward(
-            q, k, v, out, lse, d_out.contiguous(), positions, ctx.kp,
-            cu_seqlens_q=cu, cu_seqlens_k=cu, scale=ctx.scale,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            out,
+            lse,
+            d_out.contiguous(),
+            positions,
+            ctx.kp,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            scale=ctx.scale,
+        )
         return dq, dk, dv, None, None, None, None
 
 
@@ -238,8 +253,6 @@ def chunked_attention_forward(
 def register_attention() -> None:
     """Register ``chunked_attention_forward`` in transformers' ``AttentionInterface`` (global,
     idempotent)."""
-    from transformers import AttentionInterface
-
     AttentionInterface.register(ATTENTION_NAME, chunked_attention_forward)
 
 
@@ -275,8 +288,6 @@ class ContractAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
         x, T = hidden_states, hidden_states.shape[1]
         cos, sin = position_embeddings
         q = self._heads(self.q_proj, self.q_norm, x, cos, sin)

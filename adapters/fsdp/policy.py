@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from contractgen.codegen.vendored import load_target
+
 from ..common.policy import resolve_kernel_policy
 from ..common.run_types import with_fault
 from ..kernels.policy import KernelPolicy
@@ -19,8 +21,6 @@ from ..kernels.policy import KernelPolicy
 @cache
 def generated() -> Any:
     """The generated fsdp target (``.schema`` and ``.runtime_policy`` modules)."""
-    from contractgen.codegen.vendored import load_target
-
     return load_target("fsdp")
 
 

@@ -14,10 +14,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from ..common.data_parallel import dp_share
 from ..common.distributed import start_process_group
+from ..common.packing import Pack, pack_sequences
 from ..common.run_types import TrainerResult
+from ..common.sampling import process_shard
+from ..kernels.logsoftmax import vocab_parallel_token_logprobs
 from . import model as fsdp_model
 from .policy import FsdpPolicy, resolve
 
@@ -37,8 +41,6 @@ class Rank:
 def init_distributed(rank: int, world: int, port: int, device: str) -> Rank:
     """The process group (``common.distributed``: joined at the session's rendezvous on
     ``port``), the 1-D FSDP mesh over every rank, and one group per rank of that rank alone."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     start_process_group(rank, world, port, device)
     mesh = init_device_mesh(device, (world,), mesh_dim_names=("fsdp",))
     groups = [dist.new_group([r]) for r in range(world)]  # every rank creates every group
@@ -50,36 +52,21 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-@dataclass(frozen=True)
-class Pack:
-    """Sequences packed into one row: ``token_ids``/``positions`` ``[T]``, ``cu`` ``[n + 1]``."""
-
-    token_ids: torch.Tensor
-    positions: torch.Tensor
-    cu: torch.Tensor
-
-    @classmethod
-    def of(cls, sequences: list[list[int]]) -> Pack:
-        lengths = [len(s) for s in sequences]
-        return cls(
-            token_ids=torch.tensor([t for s in sequences for t in s], dtype=torch.long),
-            positions=torch.cat([torch.arange(n) for n in lengths]),
-            cu=torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32),
-        )
-
-    def kwargs(self, device: str) -> dict[str, Any]:
-        """What the HF model's forward takes: one packed row, its positions, and the varlen
-        kwargs transformers hands through to the attention function."""
-        lengths = self.cu[1:] - self.cu[:-1]
-        return {
-            "input_ids": self.token_ids[None].to(device),
-            "position_ids": self.positions[None].to(device),
-            "cu_seq_lens_q": self.cu.to(device),
-            "cu_seq_lens_k": self.cu.to(device),
-            "max_length_q": int(lengths.max()),
-            "max_length_k": int(lengths.max()),
-            "use_cache": False,
-        }
+def hf_inputs(pack: Pack, device: str) -> dict[str, Any]:
+    """What the HF model's forward takes for a flat ``pack`` (``common.packing``): one packed
+    row, its positions, and the varlen kwargs transformers hands through to the attention
+    function."""
+    cu = pack.offsets()
+    lengths = cu[1:] - cu[:-1]
+    return {
+        "input_ids": pack.token_ids[None].to(device),
+        "position_ids": pack.positions[None].to(device),
+        "cu_seq_lens_q": cu.to(device),
+        "cu_seq_lens_k": cu.to(device),
+        "max_length_q": int(lengths.max()),
+        "max_length_k": int(lengths.max()),
+        "use_cache": False,
+    }
 
 
 def build_model(job: Any, run: Any, me: Rank) -> tuple[torch.nn.Module, FsdpPolicy]:
@@ -94,15 +81,14 @@ def forward_logprobs(job: Any, run: Any, me: Rank) -> tuple[TrainerResult | None
     """Forward on this rank: ``(TrainerResult with this rank's sequences' logprobs and None
     for the others, layer dumps or None)``. A dumping run (first-divergence reports) has every
     rank score every sequence and only rank 0 answer."""
-    from ..kernels.logsoftmax import vocab_parallel_token_logprobs
-
     model, policy = build_model(job, run, me)
     model.eval()
     n = len(job.sequences)
     whole = me.world == 1 or run.dump_layers
     share = list(range(n)) if whole else dp_share(n, me.world, me.rank)
     mine = [job.sequences[i] for i in share] or [[0]]  # a stand-in keeps the all-gathers paired
-    pack = Pack.of(mine)
+    pack = pack_sequences(mine)
+    cu = pack.offsets()
     dumps: dict[str, torch.Tensor] = {}
     hooks = []
     if run.dump_layers:
@@ -113,7 +99,7 @@ def forward_logprobs(job: Any, run: Any, me: Rank) -> tuple[TrainerResult | None
 
             hooks.append(layer.register_forward_hook(record))
     with torch.no_grad():
-        logits = model(**pack.kwargs(me.device)).logits[0]  # [T, V]
+        logits = model(**hf_inputs(pack, me.device)).logits[0]  # [T, V]
     for h in hooks:
         h.remove()
     if not share:
@@ -121,18 +107,15 @@ def forward_logprobs(job: Any, run: Any, me: Rank) -> tuple[TrainerResult | None
     vocab, kp = job.arch.vocab_size, policy.kp
     logprobs: list[Any] = [None] * n
     for k, i in enumerate(share):
-        lo, hi = int(pack.cu[k]), int(pack.cu[k + 1])
+        lo, hi = int(cu[k]), int(cu[k + 1])
         x, targets = logits[lo : hi - 1], pack.token_ids[lo + 1 : hi].to(me.device)
         if run.sampling is not None:  # the processed distribution the sampler drew from
-            from ..common.sampling import process_shard
-
             x = process_shard(x, run.sampling[i], kp, 0, vocab, me.alone)
         logprobs[i] = vocab_parallel_token_logprobs(x, targets, 0, vocab, kp, me.alone).cpu()
     per_seq = None
     if run.dump_layers:
         per_seq = [
-            {k: v[int(pack.cu[j]) : int(pack.cu[j + 1])] for k, v in dumps.items()}
-            for j in range(len(share))
+            {k: v[int(cu[j]) : int(cu[j + 1])] for k, v in dumps.items()} for j in range(len(share))
         ]
     if whole and me.rank != 0:
         return None, None
@@ -146,19 +129,18 @@ def backward_grads(job: Any, run: Any, me: Rank) -> TrainerResult | None:
     reduce-scatters and averages the gradients, so the backward runs on loss x world (their sum);
     each full gradient is all-gathered (``DTensor.full_tensor``, every rank in one order) and
     rank 0 answers with them under checkpoint names (``hf_grads``)."""
-    from ..kernels.logsoftmax import vocab_parallel_token_logprobs
-
     model, policy = build_model(job, run, me)
     model.train()
     n = len(job.sequences)
     share = dp_share(n, me.world, me.rank)
     mine = [job.sequences[i] for i in share] or [[0]]  # a stand-in keeps the collectives paired
-    pack = Pack.of(mine)
+    pack = pack_sequences(mine)
+    cu = pack.offsets()
     starts = run.prompt_lens or (1,) * n
-    logits = model(**pack.kwargs(me.device)).logits[0]  # [T, V]
+    logits = model(**hf_inputs(pack, me.device)).logits[0]  # [T, V]
     loss = logits.sum() * 0.0  # a rank with no sequence still runs the backward's collectives
     for k, i in enumerate(share):
-        lo, hi = int(pack.cu[k]), int(pack.cu[k + 1])
+        lo, hi = int(cu[k]), int(cu[k + 1])
         x, targets = logits[lo : hi - 1], pack.token_ids[lo + 1 : hi].to(me.device)
         lp = vocab_parallel_token_logprobs(x, targets, 0, job.arch.vocab_size, policy.kp, me.alone)
         loss = loss - lp[starts[i] - 1 :].float().sum()

@@ -21,14 +21,19 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from ..common.data_parallel import split_batch
+from ..common.packing import pack_sequences
 from ..common.ppo import ppo_clip
 from ..common.run_types import TrainBatch, TrainerRun, TrainInit, TrainStepResult
+from ..common.sampling import process_shard
 from ..common.shared_tensors import SharedTensors
+from ..kernels.logsoftmax import vocab_parallel_token_logprobs
+from ..kernels.planted import planted
 from . import model as fsdp_model
 from .policy import FsdpPolicy
-from .runtime import Pack, Rank, build_model
+from .runtime import Rank, build_model, hf_inputs
 
 
 @dataclass
@@ -56,17 +61,19 @@ def init_state(job: Any, init: TrainInit, me: Rank) -> TrainState:
     model.train()
     opt = init.optimizer
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
-        weight_decay=opt.weight_decay, foreach=False,
-    )  # fmt: skip
+        model.parameters(),
+        lr=opt.lr,
+        betas=opt.betas,
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+        foreach=False,
+    )
     return TrainState(model, policy, optimizer, tuple(init.planted_bugs))
 
 
 def full_weights(state: TrainState, job: Any, me: Rank) -> SharedTensors | None:
     """The full state dict under checkpoint names in ``param_dtype``, on rank 0 (``None`` on
     the others; collective)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     full = get_model_state_dict(
         state.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
@@ -80,31 +87,26 @@ def full_weights(state: TrainState, job: Any, me: Rank) -> SharedTensors | None:
 def train_step(state: TrainState, job: Any, batch: TrainBatch, me: Rank) -> TrainStepResult:
     """One PPO-clip step (``TrainBatch``); rank 0's result carries the merged statistics,
     every sequence's logprobs and the pushed weights. The run's planted bugs are on for it."""
-    from ..kernels.planted import planted
-
     with planted(state.planted_bugs):
         return _train_step(state, job, batch, me)
 
 
 def _train_step(state: TrainState, job: Any, batch: TrainBatch, me: Rank) -> TrainStepResult:
-    from ..kernels.logsoftmax import vocab_parallel_token_logprobs
-
     n = len(batch.sequences)
     (share,) = split_batch(n, me.world, me.rank, 1)
     total = sum(len(s) - p for s, p in zip(batch.sequences, batch.prompt_lens, strict=True))
     mine = [list(batch.sequences[i]) for i in share] or [[0]]  # a stand-in pairs the collectives
-    pack = Pack.of(mine)
+    pack = pack_sequences(mine)
+    cu = pack.offsets()
     vocab, kp = job.arch.vocab_size, state.policy.kp
     state.optimizer.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    logits = state.model(**pack.kwargs(me.device)).logits[0]  # [T, V]
+    logits = state.model(**hf_inputs(pack, me.device)).logits[0]  # [T, V]
     new, old, adv, counts = [], [], [], []
     for k, i in enumerate(share):
-        lo, hi, p = int(pack.cu[k]), int(pack.cu[k + 1]), batch.prompt_lens[i]
+        lo, hi, p = int(cu[k]), int(cu[k + 1]), batch.prompt_lens[i]
         x, targets = logits[lo : hi - 1], pack.token_ids[lo + 1 : hi].to(me.device)
         if batch.sampling is not None:  # the processed distribution the sampler drew from
-            from ..common.sampling import process_shard
-
             x = process_shard(x, batch.sampling[i], kp, 0, vocab, me.alone)
         lp = vocab_parallel_token_logprobs(x, targets, 0, vocab, kp, me.alone)[p - 1 :]
         new.append(lp)

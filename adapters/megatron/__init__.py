@@ -58,15 +58,15 @@ def __getattr__(name: str):
         "trainer_logprobs",
         "trainer_logprobs_runs",
     ):
-        from . import trainer
+        from . import trainer  # heavy: torch, on first use
 
         return getattr(trainer, name)
     if name in ("OptimizerSettings", "TrainBatch", "TrainInit"):
-        from ..common import run_types
+        from ..common import run_types  # heavy: torch, on first use
 
         return getattr(run_types, name)
     if name == "Layout":
-        from ..common.layout import Layout
+        from ..common.layout import Layout  # lazy: this package file imports nothing
 
         return Layout
     raise AttributeError(name)

@@ -17,9 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from megatron.core.models.common.embeddings.rope_utils import _rotate_half
+from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel.mappings import all_to_all
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.module import MegatronModule
+from torch.distributed.nn.functional import all_gather
+from torch.utils.checkpoint import checkpoint
 
 from ..kernels.attention import chunked_attention_lse
 from ..kernels.attention_meta import attention_backward_known
@@ -80,7 +84,6 @@ def _gather_seq(x_LHD: torch.Tensor, group: Any) -> torch.Tensor:
     """All-gather CP layout: every rank gets the whole sequence, all heads (differentiable)."""
     if group.size() == 1:
         return x_LHD
-    from torch.distributed.nn.functional import all_gather
 
     return torch.cat(all_gather(x_LHD.contiguous(), group=group), dim=0)
 
@@ -117,8 +120,6 @@ def _rope_keep_rope_dtype(x: torch.Tensor, cos, sin, kp: KernelPolicy) -> torch.
 def _megatron_rope(x: torch.Tensor, cos, sin, kp: KernelPolicy) -> torch.Tensor:
     """megatron-core's unfused rotary (``_apply_rotary_pos_emb_bshd``): cos/sin cast to the input
     dtype and the rotation done there (what runs with rope fusion left to megatron)."""
-    from megatron.core.models.common.embeddings.rope_utils import _rotate_half
-
     c = cos[:, None, :].to(x.dtype)  # kernel cos/sin are [L, head_dim] (neox layout)
     s = sin[:, None, :].to(x.dtype)
     return x * c + _rotate_half(x, False) * s
@@ -184,9 +185,15 @@ class KernelAttention(torch.autograd.Function):
             lse = q_THD.new_zeros(q_THD.shape[:2], dtype=sd)
             for rows, keys, cu, pos, _ in calls:
                 o, l_ = chunked_attention_lse(
-                    q_THD[rows], k_TKD[keys], v_TKD[keys], pos, kp,
-                    cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale,
-                )  # fmt: skip
+                    q_THD[rows],
+                    k_TKD[keys],
+                    v_TKD[keys],
+                    pos,
+                    kp,
+                    cu_seqlens_q=cu,
+                    cu_seqlens_k=cu,
+                    scale=scale,
+                )
                 out[rows], lse[rows] = o, l_
         ctx.save_for_backward(q_THD, k_TKD, v_TKD, out, lse)
         ctx.calls, ctx.kp, ctx.scale = calls, kp, scale
@@ -197,12 +204,26 @@ class KernelAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         backward = attention_backward_known
         grads = [
-            (rows, keys, backward(
-                q[rows], k[keys], v[keys], out[rows], lse[rows], d_out[rows], pos, ctx.kp,
-                cu_seqlens_q=cu, cu_seqlens_k=cu, scale=ctx.scale, positions_contiguous=contiguous,
-            ))
+            (
+                rows,
+                keys,
+                backward(
+                    q[rows],
+                    k[keys],
+                    v[keys],
+                    out[rows],
+                    lse[rows],
+                    d_out[rows],
+                    pos,
+                    ctx.kp,
+                    cu_seqlens_q=cu,
+                    cu_seqlens_k=cu,
+                    scale=ctx.scale,
+                    positions_contiguous=contiguous,
+                ),
+            )
             for rows, keys, cu, pos, contiguous in ctx.calls
-        ]  # fmt: skip
+        ]
         if len(grads) == 1 and isinstance(grads[0][0], slice):  # one call over the whole pack
             return (*grads[0][2], None, None, None)
         # paths share prefix rows: sum their key gradients in float32, then round once
@@ -292,8 +313,6 @@ class SGLangCoreAttention(MegatronModule):
         self.runtime_policy = config.true_on_policy.rp
         self.kernel_policy = config.true_on_policy.kernel
         if pg_collection is None:
-            from megatron.core.process_groups_config import ProcessGroupCollection
-
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         self.cp_group = pg_collection.cp
         self.head_dim = config.kv_channels
@@ -323,11 +342,9 @@ class SGLangCoreAttention(MegatronModule):
         if not isinstance(packed_seq_params, SGLangPackedSeqParams):
             raise TypeError(
                 "SGLangCoreAttention needs packed_seq_params=SGLangPackedSeqParams "
-                "(positions and paths); build one with packing.pack_sequences(...).seq_params()"
+                "(positions and paths); build one with packing.thd_params(pack_sequences(...))"
             )
         if self._recompute and self.training and torch.is_grad_enabled():
-            from torch.utils.checkpoint import checkpoint
-
             return checkpoint(
                 self._forward, query, key, value, packed_seq_params, use_reentrant=False
             )
@@ -338,12 +355,25 @@ class SGLangCoreAttention(MegatronModule):
     ) -> tuple[torch.Tensor, ...]:
         """``rope_cos_sin`` at the pack's positions, once per microbatch (``memoized``): every
         layer with the same head dim, base, scaling and RoPE dtype reads the same table."""
-        key = ("rope", self.rotary_dim, self.rope_theta, repr(self.rope_scaling),
-               self.max_position, kp.rope_dtype)  # fmt: skip
-        return params.memoized(key, lambda: rope_cos_sin(
-            params.positions, self.rotary_dim, self.rope_theta, self.rope_scaling, kp,
-            max_position=self.max_position,
-        ))  # fmt: skip
+        key = (
+            "rope",
+            self.rotary_dim,
+            self.rope_theta,
+            repr(self.rope_scaling),
+            self.max_position,
+            kp.rope_dtype,
+        )
+        return params.memoized(
+            key,
+            lambda: rope_cos_sin(
+                params.positions,
+                self.rotary_dim,
+                self.rope_theta,
+                self.rope_scaling,
+                kp,
+                max_position=self.max_position,
+            ),
+        )
 
     def _rotate(self, x_THD: torch.Tensor, cos, sin, kp: KernelPolicy) -> torch.Tensor:
         """RoPE over each head's first ``rotary_dim`` dims (all of them, or a family's partial

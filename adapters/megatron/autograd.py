@@ -69,9 +69,15 @@ def straight_through(
 # What megatron-core's linear forward leaves on ``ctx`` for its backward (0.16.1); a test runs
 # megatron's own forward and checks it sets nothing else, so a version that reads more fails there.
 LINEAR_CTX_FIELDS = (
-    "main_grad", "use_bias", "gradient_accumulation_fusion", "allreduce_dgrad",
-    "sequence_parallel", "wgrad_deferral_limit", "grad_output_buffer", "tp_group",
-)  # fmt: skip
+    "main_grad",
+    "use_bias",
+    "gradient_accumulation_fusion",
+    "allreduce_dgrad",
+    "sequence_parallel",
+    "wgrad_deferral_limit",
+    "grad_output_buffer",
+    "tp_group",
+)
 
 
 class KernelValueLinear(torch.autograd.Function):
@@ -88,9 +94,18 @@ class KernelValueLinear(torch.autograd.Function):
     @staticmethod
     @_megatron_custom_fwd
     def forward(
-        ctx, kernel_fn, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
-        sequence_parallel, grad_output_buffer, wgrad_deferral_limit, tp_group,
-    ):  # fmt: skip
+        ctx,
+        kernel_fn,
+        input,
+        weight,
+        bias,
+        gradient_accumulation_fusion,
+        allreduce_dgrad,
+        sequence_parallel,
+        grad_output_buffer,
+        wgrad_deferral_limit,
+        tp_group,
+    ):
         if sequence_parallel:
             raise ValueError(
                 "true-on-policy contracts disable sequence parallel (schema: "
@@ -136,6 +151,14 @@ def kernel_value_linear(
         return value if bias is None else value + bias
     tp_group = get_tensor_model_parallel_group_if_none(tp_group)
     return KernelValueLinear.apply(
-        kernel_fn, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
-        sequence_parallel, grad_output_buffer, wgrad_deferral_limit, tp_group,
-    )  # fmt: skip
+        kernel_fn,
+        input,
+        weight,
+        bias,
+        gradient_accumulation_fusion,
+        allreduce_dgrad,
+        sequence_parallel,
+        grad_output_buffer,
+        wgrad_deferral_limit,
+        tp_group,
+    )

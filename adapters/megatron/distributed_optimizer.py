@@ -68,13 +68,17 @@ class ShardedAdamW:
         self.padded, bounds = shard_bounds(grads.flat.numel(), self.dp)
         self.lo, self.hi = bounds[self.rank]
         whole = torch.zeros(self.padded, device=grads.flat.device)
-        whole[: grads.flat.numel()] = torch.cat([p.detach().reshape(-1).float()
-                                                 for p in grads.params])  # fmt: skip
+        whole[: grads.flat.numel()] = torch.cat(
+            [p.detach().reshape(-1).float() for p in grads.params]
+        )
         self.main = torch.nn.Parameter(whole[self.lo : self.hi].clone())
         self.adam = torch.optim.AdamW(
-            [self.main], lr=settings.lr, betas=settings.betas, eps=settings.eps,
+            [self.main],
+            lr=settings.lr,
+            betas=settings.betas,
+            eps=settings.eps,
             weight_decay=settings.weight_decay,
-        )  # fmt: skip
+        )
         if settings.clip_grad:
             raise ValueError("gradient clipping is not implemented by the sharded optimizer")
 

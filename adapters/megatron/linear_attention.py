@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
@@ -74,8 +75,6 @@ class SGLangGatedDeltaNet(MegatronModule):
     ) -> None:
         super().__init__(config=config)
         if pg_collection is None:
-            from megatron.core.process_groups_config import ProcessGroupCollection
-
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
         self.layer_number = layer_number
         self.kernel_policy = config.true_on_policy.kernel
@@ -90,18 +89,28 @@ class SGLangGatedDeltaNet(MegatronModule):
         linear = {"config": c, "bias": False, "is_expert": False, "tp_group": pg_collection.tp}
         column = {**linear, "init_method": c.init_method, "gather_output": False}
         self.in_proj_qkvz = build_module(
-            submodules.in_proj, c.hidden_size, 2 * key_dim + 2 * value_dim,
-            skip_bias_add=False, **column,
-        )  # fmt: skip
+            submodules.in_proj,
+            c.hidden_size,
+            2 * key_dim + 2 * value_dim,
+            skip_bias_add=False,
+            **column,
+        )
         self.in_proj_ba = build_module(
-            submodules.in_proj, c.hidden_size, 2 * c.linear_num_value_heads,
-            skip_bias_add=False, **column,
-        )  # fmt: skip
+            submodules.in_proj,
+            c.hidden_size,
+            2 * c.linear_num_value_heads,
+            skip_bias_add=False,
+            **column,
+        )
         conv_local = (2 * key_dim + value_dim) // tp
         self.conv1d = torch.nn.Conv1d(
-            conv_local, conv_local, c.linear_conv_kernel_dim, groups=conv_local, bias=False,
+            conv_local,
+            conv_local,
+            c.linear_conv_kernel_dim,
+            groups=conv_local,
+            bias=False,
             dtype=c.params_dtype,
-        )  # fmt: skip
+        )
         self.dt_bias = torch.nn.Parameter(torch.ones(self.hv, dtype=c.params_dtype))
         self.A_log = torch.nn.Parameter(torch.zeros(self.hv, dtype=c.params_dtype))
         for p in (self.conv1d.weight, self.dt_bias, self.A_log):
@@ -110,10 +119,14 @@ class SGLangGatedDeltaNet(MegatronModule):
             submodules.out_norm, config=c, hidden_size=self.dv, eps=c.layernorm_epsilon
         )
         self.out_proj = build_module(
-            submodules.out_proj, value_dim, c.hidden_size,
-            init_method=c.output_layer_init_method, input_is_parallel=True, skip_bias_add=True,
+            submodules.out_proj,
+            value_dim,
+            c.hidden_size,
+            init_method=c.output_layer_init_method,
+            input_is_parallel=True,
+            skip_bias_add=True,
             **linear,
-        )  # fmt: skip
+        )
 
     def forward(
         self,
@@ -125,7 +138,7 @@ class SGLangGatedDeltaNet(MegatronModule):
         if not isinstance(packed_seq_params, SGLangPackedSeqParams):
             raise TypeError(
                 "SGLangGatedDeltaNet needs packed_seq_params=SGLangPackedSeqParams (its packed "
-                "paths); build one with packing.pack_sequences(...).seq_params()"
+                "paths); build one with packing.thd_params(pack_sequences(...))"
             )
         kp = self.kernel_policy
         x = self._input_cast(hidden_states, kp)
@@ -136,7 +149,9 @@ class SGLangGatedDeltaNet(MegatronModule):
         ba, _ = self.in_proj_ba(x)  # per key head: its r beta inputs, then r decay inputs
         b, a = ba.view(T, hk, 2 * r).split([r, r], dim=-1)
         mixed_TC = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
-        g_TH, beta_TH = decay_and_beta(a.reshape(T, hv), b.reshape(T, hv), self.A_log, self.dt_bias, kp)  # fmt: skip
+        g_TH, beta_TH = decay_and_beta(
+            a.reshape(T, hv), b.reshape(T, hv), self.A_log, self.dt_bias, kp
+        )
         o_THD = self._delta_rule(mixed_TC, g_TH, beta_TH, packed_seq_params)
         o = self.out_norm(o_THD, z.reshape(T, hv, dv)).reshape(T, 1, hv * dv)
         return self.out_proj(o)
@@ -153,9 +168,15 @@ class SGLangGatedDeltaNet(MegatronModule):
             conv, _ = causal_conv(mixed_TC[path], w_CK, None, kp)
             cq, ck, cv = conv.split([hk * dk, hk * dk, hv * dv], dim=-1)
             o, _ = chunked_delta_rule(
-                cq.view(n, hk, dk), ck.view(n, hk, dk), cv.view(n, hv, dv),
-                g_TH[path], beta_TH[path], None, kp, start=0,
-            )  # fmt: skip
+                cq.view(n, hk, dk),
+                ck.view(n, hk, dk),
+                cv.view(n, hv, dv),
+                g_TH[path],
+                beta_TH[path],
+                None,
+                kp,
+                start=0,
+            )
             outs.append(o[owned])
             rows.append(path[owned])
         T = mixed_TC.shape[0]

@@ -64,10 +64,17 @@ class LoraBranch(torch.nn.Module):
     """One fused megatron linear's adapters (this TP rank's shards), applied to its output."""
 
     def __init__(
-        self, roles: tuple[str, ...], pairs: list[tuple[torch.Tensor, torch.Tensor]],
-        split: str, fuse: Callable, groups: int, alpha: float, kp: KernelPolicy, tp_group: Any,
+        self,
+        roles: tuple[str, ...],
+        pairs: list[tuple[torch.Tensor, torch.Tensor]],
+        split: str,
+        fuse: Callable,
+        groups: int,
+        alpha: float,
+        kp: KernelPolicy,
+        tp_group: Any,
         names: list[tuple[str, str]] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.roles, self.split, self.fuse, self.groups = roles, split, fuse, groups
         self.names = names or []  # per role, the HF names of its (A, B) (``gather_adapter``)
@@ -111,8 +118,10 @@ class LoraBranch(torch.nn.Module):
     @torch.no_grad()
     def merge_into(self, weight: torch.Tensor) -> None:
         """Merged serving (fault injection only): ``W + s·B·A`` fused like the weight, rounded."""
-        parts = [merged_delta(a, b, lora_scale(self.alpha, a.shape[0], self.kp))
-                 for a, b in self._rounded()]  # fmt: skip
+        parts = [
+            merged_delta(a, b, lora_scale(self.alpha, a.shape[0], self.kp))
+            for a, b in self._rounded()
+        ]
         weight.copy_((weight.float() + self.fuse(parts, self.groups, 0)).to(weight.dtype))
 
 
@@ -160,10 +169,12 @@ def attach_lora(
             split = spec.layer_weights[roles[0]].shard
             a_how, b_how = ("whole", "rows") if split == "column" else ("cols", "whole")
             pairs = [
-                (_local(adapter[a], a_how, tp_rank, tp_size),
-                 _local(adapter[b], b_how, tp_rank, tp_size))
+                (
+                    _local(adapter[a], a_how, tp_rank, tp_size),
+                    _local(adapter[b], b_how, tp_rank, tp_size),
+                )
                 for a, b in names
-            ]  # fmt: skip
+            ]
             module = layer.get_submodule(path)
             branch = LoraBranch(roles, pairs, split, fuse, groups, alpha, kp, tp_group, names)
             branch.to(module.weight.device)

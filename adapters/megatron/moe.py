@@ -193,10 +193,15 @@ class SGLangTokenDispatcher(MoEAllGatherTokenDispatcher):
                 "(the EP combine has no shared term); use EP 1"
             )
         return ep_combine(
-            hidden_states, self.weights_TK, self.ids_TK, kp,
-            group=self.ep_group, rank=self.ep_group.rank(), counts=self.counts,
+            hidden_states,
+            self.weights_TK,
+            self.ids_TK,
+            kp,
+            group=self.ep_group,
+            rank=self.ep_group.rank(),
+            counts=self.counts,
             experts_per_rank=self.num_local_experts,
-        )  # fmt: skip
+        )
 
     def combine_postprocess(self, hidden_states):
         return hidden_states.view(self.hidden_shape)

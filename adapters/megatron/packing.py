@@ -1,22 +1,17 @@
-"""Packed sequences: several sequences (or a prefix tree of them) in one row.
-
-A pack is a flat token row plus, per token, its RoPE position, and a list of *paths*: index lists
-into the row whose tokens sit at positions ``0..len-1`` in order (a root-to-leaf path). Every
-token is *owned* by the first path that contains it; attention for that token's query runs over
-its owner path's keys only. Flat packing has one path per sequence; a prefix tree shares the
-prompt's indices between the paths of all responses to it. Because every other op is per token
-(batch-invariant matmul, per-row norms), the bits of a token depend only on its path, so packed,
-tree-packed and unpacked forwards agree exactly.
+"""A pack (``common.packing``) as megatron-core's THD ``PackedSeqParams``, plus what causal
+attention over its paths needs (``SGLangPackedSeqParams``, ``thd_params``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
+
+from ..common.packing import Pack
 
 
 @dataclass
@@ -24,7 +19,7 @@ class SGLangPackedSeqParams(PackedSeqParams):
     """megatron-core ``PackedSeqParams`` (``qkv_format="thd"``) plus what causal attention over a
     pack needs: global positions ``[T]`` and the paths (each a LongTensor of row indices).
 
-    Built once per microbatch (``Pack.seq_params``, then ``to(device)``) and handed to every
+    Built once per microbatch (``thd_params``, then ``to(device)``) and handed to every
     layer: what the layers derive from it (RoPE tables, the attention calls, int32 positions) is
     computed by the first layer and kept in ``memo``, so later layers run no host work for it."""
 
@@ -85,97 +80,39 @@ def _runs_up(positions: torch.Tensor) -> bool:
     return n < 2 or bool((positions[1:] - positions[:-1] == 1).all())
 
 
-@dataclass(frozen=True)
-class Pack:
-    """A packed row ready for the model, and how to read per-sequence results back out of it."""
-
-    token_ids: torch.Tensor  # [T] int64, T padded to a multiple of the CP size
-    positions: torch.Tensor  # [T] int64
-    paths: list[torch.Tensor]  # per input sequence: its row indices, in position order
-    num_real_tokens: int
-
-    def seq_params(self) -> SGLangPackedSeqParams:
-        seen: set[int] = set()
-        owned: list[torch.Tensor] = []
-        for path in self.paths:
-            mine = [i for i, t in enumerate(path.tolist()) if t not in seen]
-            seen.update(path.tolist())
-            owned.append(torch.tensor(mine, dtype=torch.long))
-        # Padding tokens (row tail) form their own path starting at position 0 so every row
-        # index has an owner; their outputs are never read.
-        pad = torch.arange(self.num_real_tokens, self.token_ids.numel(), dtype=torch.long)
-        paths = list(self.paths)
-        if pad.numel():
-            paths.append(pad)
-            owned.append(torch.arange(pad.numel(), dtype=torch.long))
-        lengths = torch.tensor([0] + [p.numel() for p in paths])
-        cu = torch.cumsum(lengths, 0).to(torch.int32)
-        flat = all(
-            torch.equal(p, torch.arange(int(a), int(b))) and o.numel() == p.numel()
-            for p, o, a, b in zip(paths, owned, cu[:-1], cu[1:], strict=True)
-        )
-        contiguous = tuple(
-            _runs_up(self.positions[p[o]]) for p, o in zip(paths, owned, strict=True)
-        )
-        return SGLangPackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=cu,
-            cu_seqlens_kv=cu,
-            max_seqlen_q=int(lengths.max()),
-            max_seqlen_kv=int(lengths.max()),
-            positions=self.positions,
-            paths=paths,
-            owned=owned,
-            flat=flat,
-            cu_seqlens_host=cu,
-            positions_contiguous=contiguous,
-        )
-
-
-def pack_sequences(
-    sequences: Sequence[Sequence[int]],
-    *,
-    prompt_lens: Sequence[int] | None = None,
-    prefix_tree: bool = False,
-    pad_to_multiple: int = 1,
-    pad_token_id: int = 0,
-) -> Pack:
-    """Pack ``sequences`` into one row.
-
-    ``prefix_tree=True`` with ``prompt_lens`` stores each distinct prompt once: sequences whose
-    first ``prompt_lens[i]`` tokens are identical share those rows (a prefix tree of depth one).
-    ``pad_to_multiple`` pads the row (CP shards must be equal); padding tokens get their own path.
-    """
-    tokens: list[int] = []
-    positions: list[int] = []
-    paths: list[torch.Tensor] = []
-    prompt_rows: dict[tuple[int, ...], list[int]] = {}
-    for i, seq in enumerate(sequences):
-        seq = [int(t) for t in seq]
-        shared: list[int] = []
-        start = 0
-        if prefix_tree:
-            if prompt_lens is None:
-                raise ValueError("prefix_tree=True needs prompt_lens (one per sequence)")
-            key = tuple(seq[: prompt_lens[i]])
-            if key in prompt_rows:
-                shared = prompt_rows[key]
-                start = len(key)
-            else:
-                prompt_rows[key] = list(range(len(tokens), len(tokens) + len(key)))
-        rows = list(shared)
-        for pos in range(start, len(seq)):
-            rows.append(len(tokens))
-            tokens.append(seq[pos])
-            positions.append(pos)
-        paths.append(torch.tensor(rows, dtype=torch.long))
-    real = len(tokens)
-    total = -(-real // pad_to_multiple) * pad_to_multiple
-    tokens += [pad_token_id] * (total - real)
-    positions += list(range(total - real))
-    return Pack(
-        token_ids=torch.tensor(tokens, dtype=torch.long),
-        positions=torch.tensor(positions, dtype=torch.long),
+def thd_params(pack: Pack) -> SGLangPackedSeqParams:
+    """``pack``'s THD params: its paths, each owning the rows no earlier path holds, and the
+    row's padding as one more path from position 0 (every row has an owner; never read)."""
+    seen: set[int] = set()
+    owned: list[torch.Tensor] = []
+    for path in pack.paths:
+        mine = [i for i, t in enumerate(path.tolist()) if t not in seen]
+        seen.update(path.tolist())
+        owned.append(torch.tensor(mine, dtype=torch.long))
+    # Padding tokens (row tail) form their own path starting at position 0 so every row
+    # index has an owner; their outputs are never read.
+    pad = torch.arange(pack.num_real_tokens, pack.token_ids.numel(), dtype=torch.long)
+    paths = list(pack.paths)
+    if pad.numel():
+        paths.append(pad)
+        owned.append(torch.arange(pad.numel(), dtype=torch.long))
+    lengths = torch.tensor([0] + [p.numel() for p in paths])
+    cu = torch.cumsum(lengths, 0).to(torch.int32)
+    flat = all(
+        torch.equal(p, torch.arange(int(a), int(b))) and o.numel() == p.numel()
+        for p, o, a, b in zip(paths, owned, cu[:-1], cu[1:], strict=True)
+    )
+    contiguous = tuple(_runs_up(pack.positions[p[o]]) for p, o in zip(paths, owned, strict=True))
+    return SGLangPackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        max_seqlen_q=int(lengths.max()),
+        max_seqlen_kv=int(lengths.max()),
+        positions=pack.positions,
         paths=paths,
-        num_real_tokens=real,
+        owned=owned,
+        flat=flat,
+        cu_seqlens_host=cu,
+        positions_contiguous=contiguous,
     )

@@ -13,14 +13,16 @@ from typing import Any
 
 import torch
 
+from contractgen.codegen.vendored import load_target
+
+from ..common.checkpoint import check_checkpoint
+from ..common.checkpoint import load_checkpoint as read_checkpoint
 from ..common.model import ModelArch
 
 
 @lru_cache(maxsize=1)
 def generated() -> Any:
     """The generated megatron target (``.schema`` and ``.runtime_policy`` modules)."""
-    from contractgen.codegen.vendored import load_target
-
     return load_target("megatron")
 
 
@@ -40,15 +42,11 @@ def load_checkpoint(
 ) -> tuple[ModelArch, dict[str, torch.Tensor]]:
     """``(arch, HF-named weights)`` of a checkpoint directory, read by the rollout's own reader
     (same config dialects, same coverage check against the contract's profile)."""
-    from contractgen.adapters.common.checkpoint import load_checkpoint as read
-
-    return read(path, model_profile_for(contract_id))
+    return read_checkpoint(path, model_profile_for(contract_id))
 
 
 def checkpoint_arch(contract_id: str, path: str | Path) -> ModelArch:
     """The ``ModelArch`` of a checkpoint directory from its ``config.json`` alone (the same
     coverage check as ``load_checkpoint``; no weights read)."""
-    from contractgen.adapters.common.checkpoint import check_checkpoint
-
     profile = model_profile_for(contract_id)
     return ModelArch.from_profile(profile, check_checkpoint(path, profile))

@@ -18,19 +18,25 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
+from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
 from ..common import policy as common_policy
 from ..common.data_parallel import dp_share
 from ..common.distributed import start_process_group
 from ..common.layout import Layout
+from ..common.packing import pack_sequences
 from ..common.run_types import TrainerResult
+from ..common.sampling import process_shard
 from ..kernels.logsoftmax import vocab_parallel_token_logprobs
 from ..kernels.policy import KernelPolicy
 from .checkpoint import load_into
 from .gather import gather_hf, gather_stages, tied_embedding_group
-from .lora import attach_lora
+from .grads import finalize_grads
+from .layers import residual_add, split_carrier
+from .lora import attach_lora, gather_adapter_grads
 from .model import build_model, make_config, padded_vocab_size
-from .packing import pack_sequences
+from .packing import thd_params
+from .pipeline import pipeline_forward, pipeline_forward_backward
 from .policy import MegatronPolicy, generated
 
 
@@ -107,10 +113,14 @@ def build_stage(job: Any, run: Any) -> Stage:
         ep=(ps.get_expert_model_parallel_rank(), job.layout.ep),
     )
     model.lora_branches = attach_lora(
-        model, job.weights, job.arch, kp,
-        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=job.layout.tp,
+        model,
+        job.weights,
+        job.arch,
+        kp,
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        tp_size=job.layout.tp,
         tp_group=ps.get_tensor_model_parallel_group(),
-    )  # fmt: skip
+    )
     model.eval()
     return Stage(model, config, padded, policy)
 
@@ -156,9 +166,6 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
     ``dp_share`` of the sequences; its result lists ``None`` for the others (the session merges
     the DP ranks' lists). Layer dumps (``first_divergence``) are per sequence of one pack, so a
     dumping run has every DP rank score every sequence and only DP rank 0 answer."""
-    from .layers import residual_add, split_carrier
-    from .pipeline import pipeline_forward
-
     model, config, padded, policies = build_stage(job, run)
     policy, kp = policies.rp, policies.kp
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
@@ -178,7 +185,7 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
         prefix_tree=run.prefix_tree,
         pad_to_multiple=cp,
     )
-    params = pack.seq_params().to(job.device)
+    params = thd_params(pack).to(job.device)
     token_ids, positions = pack.token_ids.to(job.device), pack.positions.to(job.device)
     local = pack.token_ids.numel() // cp
     sl = slice(cp_rank * local, (cp_rank + 1) * local)
@@ -221,8 +228,6 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
         rows, targets = path[:-1].to(job.device), token_ids[path[1:].to(job.device)]
         x = _rows_of(logits, rows)
         if run.sampling is not None:  # the processed distribution the sampler drew from
-            from ..common.sampling import process_shard
-
             x = process_shard(x, run.sampling[share[k]], kp, vocab_start, vocab, tp_group)
         logprobs.append(lp_fn(x, targets, vocab_start, vocab, kp, tp_group).cpu())
     if not first:
@@ -237,12 +242,6 @@ def stage_logprobs(job: Any, run: Any) -> tuple[Any, Any]:
 
 def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     """One backward (TP, CP and PP aware): see ``TrainerRun.grads``."""
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-    from .grads import finalize_grads
-    from .lora import gather_adapter_grads
-    from .pipeline import pipeline_forward_backward
-
     model, config, padded, policies = build_stage(job, run)
     model.train()
     lora = torch.nn.ModuleList(model.lora_branches) if model.lora_branches else None
@@ -252,7 +251,7 @@ def stage_grads(job: Any, run: Any) -> tuple[Any, None]:
     policy = policies.rp
     cp, cp_rank = job.layout.cp, ps.get_context_parallel_rank()
     pack = pack_sequences(job.sequences, pad_to_multiple=cp)
-    params = pack.seq_params().to(job.device)
+    params = thd_params(pack).to(job.device)
     targets = torch.zeros_like(pack.token_ids)
     mask = torch.zeros(pack.token_ids.shape, dtype=torch.bool)
     starts = run.prompt_lens or (1,) * len(pack.paths)  # loss over response tokens only

@@ -23,15 +23,18 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from ..common.data_parallel import split_batch
+from ..common.packing import pack_sequences
 from ..common.ppo import ppo_clip
 from ..common.run_types import TrainBatch, TrainerRun, TrainInit, TrainStepResult
+from ..common.sampling import process_rows
 from ..kernels.logsoftmax import vocab_parallel_token_logprobs
+from ..kernels.planted import planted
 from .data_parallel import GradBuffer, replica_mismatches, replica_tensors
 from .distributed_optimizer import ShardedAdamW
 from .gather import gather_weights, tied_embedding_group
 from .grads import finalize_grads
 from .optimizer import make_optimizer
-from .packing import pack_sequences
+from .packing import thd_params
 from .pipeline import pipeline_forward_backward
 from .policy import MegatronPolicy
 from .runtime import LOGPROB_VOCAB_BY_APPLY_LOGITS_CONTRACT, build_stage
@@ -101,9 +104,18 @@ def init_state(job: Any, init: TrainInit) -> TrainState:
     else:
         optimizer = make_optimizer(trainable, init.optimizer, job.device)
     return TrainState(
-        model, config, padded, policy, optimizer, tuple(init.planted_bugs), init.microbatches,
-        grads, init.desync_dp, init.distributed_optimizer, lora,
-    )  # fmt: skip
+        model,
+        config,
+        padded,
+        policy,
+        optimizer,
+        tuple(init.planted_bugs),
+        init.microbatches,
+        grads,
+        init.desync_dp,
+        init.distributed_optimizer,
+        lora,
+    )
 
 
 def trained_counts(state: TrainState) -> dict[str, int]:
@@ -166,8 +178,6 @@ def _merge_cp(values: torch.Tensor, owned: torch.Tensor, group: Any) -> torch.Te
 def train_step(state: TrainState, job: Any, batch: TrainBatch) -> TrainStepResult:
     """One PPO-clip step (see ``TrainBatch``); every rank returns its part of the result. The
     run's planted bugs (the gate's self-test) are on for the whole step."""
-    from ..kernels.planted import planted
-
     with planted(state.planted_bugs):
         return _train_step(state, job, batch)
 
@@ -271,8 +281,12 @@ def _report(out: TrainStepResult, scored: list, n: int, dp: int) -> None:
     dev = scored[0][1].dev.clone()
     for _, res in scored[1:]:
         sums, dev = sums + res.sums, torch.maximum(dev, res.dev)
-    mine = {i: lp for indices, res in scored if res.logprobs is not None
-            for i, lp in zip(indices, res.logprobs, strict=True)}  # fmt: skip
+    mine = {
+        i: lp
+        for indices, res in scored
+        if res.logprobs is not None
+        for i, lp in zip(indices, res.logprobs, strict=True)
+    }
     if dp > 1:
         group = ps.get_data_parallel_group()
         parts = [torch.empty_like(sums) for _ in range(dp)]
@@ -314,12 +328,16 @@ def _microbatch(
     # forward (four waits between forward and backward; now none until the step's result).
     rows_d, targets_d, old_d, adv_d = (
         t.to(device)
-        for t in (scored.rows[mine] - lo, scored.targets[mine], scored.old[mine],
-                  scored.advantages[mine])
-    )  # fmt: skip
+        for t in (
+            scored.rows[mine] - lo,
+            scored.targets[mine],
+            scored.old[mine],
+            scored.advantages[mine],
+        )
+    )
     input_ids = pack.token_ids[lo : lo + local][None].to(device)
     position_ids = pack.positions[lo : lo + local][None].to(device)
-    params = pack.seq_params().to(device)
+    params = thd_params(pack).to(device)
 
     def loss_fn(out: torch.Tensor) -> tuple[torch.Tensor, Any]:
         logits = out[0]  # [T/cp, V/tp]
@@ -329,10 +347,7 @@ def _microbatch(
         vocab_start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
         x = logits[rows_d]
         if batch.sampling is not None:  # the processed distribution the sampler drew from
-            from ..common.sampling import process_rows
-
-            x = process_rows(x, scored.seq[mine], batch.sampling, kp, vocab_start, vocab,
-                             tp_group)  # fmt: skip
+            x = process_rows(x, scored.seq[mine], batch.sampling, kp, vocab_start, vocab, tp_group)
         lp = vocab_parallel_token_logprobs(x, targets_d, vocab_start, vocab, kp, tp_group)
         loss, stats = ppo_clip(lp.float(), old_d, adv_d, batch.clip_eps, total)
         return loss, (lp.detach(), stats)

@@ -156,6 +156,7 @@ def probe(
     from megatron_testing import single_process_megatron
 
     from contractgen.adapters import kernels
+    from contractgen.adapters.common.packing import pack_sequences
     from contractgen.adapters.megatron.checkpoint import load_into
     from contractgen.adapters.megatron.model import (
         Layout,
@@ -163,7 +164,7 @@ def probe(
         make_config,
         padded_vocab_size,
     )
-    from contractgen.adapters.megatron.packing import pack_sequences
+    from contractgen.adapters.megatron.packing import thd_params
     from contractgen.adapters.megatron.policy import generated
 
     arch = tiny_arch(contract_id, num_layers=layers)
@@ -188,7 +189,7 @@ def probe(
                   padded_vocab_size=padded)  # fmt: skip
         model.train()
         pack = pack_sequences(seqs, prefix_tree=prefix_tree, prompt_lens=prompt_lens)
-        params = pack.seq_params().to("cpu")
+        params = thd_params(pack).to("cpu")
         if not known_positions:
             params = dataclasses.replace(params, positions_contiguous=None)
         targets = torch.roll(pack.token_ids, -1)

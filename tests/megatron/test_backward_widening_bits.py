@@ -15,10 +15,11 @@ from megatron_reference import random_sequences, tiny_arch, weights_for
 from megatron_testing import single_process_megatron
 
 from contractgen.adapters import kernels
+from contractgen.adapters.common.packing import pack_sequences
 from contractgen.adapters.kernels import norm as norm_mod
 from contractgen.adapters.megatron.checkpoint import load_into
 from contractgen.adapters.megatron.model import Layout, build_model, make_config, padded_vocab_size
-from contractgen.adapters.megatron.packing import pack_sequences
+from contractgen.adapters.megatron.packing import thd_params
 from contractgen.adapters.megatron.policy import generated
 
 V1 = "qwen3_dense_true_on_policy_v1"
@@ -59,7 +60,7 @@ def _run(contract: str) -> dict:
     model.train()
     pack = pack_sequences(random_sequences((70, 9, 33), 1000, seed=1))
     logits = model(input_ids=pack.token_ids[None], position_ids=pack.positions[None],
-                   attention_mask=None, packed_seq_params=pack.seq_params())  # fmt: skip
+                   attention_mask=None, packed_seq_params=thd_params(pack))  # fmt: skip
     lp = kernels.logsoftmax.vocab_parallel_token_logprobs(
         logits[0], torch.roll(pack.token_ids, -1), 0, arch.vocab_size,
         kp,

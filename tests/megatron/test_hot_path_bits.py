@@ -22,10 +22,11 @@ from megatron_reference import random_sequences, tiny_arch, weights_for
 from megatron_testing import single_process_megatron
 
 from contractgen.adapters import kernels
+from contractgen.adapters.common.packing import pack_sequences
 from contractgen.adapters.megatron import attention as attn_mod
 from contractgen.adapters.megatron.checkpoint import load_into
 from contractgen.adapters.megatron.model import Layout, build_model, make_config, padded_vocab_size
-from contractgen.adapters.megatron.packing import SGLangPackedSeqParams, pack_sequences
+from contractgen.adapters.megatron.packing import SGLangPackedSeqParams, thd_params
 from contractgen.adapters.megatron.policy import dtype_of, generated
 
 V1 = "qwen3_dense_true_on_policy_v1"
@@ -152,12 +153,12 @@ def _legacy(monkeypatch, rope=_legacy_rope_table):
 @pytest.mark.parametrize("contract", [V1, V3])
 def test_hot_path_keeps_the_old_bits(contract, tree, monkeypatch):
     pack = _pack(tree)
-    assert pack.seq_params().flat is not tree
-    new = _run(contract, pack, pack.seq_params().to("cpu"))
+    assert thd_params(pack).flat is not tree
+    new = _run(contract, pack, thd_params(pack).to("cpu"))
     before = dict(LEGACY_CALLS)
     with monkeypatch.context() as m:
         _legacy(m)
-        old = _run(contract, pack, pack.seq_params())
+        old = _run(contract, pack, thd_params(pack))
     assert all(LEGACY_CALLS[k] == before[k] + 2 for k in LEGACY_CALLS)  # two layers, old path
     assert new["grads"] and same_bits(new, old)
 
@@ -165,10 +166,10 @@ def test_hot_path_keeps_the_old_bits(contract, tree, monkeypatch):
 @pytest.mark.parametrize("contract", [V1, V3])
 def test_hot_path_bits_twin_sees_a_rope_change(contract, monkeypatch):
     pack = _pack(False)
-    new = _run(contract, pack, pack.seq_params().to("cpu"))
+    new = _run(contract, pack, thd_params(pack).to("cpu"))
     with monkeypatch.context() as m:
         _legacy(m, rope=_legacy_rope_table_bf16)
-        twin = _run(contract, pack, pack.seq_params())
+        twin = _run(contract, pack, thd_params(pack))
     assert not same_bits(new, twin)
 
 
@@ -177,7 +178,7 @@ def test_params_keep_what_layers_derive_once_per_microbatch():
     objects); a copy (``to``, ``dataclasses.replace``) starts empty; the one host-to-device copy
     keeps every index."""
     pack = _pack(True)
-    params = pack.seq_params()
+    params = thd_params(pack)
     calls = attn_mod._kernel_calls(params)
     assert attn_mod._kernel_calls(params) is calls
     assert all(c[4] is True for c in calls)  # every path's owned positions run p0, p0 + 1, ...
@@ -197,7 +198,7 @@ def test_planted_backward_bug_still_reaches_the_trainer_attention():
     from contractgen.adapters.kernels.planted import planted
 
     kp = float32_kernel_policy(generated().schema.kernel_policy_for(V1))
-    params = _pack(False).seq_params()
+    params = thd_params(_pack(False))
     t = params.positions.numel()
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(t, h, 64, generator=g) for h in (8, 4, 4))

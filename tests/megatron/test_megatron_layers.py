@@ -11,11 +11,12 @@ import torch.nn.functional as F
 from megatron_testing import single_process_megatron
 
 from contractgen.adapters import kernels as K
+from contractgen.adapters.common.packing import pack_sequences
 from contractgen.adapters.common.policy import float32_kernel_policy
 from contractgen.adapters.megatron import attention as attn_mod
 from contractgen.adapters.megatron import layers as L
 from contractgen.adapters.megatron.model import Layout, make_config
-from contractgen.adapters.megatron.packing import pack_sequences
+from contractgen.adapters.megatron.packing import thd_params
 from contractgen.adapters.megatron.policy import generated
 
 V1 = "qwen3_dense_true_on_policy_v1"
@@ -167,7 +168,7 @@ def test_core_attention_packed_bitwise_and_twin(arch):
     """Two sequences packed in one row == each sequence alone through RoPE + chunked attention."""
     kp = _kp()
     pack = pack_sequences([list(range(70)), list(range(9))])
-    params = pack.seq_params()
+    params = thd_params(pack)
     q, k, v = _qkv(arch, 79, seed=14)
     core = _core_attention(_config(arch))
     with torch.no_grad():
@@ -267,7 +268,7 @@ def _visibility_mask(params, total: int) -> torch.Tensor:
 def test_core_attention_backward_matches_float64(arch, sequences, prompt_lens):
     kp32 = float32_kernel_policy(_kp())
     pack = pack_sequences(sequences, prompt_lens=prompt_lens, prefix_tree=prompt_lens is not None)
-    params = pack.seq_params()
+    params = thd_params(pack)
     total = pack.token_ids.numel()
     q, k, v = _qkv(arch, total, seed=20, dtype=torch.float32)
     core = _core_attention(_fp32_config(arch))
@@ -300,7 +301,7 @@ def test_core_attention_flat_pack_is_one_call_with_per_path_bits_and_grads(arch)
     """A pack without a shared prefix runs attention as one varlen call (``flat``); its output
     is bitwise the per-path calls' and its gradients theirs (a prefix-tree pack is not flat)."""
     pack = pack_sequences([list(range(70)), list(range(9)), list(range(33))])
-    params = pack.seq_params()
+    params = thd_params(pack)
     assert params.flat
     # the offsets the kernels read stay on the host wherever the params go
     moved = params.to("meta")
@@ -308,7 +309,7 @@ def test_core_attention_flat_pack_is_one_call_with_per_path_bits_and_grads(arch)
     assert torch.equal(moved.cu_seqlens_host, params.cu_seqlens_q)
     assert attn_mod._kernel_calls(moved)[0][2] is moved.cu_seqlens_host
     tree = pack_sequences([[1, 2, 3, 4], [1, 2, 5]], prompt_lens=[2, 2], prefix_tree=True)
-    assert not tree.seq_params().flat
+    assert not thd_params(tree).flat
     per_path = dataclasses.replace(params, flat=False)
     q, k, v = _qkv(arch, pack.token_ids.numel(), seed=23, dtype=torch.float32)
     core = _core_attention(_fp32_config(arch))

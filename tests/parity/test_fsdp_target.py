@@ -1,16 +1,13 @@
-"""Issue 33, the FSDP trainer target: transformers' own model classes with the contract's ops
-attached, sharded with FSDP2 over gloo, bit-identical with the rollout at ``fsdpN`` layouts; a
-flipped FSDP runtime-policy field breaks that; layouts go to the trainer whose axes they use."""
+"""Issue 33, the FSDP trainer target at the gate: bit-identical with the rollout at ``fsdpN``
+layouts; layouts go to the trainer whose axes they use; its refusals and left-out faults. The
+trainer session itself (its policy fields, a step, gradients) is ``tests/fsdp/test_trainer.py``."""
 
 from __future__ import annotations
 
-import dataclasses
-import struct
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import V1, run_parity, run_parity_in_process
+from conftest import run_parity, run_parity_in_process
 
 from contractgen.adapters.common.layout import LayoutError, parse_layout
 
@@ -29,14 +26,6 @@ def test_fsdp_layouts_parse_and_go_to_the_fsdp_trainer_only() -> None:
         assert (runs_layout("megatron", lay), runs_layout("fsdp", lay)) == (megatron, fsdp)
     with pytest.raises(LayoutError):
         parse_layout("fsdp2fsdp2")
-
-
-def test_fsdp_trainer_refuses_model_parallel_layouts() -> None:
-    from contractgen.adapters.fsdp.trainer import fsdp_ranks
-
-    assert fsdp_ranks(parse_layout("fsdp4")) == 4
-    with pytest.raises(LayoutError, match="fsdpN layouts only"):
-        fsdp_ranks(parse_layout("tp2"))
 
 
 def test_a_named_trainer_with_none_of_its_layouts_is_refused(tmp_path: Path) -> None:
@@ -112,35 +101,6 @@ def test_a_shared_bug_without_a_reference_is_left_out_with_the_reason() -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_runtime_policy_fields_are_load_bearing() -> None:
-    """Each numerics-bearing FSDP runtime field flipped on the trainer alone moves its bits off
-    the unfaulted run's (one fsdp1 session, several runs)."""
-    from contractgen.adapters.fsdp import TrainerFault, TrainerRun, TrainerSession
-    from contractgen.adapters.sglang import ModelArch, random_weights
-    from contractgen.codegen.vendored import load_target
-
-    arch = ModelArch.from_profile(load_target("fsdp").schema.model_profile_for(V1))
-    g = torch.Generator().manual_seed(1)
-    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (40, 70)]
-    flips = {
-        "batch_invariant_mode": False,
-        "attn_implementation": "sdpa",
-        "param_dtype": "float32",
-        "enabled": False,
-    }
-    with TrainerSession(V1, random_weights(arch, seed=0), parse_layout("fsdp1")) as s:
-        base = s.logprobs(seqs, TrainerRun()).logprobs
-        again = s.logprobs(seqs, TrainerRun()).logprobs
-        faulted = {
-            f: s.logprobs(seqs, TrainerRun(fault=TrainerFault(runtime_policy={f: v}))).logprobs
-            for f, v in flips.items()
-        }
-    assert all(torch.equal(a, b) for a, b in zip(base, again, strict=True))  # deterministic
-    same = [f for f, lp in faulted.items() if all(map(torch.equal, base, lp))]
-    assert not same, f"flipping {same} left the FSDP trainer's logprobs bit-identical"
-
-
-@pytest.mark.slow
 def test_gate_fsdp_layouts_exact_against_every_rollout_tp(tmp_path: Path) -> None:
     """The gate with both trainer targets: megatron at tp1, FSDP2 at fsdp1 and fsdp2 (two gloo
     ranks, each scoring its share), every pair with rollout TP 1 and 2 bitwise exact."""
@@ -153,33 +113,6 @@ def test_gate_fsdp_layouts_exact_against_every_rollout_tp(tmp_path: Path) -> Non
     assert names == ["tp1", "fsdp/fsdp1", "fsdp/fsdp2"]
     assert all(lay["exact"] and lay["tokens_compared"] > 0 for lay in report["layouts"])
     assert len(report["pairs"]) == 6 and all(p["exact"] for p in report["pairs"])
-
-
-@pytest.mark.slow
-def test_fsdp2_trains_a_step_at_ratio_one_and_pushes_the_updated_weights(reference_weights):
-    """``--train-steps``' trainer half at fsdp2: the training forward scores the sequences with
-    the bits of the plain forward (ratio exactly 1, loss its value at ratio 1), AdamW moves the
-    sharded weights, and the pushed full state dict has every checkpoint name in bfloat16."""
-    from contractgen.adapters.common.run_types import OptimizerSettings
-    from contractgen.adapters.fsdp import TrainBatch, TrainerSession, TrainInit
-
-    arch, weights = reference_weights
-    g = torch.Generator().manual_seed(0)
-    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (40, 31, 25)]
-    prompt_lens = (30, 20, 18)
-    with TrainerSession(V1, weights, parse_layout("fsdp2"), arch=arch) as s:
-        before = s.train(TrainInit(OptimizerSettings(lr=1e-2))).weights.tensors()
-        old = [lp[p - 1 :] for lp, p in zip(s.logprobs(seqs).logprobs, prompt_lens, strict=True)]
-        batch = TrainBatch(tuple(map(tuple, seqs)), prompt_lens, tuple(old), (1.0, -0.5, 0.25))
-        step = s.train(batch)
-    after = step.weights.tensors()
-    assert step.ratio_max_abs_dev == 0.0 and step.kl == 0.0
-    assert struct.pack("<d", step.loss) == struct.pack("<d", step.loss_if_ratio_one)
-    assert all(torch.equal(a, b) for a, b in zip(step.logprobs, old, strict=True))
-    assert set(after) == set(before) == set(weights)
-    assert {t.dtype for t in after.values()} == {torch.bfloat16}
-    moved = [k for k in after if not torch.equal(after[k], before[k])]
-    assert len(moved) > len(after) // 2, f"AdamW moved only {moved}"
 
 
 def test_fsdp_backward_only_fields_are_explained_by_the_target_not_the_contracts() -> None:
@@ -200,38 +133,3 @@ def test_fsdp_backward_only_fields_are_explained_by_the_target_not_the_contracts
     for field in fsdp.UNOBSERVABLE:
         assert notes[f"runtime_policy.fsdp.{field}"] == fsdp.UNOBSERVABLE[field]
     assert "runtime_policy.fsdp.reduce_dtype" not in unobservable_notes(contract)
-
-
-@pytest.mark.slow
-def test_fsdp_gradients_match_float64_autograd_and_a_planted_dk_bug_fails_them(reference_weights):
-    """The step-0 gradient check on the FSDP trainer (``TrainerRun.grads``: full gradients
-    gathered from the fsdp2 shards) is within tolerance of float64 transformers autograd, twice
-    with the same bits, and the attention backward without the softmax scale in dK (a bug no
-    logprob shows) puts it far outside."""
-    from types import SimpleNamespace
-
-    from contractgen.adapters.fsdp import TrainerRun, TrainerSession
-    from contractgen.parity.correctness import GRAD_TOLERANCE, compare_grads, grad_reference_of
-
-    arch, weights = reference_weights
-    g = torch.Generator().manual_seed(3)
-    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (30, 21, 17)]
-    prompt_lens = [20, 12, 10]
-    ref = grad_reference_of(SimpleNamespace(weights=weights, contract_id=V1), seqs, prompt_lens)
-    layout = parse_layout("fsdp2")
-    run = TrainerRun(dtype_override="float32", grads=True, prompt_lens=tuple(prompt_lens))
-    with TrainerSession(V1, weights, layout, arch=arch) as s:
-        honest = s.logprobs(seqs, run).hf_grads
-        again = s.logprobs(seqs, run).hf_grads
-        planted = s.logprobs(seqs, dataclasses.replace(run, planted_bugs=(DK_BUG,)))
-    assert set(honest) == set(ref.grads)
-    assert all(torch.equal(honest[k], again[k]) for k in honest)  # deterministic, bitwise
-    good = compare_grads(ref, layout, honest)
-    assert good["within_tolerance"], good
-    assert good["parameters_compared"] == len(ref.grads)
-    bad = compare_grads(ref, layout, planted.hf_grads)
-    assert not bad["within_tolerance"] and bad["max_rel_diff"] > 100 * GRAD_TOLERANCE, bad
-    assert ".self_attn.k_proj." in bad["worst_parameter"] or "k_norm" in bad["worst_parameter"]
-
-
-DK_BUG = "attention_dk_scale_dropped"
