@@ -85,6 +85,26 @@ def _markdown(plan: AdoptPlan, refused: set[int], written: int | None) -> str:
     return "\n".join(lines)
 
 
+def _report(plan: AdoptPlan, refused: set[int], written: int | None, fmt: str) -> None:
+    """Every change and note, in ``fmt`` (the verdict lines follow in ``command``)."""
+    if fmt == "json":
+        report = {
+            "ok": not refused,
+            "written": written,
+            "changes": [dict(c.to_json(), refused=id(c) in refused) for c in plan.changes],
+            "probes": {t: {"run": r, "differ": d} for t, (r, d) in plan.probes.items()},
+            "notes": plan.notes,
+        }
+        click.echo(json.dumps(report, indent=2))
+    elif fmt == "markdown":
+        click.echo(_markdown(plan, refused, written))
+    else:
+        for c in plan.changes:
+            click.echo(_line(c, refused))
+        for note in plan.notes:
+            click.echo(f"note: {note}")
+
+
 @click.command("adopt")
 @click.option(
     "--repo", "repos", multiple=True, required=True, metavar="NAME=PATH",
@@ -168,21 +188,7 @@ def command(
         sys.exit(EXIT_DRIFT)
     if not refused_list and not dry_run:
         written = len(files)
-    if fmt == "json":
-        click.echo(json.dumps({
-            "ok": not refused_list,
-            "written": written,
-            "changes": [dict(c.to_json(), refused=id(c) in refused) for c in plan.changes],
-            "probes": {t: {"run": r, "differ": d} for t, (r, d) in plan.probes.items()},
-            "notes": plan.notes,
-        }, indent=2))  # fmt: skip
-    elif fmt == "markdown":
-        click.echo(_markdown(plan, refused, written))
-    else:
-        for c in plan.changes:
-            click.echo(_line(c, refused))
-        for note in plan.notes:
-            click.echo(f"note: {note}")
+    _report(plan, refused, written, fmt)
     if refused_list and fmt == "text":
         click.echo(f"adopt: {_summary(plan)}; nothing written")
     if refused_list:

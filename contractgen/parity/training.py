@@ -56,6 +56,7 @@ import statistics
 
 from .gate_run import GateRun
 from .sampling_check import steps_three_way
+from .step_summary import rollout_parts, step_push, summed_times, tokens_per_s, worst
 from .targets import rollout_adapter
 from .training_config import (
     ADAPTER_FAULTS,
@@ -78,13 +79,8 @@ from .training_config import (
 from .training_report import failures, table
 from .training_step import (
     _run_layout,
-    _step_push,
-    _summed_times,
-    _tokens_per_s,
-    _worst,
     adapter_check,
     advantage_logprob,
-    rollout_parts,
 )
 
 # Callers and tests import these names from here.
@@ -132,19 +128,19 @@ def run_training(run: GateRun, cfg: TrainingConfig) -> dict:
                 "step": step,
                 "exact": all(p["exact"] for p in pairs[step]),
                 "pairs": pairs[step],
-                "ratio_max_abs_dev": _worst(e["ratio_max_abs_dev"] for e in entries),
-                "kl": _worst(e["kl"] for e in entries),
+                "ratio_max_abs_dev": worst(e["ratio_max_abs_dev"] for e in entries),
+                "kl": worst(e["kl"] for e in entries),
                 "loss": statistics.fmean(e["loss"] for e in entries),
                 "reward_mean": statistics.fmean(e["reward_mean"] for e in entries),
                 "weights_synced": all(e["weights_synced"] for e in entries),
                 "dp_replicas_identical": all(e["dp_replicas_identical"] for e in entries),
                 "rollout_tokens_identical": all(e["rollout_tokens_identical"] for e in entries),
                 "adapter_synced": all(e["adapter"]["synced"] for e in entries if e["adapter"]),
-                "push": _step_push(entries),
+                "push": step_push(entries),
                 "three_way": steps_three_way(entries),
                 "grads": grads.report(entries) if grads is not None and step == 0 else None,
-                "time_s": _summed_times(entries),
-                "response_tokens_per_s": _tokens_per_s(entries),
+                "time_s": summed_times(entries),
+                "response_tokens_per_s": tokens_per_s(entries),
                 "per_layout": entries,
             }
         )
