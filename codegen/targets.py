@@ -44,6 +44,10 @@ ROLE_API: dict[str, tuple[str, ...]] = {
         "load_checkpoint",
         "check_checkpoint",
         "check_weight_files",
+        "RolloutSession",  # the rank processes kept alive: .run(RolloutJob) -> RolloutResult
+        "arch_of",  # the model a contract's weights or checkpoint hold
+        "model_arch",
+        "policies",  # the kernel and runtime policy the ranks run under
     ),
     "trainer": (
         "MLP_BLOCKS",

@@ -84,3 +84,7 @@ class RolloutTarget(Protocol):
     load_checkpoint: Any  # common.checkpoint.load_checkpoint
     check_checkpoint: Any
     check_weight_files: Any
+    RolloutSession: type  # the rank processes the gate drives
+    arch_of: Any
+    model_arch: Any
+    policies: Any
