@@ -10,8 +10,9 @@ from typing import Any
 
 import click
 
-from ..codegen.config import ConfigError, ProjectConfig
+from ..codegen.config import CONFIG_NAME, ConfigError, ProjectConfig
 from ..codegen.locate import WrongRepoError
+from ..codegen.paths import builtin_config
 from ..codegen.writer import UnsafePathError
 from ..project import Project, open_project
 from ..schema.errors import ContractError
@@ -61,6 +62,24 @@ def project_from(ctx: click.Context) -> Project:
     root: Path | None = ctx.obj.get("root") if ctx.obj else None
     contracts: Path | None = ctx.obj.get("contracts") if ctx.obj else None
     return open_project(root, contracts)
+
+
+def project_to_write(ctx: click.Context, verb: str) -> Project:
+    """The project a writing command (``generate``, ``new``, ``add-checkpoint``) writes into; exit
+    2 when there is none but the installed contractgen's own contracts (no contractgen.toml at or
+    above the current directory, and contractgen installed as a package, not a checkout):
+    nothing is ever written into an installed package."""
+    project = project_from(ctx)
+    root = project.config.root
+    if not (root / CONFIG_NAME).is_file() and root.resolve() == builtin_config().root.resolve():
+        fail(
+            f"error: {verb}: no contractgen.toml in {Path.cwd()} or above, so the only project is "
+            f"the installed contractgen's ({root}), which is never written; make a project: a "
+            "folder with a contractgen.toml (it may be empty) and a contracts/ folder with the "
+            f"contracts to start from (copy them from {project.config.contracts_dir}), then run "
+            "the command there or pass --root"
+        )
+    return project
 
 
 def use_project_from(ctx: click.Context) -> Project:

@@ -23,7 +23,7 @@ from ..codegen.scaffold import ScaffoldError, add_checkpoints
 from ..codegen.writer import atomic_write
 from ..schema.models import Contract, ModelDims
 from ..schema.rules import check_dims, check_layers_vs_pp, check_vocab_block
-from ._common import fail, handle_errors, project_from
+from ._common import fail, handle_errors, project_to_write
 
 
 @click.command("add-checkpoint")
@@ -54,7 +54,7 @@ def command(
     """
     if name is not None and len(hf_dirs) != 1:
         fail("error: --name names one checkpoint; give one HF_DIR with it")
-    project = project_from(ctx)
+    project = project_to_write(ctx, "add-checkpoint")
     loaded = project.contract(contract_id)
     contract = loaded.contract
     family = family_for(contract.family)

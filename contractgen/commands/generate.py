@@ -7,7 +7,7 @@ import click
 from ..codegen.drift import check_generated
 from ..codegen.generated_dir import check_generated_dir
 from ..codegen.writer import atomic_write, safe_destination
-from ._common import handle_errors, project_from
+from ._common import handle_errors, project_to_write
 
 
 @click.command("generate")
@@ -19,7 +19,7 @@ def command(ctx: click.Context) -> None:
     Everything is validated, rendered and parsed in memory first: when any contract is invalid,
     nothing is written (exit 2).
     """
-    project = project_from(ctx)
+    project = project_to_write(ctx, "generate")
     rendered = project.rendered
     gen = project.config.generated_dir
     check_generated_dir(project.config, rendered)  # never delete a file contractgen did not write

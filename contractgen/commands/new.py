@@ -11,7 +11,7 @@ from ..codegen.breaking.compare import newest, next_id
 from ..codegen.scaffold import ScaffoldError, scaffold
 from ..codegen.writer import atomic_write, safe_destination
 from ..schema.models import ContractId
-from ._common import fail, handle_errors, project_from
+from ._common import fail, handle_errors, project_to_write
 
 _CONTRACT_ID = TypeAdapter(ContractId)
 
@@ -34,7 +34,7 @@ def command(ctx: click.Context, from_id: str, new_id: str | None, dry_run: bool)
     (exit 2, nothing written) when NEW_ID exists or is not a valid id, when OLD_ID already has a
     newer version, or when the copy does not validate.
     """
-    project = project_from(ctx)
+    project = project_to_write(ctx, "new")
     old = project.contract(from_id)
     ids = [lc.id for lc in project.contracts]
     new_id = new_id if new_id is not None else next_id(from_id, ids)

@@ -77,3 +77,36 @@ def test_check_hook_without_a_repo_fails_with_the_fix() -> None:
     result = cli("--root", ROOT, "check", "--require-repo")
     assert result.exit_code == 2
     assert "args: [--repo, NAME=.]" in result.stderr
+
+
+# 5. nothing is ever written into an installed package -----------------------------------------
+
+
+@pytest.mark.parametrize("verb", [["generate"], ["new", "--from", V1_ID, "--id", "mine_v1"]])
+def test_outside_a_project_writing_commands_leave_the_installed_package_alone(
+    tmp_path: Path, monkeypatch, verb: list[str]
+) -> None:
+    """contractgen installed as a package (its contracts in site-packages, no contractgen.toml
+    there) and no project at or above the current directory: generate and new exit 2 with the
+    fix, and the installed package is left as it was."""
+    import shutil
+
+    from contractgen.codegen.config import load_config
+    from contractgen.commands import _common
+
+    from .helpers import files_under
+
+    installed = tmp_path / "site-packages" / "contractgen"
+    (installed / "contracts").mkdir(parents=True)
+    shutil.copy(ROOT / "contracts" / f"{V1_ID}.yaml", installed / "contracts")
+    monkeypatch.setattr(_common, "builtin_config", lambda: load_config(installed))
+    monkeypatch.setattr("contractgen.project.builtin_config", lambda: load_config(installed))
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    before = files_under(installed)
+    result = cli(*verb)
+    assert result.exit_code == 2, result.output + result.stderr
+    assert f"no contractgen.toml in {elsewhere} or above" in result.stderr
+    assert "make a project: a folder with a contractgen.toml" in result.stderr
+    assert files_under(installed) == before and files_under(elsewhere) == {}
