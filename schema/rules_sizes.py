@@ -54,6 +54,11 @@ def check_dims(c: Contract) -> Iterator[Finding]:
         r is None or _is_power_of_two(r) for r in (kp.matmul_k_runs, kp.matmul_column_k_runs)
     )
     for path, d in _dims_entries(c):
+        if d.head_dim % 2:  # RoPE rotates pairs of dimensions: no kernel here runs an odd one
+            yield (
+                f"{path}.head_dim",
+                f"must be even: RoPE rotates pairs of dimensions (got {d.head_dim})",
+            )
         if d.num_attention_heads % d.num_kv_heads:
             yield (
                 f"{path}.num_kv_heads",
