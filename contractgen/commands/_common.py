@@ -123,11 +123,11 @@ def absent_packages(
     values: tuple[str, ...], repos: list[tuple[str, Path]], config: ProjectConfig
 ) -> list[tuple[str, Path]]:
     """The targets a repo name stood for (``--repo miles=PATH``: launcher and fsdp) whose package
-    that repo does not hold: a repo keeps the packages it adopted, not every one it could hold.
-    A target named on its own (``--repo fsdp=PATH``) is always required."""
+    that repo does not hold, while it holds another of them: a repo keeps the packages it
+    adopted, not every one it could hold. A target named on its own (``--repo fsdp=PATH``), or a
+    repo that holds none of its packages, is required (missing files are drift)."""
     named = {value.partition("=")[0] for value in values}
-    return [
-        (target, path)
-        for target, path in repos
-        if target not in named and not (path / config.package(target)).is_dir()
-    ]
+    implied = [(t, path) for t, path in repos if t not in named]
+    absent = [(t, path) for t, path in implied if not (path / config.package(t)).is_dir()]
+    held = {path for t, path in implied if (t, path) not in absent}
+    return [(t, path) for t, path in absent if path in held]

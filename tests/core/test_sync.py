@@ -431,7 +431,9 @@ def test_check_json_shape(project: Path, repos) -> None:
     result = cli("--root", project, "check", "--json", "--repo", f"miles={repos['launcher']}")
     assert result.exit_code == 1
     report = json.loads(result.output)
-    assert set(report) == {"ok", "contracts", "implemented", "files", "drift", "not_generated"}
+    keys = {"ok", "contracts", "implemented", "files", "drift", "not_generated", "not_checked"}
+    assert set(report) == keys
+    assert report["not_checked"] == []  # a miles holding none of its packages: each is missing
     assert report["ok"] is False
     assert report["contracts"] == [
         "llama3_dense_lora_true_on_policy_v1",
